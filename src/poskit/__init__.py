@@ -1,0 +1,12 @@
+"""poskit: positional encodings for transformers, exact and fast.
+
+    enc = poskit.build_encoding("pope", head_dim=64, num_heads=8)
+    out = poskit.attention(q, k, v, enc)              # (B, H, Tq, Dv)
+    logits = poskit.attention_scores(q, k, enc)       # reference logits (B, H, Tq, Tk)
+"""
+from .attention import attention_scores
+from .attention import attention
+from .encodings import PositionalEncoding, available_encodings, build_encoding
+
+__version__ = "0.1.0"
+__all__ = ["PositionalEncoding", "attention", "attention_scores", "available_encodings", "build_encoding"]

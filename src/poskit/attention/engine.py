@@ -1,0 +1,134 @@
+"""`poskit.attention`: picks the fastest exact path for the encoding and the input.
+
+backend="reference": materialised logits (attention/reference.py), every encoding, any dtype.
+backend="sdpa":      F.scaled_dot_product_attention on encoded q/k (none, absolute, rope family, pope)
+                     or with an additive float mask (alibi, relative, cope-alibi is contextual: not served).
+backend="triton":    fused kernels for pope and cope on CUDA tensors.
+backend="auto":      triton for pope/cope on CUDA when triton is importable, else sdpa where it serves the
+                     encoding, else the reference. Triton is never chosen on CPU.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..encodings.base import PositionalEncoding
+from .inputs import AttentionInputs, prepare
+from .reference import scores_from_inputs, softmax_rows
+from .inputs import repeat_kv
+from .sdpa import sdpa
+
+BACKENDS = ("auto", "reference", "sdpa", "triton")
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _is_static_bias(enc) -> bool:
+    # a bias that depends only on positions (ALiBi) can be built once per shape and reused
+    return enc.kind == "bias" and not any(p.requires_grad for p in enc.parameters())
+
+
+def _static_bias(enc, inp: AttentionInputs) -> torch.Tensor:
+    cache = enc.__dict__.setdefault("_bias_cache", {})
+    key = (inp.q_positions.shape, inp.k_positions.shape, inp.q.device, inp.q.dtype)
+    entry = cache.get(key)
+    if entry is not None and torch.equal(entry[0], inp.q_positions) and torch.equal(entry[1], inp.k_positions):
+        return entry[2]
+    bias = enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
+    if len(cache) > 8:
+        cache.clear()
+    cache[key] = (inp.q_positions, inp.k_positions, bias)
+    return bias
+
+
+def sdpa_serves(enc: PositionalEncoding) -> bool:
+    return enc.kind in ("none", "absolute", "qk", "bias")
+
+
+def triton_serves(enc: PositionalEncoding) -> bool:
+    return getattr(enc, "name", "") in ("pope", "cope", "cope-alibi")
+
+
+def _run_reference(inp, enc, gate_keys):
+    logits, visible = scores_from_inputs(inp, enc, gate_keys)
+    return softmax_rows(logits, visible) @ repeat_kv(inp.v, inp.groups)
+
+
+def _run_sdpa(inp, enc, gate_keys):
+    if gate_keys is not None:
+        raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
+    if enc.kind == "qk":
+        q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
+        return sdpa(inp, q, k, inp.v)
+    if enc.kind == "bias":
+        enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
+        bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
+        return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
+    return sdpa(inp, inp.q, inp.k, inp.v)
+
+
+def _run_triton(inp, enc, gate_keys):
+    if enc.name == "pope":
+        from .triton_pope import pope_attention_triton
+
+        qc, qs = enc.cos_sin(inp.q_positions, torch.float32)
+        kc, ks = enc.cos_sin(inp.k_positions, torch.float32)
+        return pope_attention_triton(
+            inp.q, inp.k, inp.v, enc.clamped_delta(inp.q), qc, qs, kc, ks,
+            causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
+            softplus=enc.softplus, key_padding_mask=inp.key_padding_mask,
+        )
+    from .triton_cope import cope_attention_triton
+
+    source = enc.gate_source(inp.k, inp.v, gate_keys)
+    learned = enc.name == "cope"
+    return cope_attention_triton(
+        inp.q, inp.k, inp.v, enc.pos_emb if learned else None,
+        causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
+        p_max=enc.p_max, gate_keys=None if source is inp.k else source, key_padding_mask=inp.key_padding_mask,
+        slopes=None if learned else enc.slopes,
+    )
+
+
+def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        if q.is_cuda and triton_available() and triton_serves(enc):
+            return "triton"
+        return "sdpa" if sdpa_serves(enc) else "reference"
+    if backend == "sdpa" and not sdpa_serves(enc):
+        raise ValueError(f"backend='sdpa' cannot serve the {enc.kind} encoding {enc.name!r}; use 'reference' or 'triton'")
+    if backend == "triton":
+        if not triton_serves(enc):
+            raise ValueError(f"backend='triton' serves only pope, cope and cope-alibi, got {enc.name!r}")
+        if not triton_available():
+            raise ValueError("backend='triton' needs the triton package (pip install 'poskit[triton]')")
+        if not q.is_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
+            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU testing)")
+    return backend
+
+
+_RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton}
+
+
+def attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
+              key_padding_mask=None, gate_keys=None, backend: str = "auto") -> torch.Tensor:
+    """(B, H, Tq, Dv) == softmax(attention_scores(q, k, enc, ...)) @ v, by the fastest exact path.
+
+    See `poskit.attention_scores` for the conventions (shapes, GQA order, positions, scale).
+    """
+    if v is None:
+        raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
+    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  key_padding_mask=key_padding_mask)
+    return _RUNNERS[choose_backend(enc, q, backend)](inp, enc, gate_keys)

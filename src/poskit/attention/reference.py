@@ -1,0 +1,62 @@
+"""The reference attention: materialised logits, any dtype (float64 for checks), every encoding kind.
+
+Every fast path is tested against these two functions.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..encodings.base import PositionalEncoding
+from .inputs import AttentionInputs, prepare, repeat_kv
+
+
+def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B, H, Tq, Tk) with -inf at masked pairs, visible mask)."""
+    q, k = inp.q, inp.k
+    visible = inp.visible()
+    enc.check_positions(inp.q_positions, inp.k_positions, visible)
+    if enc.kind == "qk":
+        q_enc, k_enc = enc.transform_qk(q, k, inp.q_positions, inp.k_positions)
+    else:  # none / absolute (applied to the embeddings) / bias / contextual: q and k are used as they are
+        q_enc, k_enc = q, k
+    logits = inp.scale * (q_enc @ repeat_kv(k_enc, inp.groups).transpose(-1, -2))
+    if enc.kind == "bias":
+        logits = logits + enc.bias(q, inp.q_positions, inp.k_positions, inp.scale)
+    elif enc.kind == "contextual":
+        source = enc.gate_source(k, inp.v, gate_keys)
+        gate_logits = logits if source is k else inp.scale * (q @ repeat_kv(source, inp.groups).transpose(-1, -2))
+        logits = logits + enc.contextual_bias(q, gate_logits, visible)
+    elif gate_keys is not None:
+        raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
+    return logits.masked_fill(~visible, float("-inf")), visible
+
+
+def attention_scores(q, k, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
+                     key_padding_mask=None, v=None, gate_keys=None) -> torch.Tensor:
+    """Reference logits (B, H, Tq, Tk) after the encoding's contribution and the scale; masked entries are -inf.
+
+    q: (B, H, Tq, head_dim); k: (B, H_kv, Tk, head_dim) with H_kv dividing H (query head h uses kv head
+    h // (H // H_kv)). Positions: int tensors (Tq,)/(Tk,) or (B, T), default arange; with `causal` a key is
+    visible to a query iff its position is <= the query's. `v` is needed only for CoPE value gates and
+    `gate_keys` only for CoPE separate gates.
+    """
+    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  key_padding_mask=key_padding_mask)
+    return scores_from_inputs(inp, enc, gate_keys)[0]
+
+
+def softmax_rows(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys; a query that sees no key gets all-zero weights instead of NaN."""
+    has_key = visible.any(-1, keepdim=True)
+    return torch.softmax(logits.masked_fill(~has_key, 0.0), dim=-1) * has_key
+
+
+def reference_attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
+                        key_padding_mask=None, gate_keys=None) -> torch.Tensor:
+    """(B, H, Tq, Dv) = softmax(attention_scores(...)) @ v, materialising the logits."""
+    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  key_padding_mask=key_padding_mask)
+    if v is None:
+        raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
+    logits, visible = scores_from_inputs(inp, enc, gate_keys)
+    return softmax_rows(logits, visible) @ repeat_kv(v, inp.groups)

@@ -1,0 +1,51 @@
+"""Fast exact paths through `F.scaled_dot_product_attention` (SDPA).
+
+On CPU, SDPA's flash kernel serves boolean masks and 4-d float masks, but only when q, k and v share a
+head dim; a 3-d float mask or unequal head dims send it to the much slower math path. The helpers here
+keep every call on the fast kernel.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .inputs import AttentionInputs
+
+
+def needs_explicit_mask(inp: AttentionInputs) -> bool:
+    """False when SDPA's own causal flag (top-left aligned) or no mask at all is exact."""
+    if inp.key_padding_mask is not None:
+        return True
+    return inp.causal and not inp.default_positions
+
+
+def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None):
+    """softmax(scale * q k^T + bias, masked by inp) @ v, with q/k possibly re-encoded (any width, equal for q and k).
+
+    v is zero-padded to q's width when they differ, so that the CPU flash kernel is used; the padding
+    columns of the output are sliced off.
+    """
+    groups = q.shape[1] // k.shape[1]
+    dv = v.shape[-1]
+    if dv < q.shape[-1] and q.device.type == "cpu":
+        v = F.pad(v, (0, q.shape[-1] - dv))
+    explicit = needs_explicit_mask(inp) or bias is not None
+    mask, is_causal, visible = None, False, None
+    if explicit:
+        visible = inp.visible()  # (1|B, 1, Tq, Tk) bool
+        if bias is not None:
+            mask = bias.masked_fill(~visible, float("-inf"))
+            if mask.dim() == 3:  # a 3-d float mask sends CPU SDPA to the math path
+                mask = mask.unsqueeze(0)
+        else:
+            mask = visible
+    else:
+        is_causal = inp.causal
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=groups > 1
+    )[..., :dv]
+    if visible is not None:
+        has_key = visible.any(-1, keepdim=True)  # a query that sees no key outputs 0, as in the reference
+        if not bool(has_key.all()):
+            out = out * has_key
+    return out

@@ -1,0 +1,43 @@
+"""ALiBi (Press et al.; paper 001): a head-specific linear penalty on distance, bias = -m_h * (t - s).
+
+Slopes are the geometric sequence 2^(-8h/H), h = 1..H, for H a power of two, and Press et al.'s
+interpolation otherwise (the powers of the nearest smaller power of two, then every other slope of
+the next power of two). Without a causal mask the distance is |t - s|.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import PositionalEncoding, register
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def distance(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """t - s for every query/key pair: (1|B, 1, Tq, Tk) int64."""
+    return (q_positions[:, None, :, None] - k_positions[:, None, None, :])
+
+
+@register("alibi")
+class ALiBiEncoding(PositionalEncoding):
+    kind = "bias"
+
+    def __init__(self, *, head_dim: int, num_heads: int):
+        super().__init__(head_dim=head_dim, num_heads=num_heads)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads), dtype=torch.float64), persistent=False)
+
+    def bias(self, q, q_positions, k_positions, scale):
+        # |t - s| equals t - s on every visible pair of a causal mask, and is the symmetric choice otherwise
+        dist = distance(q_positions, k_positions).abs().to(q.dtype)
+        return -self.slopes.to(q.dtype)[:, None, None] * dist  # (1|B, H, Tq, Tk)

@@ -1,0 +1,93 @@
+"""CoPE, contextual position encoding (Golovneva et al., eq. 3-9 and the Appendix B listing).
+
+g_ts = sigmoid(logit_ts) on visible keys (0 on masked ones), where logit_ts = scale * q_t . gk_s is the
+content logit (gk = keys, values, or separately projected gate keys), p_ts = sum of g over keys s..t
+(a suffix sum along the key axis), clamped to p_max - 1, and the bias z_t[p_ts] with z_t[j] = q_t . e[j]
+interpolated linearly between floor(p) and ceil(p). e has shape (head_dim, p_max) and is shared by the heads.
+
+"cope-alibi" (eq. 10) replaces the interpolated embedding by a head-specific linear term in p_ts. Eq. 10
+writes + m p; the slopes here *penalise* contextual distance as ALiBi does (bias = -m_h p_ts), which is what
+the paper's fixed slopes {1, 1/2, ...} need to favour the latest counted token; learned slopes start at 0
+and may take either sign, so for them the convention is immaterial.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .alibi import alibi_slopes
+from .base import PositionalEncoding, register
+
+GATES = ("keys", "values", "separate")
+
+
+def contextual_positions(gate_logits: torch.Tensor, visible: torch.Tensor, p_max: int) -> torch.Tensor:
+    """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk)."""
+    gates = torch.sigmoid(gate_logits) * visible
+    return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=p_max - 1)
+
+
+def interpolate(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """z (..., p_max) sampled at fractional p (..., Tk) by linear interpolation between floor and ceil."""
+    lo, hi = p.floor(), p.ceil()
+    w = p - lo
+    return z.gather(-1, hi.long()) * w + z.gather(-1, lo.long()) * (1 - w)
+
+
+class CoPEBase(PositionalEncoding):
+    kind = "contextual"
+
+    def __init__(self, *, head_dim: int, num_heads: int, p_max: int, gates: str):
+        super().__init__(head_dim=head_dim, num_heads=num_heads)
+        if not isinstance(p_max, int) or p_max < 1:
+            raise ValueError(f"p_max must be a positive int, got {p_max!r}")
+        if gates not in GATES:
+            raise ValueError(f"gates must be one of {list(GATES)}, got {gates!r}")
+        self.p_max, self.gates = p_max, gates
+
+    def gate_source(self, k, v, gate_keys):
+        """The tensor the gates dot q with: (B, Hkv, Tk, head_dim)."""
+        if self.gates == "keys":
+            if gate_keys is not None:
+                raise ValueError("gate_keys is only accepted with gates='separate'")
+            return k
+        if self.gates == "values":
+            if v.shape[-1] != k.shape[-1]:
+                raise ValueError(f"gates='values' needs v with head_dim={k.shape[-1]} channels, got {v.shape[-1]}")
+            return v
+        if gate_keys is None:
+            raise ValueError("gates='separate' needs gate_keys (B, H_kv, Tk, head_dim) passed to attention")
+        if gate_keys.shape != k.shape:
+            raise ValueError(f"gate_keys must have the shape of k {tuple(k.shape)}, got {tuple(gate_keys.shape)}")
+        return gate_keys
+
+    def positions(self, gate_logits, visible):
+        return contextual_positions(gate_logits, visible, self.p_max)
+
+
+@register("cope")
+class CoPEEncoding(CoPEBase):
+    def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", init_std: float = 0.0):
+        super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)
+        # zeros as in the reference listing; init_std > 0 gives a random start
+        self.pos_emb = nn.Parameter(torch.randn(head_dim, p_max) * init_std)
+
+    def contextual_bias(self, q, gate_logits, visible):
+        p = self.positions(gate_logits, visible)
+        z = q @ self.pos_emb.to(q.dtype)  # (B, H, Tq, p_max): z_t[j] = q_t . e[j] (not scaled, as in the listing)
+        return interpolate(z, p)
+
+
+@register("cope-alibi")
+class CoPEALiBiEncoding(CoPEBase):
+    def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", learned_slopes: bool = False):
+        super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)
+        self.learned_slopes = bool(learned_slopes)
+        if self.learned_slopes:
+            self.slopes = nn.Parameter(torch.zeros(num_heads))  # per head (and per layer), initialised at 0
+        else:
+            self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+
+    def contextual_bias(self, q, gate_logits, visible):
+        p = self.positions(gate_logits, visible)
+        return -self.slopes.to(q.dtype)[:, None, None] * p

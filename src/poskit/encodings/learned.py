@@ -1,0 +1,29 @@
+"""Learned absolute position embeddings (RoFormer §2.2): a trainable max_positions x dim table."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .absolute import check_embed_positions
+from .base import PositionalEncoding, register
+
+
+@register("learned")
+class LearnedEncoding(PositionalEncoding):
+    kind = "absolute"
+
+    def __init__(self, *, head_dim: int, num_heads: int, dim: int, max_positions: int = 2048, init_std: float = 0.02):
+        super().__init__(head_dim=head_dim, num_heads=num_heads)
+        if not isinstance(max_positions, int) or max_positions < 1:
+            raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
+        self.dim, self.max_positions = dim, max_positions
+        self.table = nn.Parameter(torch.randn(max_positions, dim) * init_std)
+
+    def embed(self, positions) -> torch.Tensor:
+        positions = check_embed_positions(positions).to(self.table.device)
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"positions must be in [0, {self.max_positions - 1}] for a learned table of max_positions="
+                f"{self.max_positions}, got {int(positions.max())}"
+            )
+        return self.table[positions]

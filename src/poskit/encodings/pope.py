@@ -1,0 +1,109 @@
+"""PoPE, polar coordinate position embedding (Gopalakrishnan et al., eq. 2-9).
+
+logit(t, s) = scale * sum_c softplus(q_c) softplus(k_c) cos((s - t) theta_c + delta_hc),
+theta_c = base^(-c/d), c = 0..d-1 (one frequency per channel, twice RoPE's count).
+
+In attention it is applied in the Cartesian form of eq. 6-9: q' = mu_q [cos(t theta - delta), sin(t theta - delta)]
+and k' = mu_k [cos(s theta), sin(s theta)], so logit = scale * q'.k' over width 2d. The phase bias is put on the
+query side (cos(a_k - a_q + delta) is unchanged) so that grouped-query keys stay shared across the query heads.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import PositionalEncoding, register
+
+DELTA_INITS = ("zero", "uniform")
+DELTA_MIN, DELTA_MAX = -2 * math.pi, 0.0
+_TABLE_MAX_ROWS = 1 << 16
+
+
+def _table_dtype(x: torch.Tensor) -> torch.dtype:
+    # float64 inputs (references, gradcheck) get float64 tables; everything else fp32 tables
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+@register("pope")
+class PolarEncoding(PositionalEncoding):
+    kind = "qk"
+
+    def __init__(
+        self,
+        *,
+        head_dim: int,
+        num_heads: int,
+        base: float = 10000.0,
+        delta_init: str = "zero",
+        softplus: bool = True,
+        phase_bias: bool = True,
+    ):
+        super().__init__(head_dim=head_dim, num_heads=num_heads)
+        if delta_init not in DELTA_INITS:
+            raise ValueError(f"delta_init must be one of {list(DELTA_INITS)}, got {delta_init!r}")
+        if not base > 1:
+            raise ValueError(f"base must be > 1, got {base!r}")
+        self.base, self.delta_init, self.softplus, self.phase_bias = float(base), delta_init, bool(softplus), bool(phase_bias)
+        # theta_c = base^(-c/d), c = 0..d-1, in float64
+        self.register_buffer("inv_freq", base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim), persistent=False)
+        if self.phase_bias:
+            delta = torch.zeros(num_heads, head_dim)
+            if delta_init == "uniform":
+                delta.uniform_(DELTA_MIN, DELTA_MAX)
+            self.delta = nn.Parameter(delta)  # (num_heads, head_dim), clamped to [-2 pi, 0] in forward
+        else:
+            self.register_parameter("delta", None)
+        self._tables: dict = {}
+
+    def clamped_delta(self, like: torch.Tensor) -> torch.Tensor:
+        """The phase bias actually used, (num_heads, head_dim); zeros without phase_bias."""
+        if self.delta is None:
+            return torch.zeros(self.num_heads, self.head_dim, device=like.device, dtype=like.dtype)
+        return self.delta.clamp(DELTA_MIN, DELTA_MAX).to(like.dtype)
+
+    def magnitude(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(x) if self.softplus else x
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
+        """cos and sin of positions * theta, each (*positions.shape, d), computed in float64 then cast."""
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo >= 0 and hi < _TABLE_MAX_ROWS:
+            key = (positions.device, dtype)
+            table = self._tables.get(key)
+            if table is None or table[0].shape[0] <= hi:
+                n = min(_TABLE_MAX_ROWS, max(1024, 1 << hi.bit_length()))
+                angles = torch.arange(n, dtype=torch.float64, device=positions.device)[:, None] * self.inv_freq.to(positions.device)
+                table = self._tables[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
+            return table[0][positions], table[1][positions]
+        angles = positions.double().unsqueeze(-1) * self.inv_freq.to(positions.device)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, d) -> (B, H, T, 2d): mu [cos(a - delta), sin(a - delta)] (eq. 6, with the bias moved to q)."""
+        cos, sin = self.cos_sin(q_positions, _table_dtype(q))
+        cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)  # (1|B, 1, T, d)
+        mu = self.magnitude(q)
+        if self.delta is None:
+            return torch.cat((mu * cos, mu * sin), dim=-1)
+        delta = self.clamped_delta(q)[:, None, :]  # (H, 1, d)
+        cd, sd = delta.cos(), delta.sin()
+        # cos(a - delta) = cos a cos delta + sin a sin delta ; sin(a - delta) = sin a cos delta - cos a sin delta
+        return torch.cat((mu * (cos * cd + sin * sd), mu * (sin * cd - cos * sd)), dim=-1)
+
+    def cartesian_k(self, k: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """(B, Hkv, T, d) -> (B, Hkv, T, 2d): mu [cos(a), sin(a)] (eq. 7 without the bias)."""
+        cos, sin = self.cos_sin(k_positions, _table_dtype(k))
+        cos, sin = cos.unsqueeze(1).to(k.dtype), sin.unsqueeze(1).to(k.dtype)
+        mu = self.magnitude(k)
+        return torch.cat((mu * cos, mu * sin), dim=-1)
+
+    def transform_qk(self, q, k, q_positions, k_positions):
+        if q.shape[1] != self.num_heads:
+            raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")
+        return self.cartesian_q(q, q_positions), self.cartesian_k(k, k_positions)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", base={self.base}, delta_init={self.delta_init!r}, softplus={self.softplus}, phase_bias={self.phase_bias}"

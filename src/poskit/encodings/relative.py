@@ -1,0 +1,50 @@
+"""Learned relative position embeddings (CoPE paper eq. 1; Shaw et al.): logit = scale * q_t . (k_s + e[t - s]).
+
+One embedding per offset in [-max_distance, max_distance], shared across heads (offsets < 0 only occur
+without a causal mask). Offsets beyond the table raise ValueError, unless cap=True ("relative-capped"),
+where they use the last embedding, i.e. "far away" (CoPE paper §5.4).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .alibi import distance
+from .base import PositionalEncoding, register
+
+
+class RelativeEncoding(PositionalEncoding):
+    kind = "bias"
+
+    def __init__(self, *, head_dim: int, num_heads: int, max_distance: int = 256, cap: bool = False, init_std: float = 0.02):
+        super().__init__(head_dim=head_dim, num_heads=num_heads)
+        if not isinstance(max_distance, int) or max_distance < 0:
+            raise ValueError(f"max_distance must be a non-negative int, got {max_distance!r}")
+        self.max_distance, self.cap = max_distance, bool(cap)
+        self.embeddings = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * init_std)  # row o + M: offset o
+
+    def check_positions(self, q_positions, k_positions, visible) -> None:
+        if self.cap:
+            return
+        too_far = (distance(q_positions, k_positions).abs() > self.max_distance) & visible
+        if too_far.any():
+            far = int((distance(q_positions, k_positions).abs() * visible).max())
+            raise ValueError(
+                f"relative offsets must be within max_distance={self.max_distance}, got {far}; "
+                f"raise max_distance or use cap=True (relative-capped)"
+            )
+
+    def bias(self, q, q_positions, k_positions, scale):
+        m = self.max_distance
+        offset = distance(q_positions, k_positions).clamp(-m, m) + m  # (1|B, 1, Tq, Tk); far pairs use the last row
+        z = q @ self.embeddings.to(q.dtype).T  # (B, H, Tq, 2M+1): q . e[o] for every offset, then gather
+        index = offset.expand(q.shape[0], q.shape[1], -1, -1)
+        return scale * z.gather(-1, index)
+
+
+register("relative")(RelativeEncoding)
+
+
+@register("relative-capped", cap=True)
+class CappedRelativeEncoding(RelativeEncoding):
+    """Relative PE whose offsets beyond max_distance use the last embedding."""
