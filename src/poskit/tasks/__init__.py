@@ -1,0 +1,114 @@
+"""Tasks: synthetic generators from the PoPE and CoPE papers, and Shakespeare.
+
+    >>> from poskit.tasks import build_task, available_tasks
+    >>> task = build_task("indirect-indexing")          # CPU-scale defaults
+    >>> task = build_task("selective-copy", preset="paper", eval_size=500)
+    >>> batch = task.train_batch(64, torch.Generator().manual_seed(0))
+    >>> logits = model(batch.inputs)                      # (B, T, V), V = len(task.vocab)
+    >>> loss = lm_loss(logits, batch)
+    >>> task.evaluate(model, "test")["accuracy"]
+
+Every task has ``name``, ``vocab`` (:class:`Vocab`, ``pad_id == 0``), ``metric``
+("accuracy" or "perplexity"), ``accuracy_level``, ``split_names``,
+``max_input_len``, ``params``, ``train_batch(batch_size, generator)``,
+``split(name, batch_size=None)`` and ``evaluate(model, split, batch_size=None)``;
+see :mod:`poskit.tasks.base`.  Shakespeare adds ``eval_windows(length, split,
+n_chars, last_fraction)`` for length extrapolation.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .base import (
+    IGNORE_INDEX,
+    Batch,
+    Example,
+    Scores,
+    SyntheticTask,
+    Task,
+    Vocab,
+    collate,
+    evaluate_batches,
+    lm_loss,
+    score_batch,
+    summarize,
+)
+from .counting import Counting
+from .flip_flop import FlipFlop
+from .indirect_indexing import IndirectIndexing
+from .selective_copy import SelectiveCopy
+from .shakespeare import Shakespeare, load_plays, strip_markdown
+
+_REGISTRY: dict[str, type] = {
+    "indirect-indexing": IndirectIndexing,
+    "flip-flop": FlipFlop,
+    "selective-copy": SelectiveCopy,
+    "counting": Counting,
+    "shakespeare": Shakespeare,
+}
+
+PRESETS = ("default", "paper")
+
+
+def available_tasks() -> list[str]:
+    """Names accepted by :func:`build_task`."""
+    return sorted(_REGISTRY)
+
+
+def task_parameters(name: str) -> list[str]:
+    """The keyword parameters a task accepts."""
+    cls = _lookup(name)
+    return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+
+def _lookup(name: str) -> type:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown task name {name!r}; available tasks: {available_tasks()}")
+    return _REGISTRY[name]
+
+
+def build_task(name: str, preset: str = "default", **params) -> Task:
+    """Build a task by name.
+
+    ``preset="default"`` uses the CPU-scale defaults; ``preset="paper"`` first applies
+    the paper's sizes (the task class's ``paper_params``); explicit ``params`` override
+    both.  Unknown names, presets or parameters raise ValueError.
+    """
+    cls = _lookup(name)
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    allowed = task_parameters(name)
+    for key in params:
+        if key not in allowed:
+            raise ValueError(f"unknown parameter {key!r} for task {name!r}; allowed parameters: {allowed}")
+    kwargs = dict(getattr(cls, "paper_params", {})) if preset == "paper" else {}
+    kwargs.update(params)
+    return cls(**kwargs)
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "Batch",
+    "Example",
+    "Scores",
+    "SyntheticTask",
+    "Task",
+    "Vocab",
+    "collate",
+    "evaluate_batches",
+    "lm_loss",
+    "score_batch",
+    "summarize",
+    "Counting",
+    "FlipFlop",
+    "IndirectIndexing",
+    "SelectiveCopy",
+    "Shakespeare",
+    "load_plays",
+    "strip_markdown",
+    "PRESETS",
+    "available_tasks",
+    "build_task",
+    "task_parameters",
+]

@@ -1,0 +1,148 @@
+"""Counting (CoPE paper Sec. 5.3), following the authors' generator
+(facebookresearch/RAM, projects/cope/scripts/count_data_gen.py).
+
+A program is a sequence of statements, then a print of one variable:
+
+    ``a = 0 ; pass; pass; a ++; pass; b = 0 ; a ++; print a 2``
+
+Tokens are whitespace-separated words, exactly as the authors' text and
+whitespace tokenizer give them: ``a = 0 ;`` (set) is 4 tokens, ``a ++;``
+(increment) 2, ``pass;`` 1; the query ``print a`` is followed by the answer
+token.  Generation, as in the reference generator:
+
+* number of statements ~ Uniform{min_steps..max_steps} (reference: 3..512);
+* each statement: op ~ weights (set w_set=1, increment w_incr=7, pass w_pass=50);
+  set picks a variable uniformly from the ``n_vars`` names and sets it to 0;
+  increment picks uniformly among the variables already set.  If no variable is
+  set yet, or the increment would exceed ``max_value`` (10), the statement is
+  rejected and re-drawn (op included).  So "limit the maximum numerical value to
+  be 10" means: values never exceed 10; increments past 10 never appear;
+* the printed variable is uniform among the variables that were set (a program
+  where none was set is discarded and re-drawn);
+* the answer is that variable's value (0..max_value), one token; loss and
+  accuracy on it only.
+
+The reference pipeline left-truncated sequences to 512 tokens; we never truncate.
+Paper sizes (``preset="paper"``): max_steps=512, 10k training programs
+(``train_size=10_000``; default: fresh programs each batch), 1/3/5 variables
+(Table 3).  The OOD experiment (Table 4) uses 1 variable: its w_pass=50 column
+repeats the 1-variable numbers of Table 3 (see Table 9).
+
+Defaults: n_vars=1, max_steps=256 (CPU scale: inputs average ~170 tokens).
+Splits: ``validation``, ``test`` (w_pass), ``ood_longer`` (w_pass=100) and
+``ood_shorter`` (w_pass=10).  Mean distance in tokens from the printed variable's
+last set to the print, 1 variable: max_steps=256: 47 (w_pass 50), 64 (100), 22
+(10); max_steps=512: 54, 82, 22.  With several variables or short programs the
+"longer" split is barely longer (3 variables, 128 steps: 42 vs 45), because the
+relevant context is then capped by the program's length.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+import numpy as np
+
+from .base import Example, SyntheticTask, Vocab, check_float, check_int
+
+SET, INCR, PASS = 0, 1, 2
+
+
+class Counting(SyntheticTask):
+    name = "counting"
+    accuracy_level = "sequence"
+    split_variants = {"validation": "in", "test": "in", "ood_longer": "longer", "ood_shorter": "shorter"}
+    paper_params = {"max_steps": 512, "train_size": 10_000}
+
+    def __init__(
+        self,
+        n_vars: int = 1,
+        min_steps: int = 3,
+        max_steps: int = 256,
+        w_set: float = 1.0,
+        w_incr: float = 7.0,
+        w_pass: float = 50.0,
+        max_value: int = 10,
+        ood_longer_w_pass: float = 100.0,
+        ood_shorter_w_pass: float = 10.0,
+        eval_size: int = 1000,
+        eval_seed: int = 0,
+        eval_batch_size: int = 250,
+        train_size: int | None = None,
+    ) -> None:
+        super().__init__(eval_size, eval_seed, eval_batch_size, train_size)
+        self.n_vars = check_int("n_vars", n_vars, 1, 26)
+        self.min_steps = check_int("min_steps", min_steps, 1)
+        self.max_steps = check_int("max_steps", max_steps, self.min_steps)
+        self.w_set = check_float("w_set", w_set, 0.0, float("inf"), lo_open=True)
+        self.w_incr = check_float("w_incr", w_incr, 0.0, float("inf"))
+        self.w_pass = check_float("w_pass", w_pass, 0.0, float("inf"))
+        self.max_value = check_int("max_value", max_value, 0)
+        self.ood_longer_w_pass = check_float("ood_longer_w_pass", ood_longer_w_pass, 0.0, float("inf"))
+        self.ood_shorter_w_pass = check_float("ood_shorter_w_pass", ood_shorter_w_pass, 0.0, float("inf"))
+        self._params = dict(
+            n_vars=self.n_vars, min_steps=self.min_steps, max_steps=self.max_steps, w_set=self.w_set,
+            w_incr=self.w_incr, w_pass=self.w_pass, max_value=self.max_value,
+            ood_longer_w_pass=self.ood_longer_w_pass, ood_shorter_w_pass=self.ood_shorter_w_pass,
+            eval_size=self.eval_size, eval_seed=self.eval_seed, eval_batch_size=self.eval_batch_size,
+            train_size=self.train_size,
+        )
+        self.var_names = list(string.ascii_lowercase[: self.n_vars])
+        values = [str(v) for v in range(self.max_value + 1)]
+        self.vocab = Vocab([";", "=", "++;", "pass;", "print"] + self.var_names + values, sep=" ")
+
+    @property
+    def max_input_len(self) -> int:
+        return 4 * self.max_steps + 2  # all sets, then "print x" (answer excluded)
+
+    def w_pass_of(self, variant: str) -> float:
+        return {"train": self.w_pass, "in": self.w_pass, "longer": self.ood_longer_w_pass,
+                "shorter": self.ood_shorter_w_pass}[variant]
+
+    def sample_program(self, rnd: random.Random, w_pass: float) -> tuple[list[str], str, int]:
+        """(statement words, printed variable, its value) following the reference generator."""
+        weights = [self.w_set, self.w_incr, w_pass]
+        ops = [SET, INCR, PASS]
+        for _ in range(1000):
+            nsteps = rnd.randint(self.min_steps, self.max_steps)
+            vals: dict[str, int] = {}
+            words: list[str] = []
+            for _ in range(nsteps):
+                for _ in range(100):
+                    op = rnd.choices(ops, weights)[0]
+                    if op == SET:
+                        v = rnd.choice(self.var_names)
+                        vals[v] = 0
+                        words += [v, "=", "0", ";"]
+                        break
+                    if op == PASS:
+                        words.append("pass;")
+                        break
+                    if not vals:
+                        continue
+                    v = rnd.choice(list(vals))
+                    if vals[v] + 1 > self.max_value:
+                        continue
+                    vals[v] += 1
+                    words += [v, "++;"]
+                    break
+                else:
+                    raise RuntimeError("counting: failed to draw a statement 100 times in a row")
+            if not vals:
+                continue
+            v = rnd.choice(list(vals))
+            return words, v, vals[v]
+        raise RuntimeError("counting: failed to draw a program 1000 times in a row")
+
+    def _generate(self, rng: np.random.Generator, n: int, variant: str) -> list[Example]:
+        rnd = random.Random(int(rng.integers(0, 2**62)))
+        w_pass = self.w_pass_of(variant)
+        out = []
+        for _ in range(n):
+            words, v, val = self.sample_program(rnd, w_pass)
+            tokens = np.array(self.vocab.encode(words + ["print", v, str(val)]), dtype=np.int64)
+            mask = np.zeros(len(tokens), dtype=bool)
+            mask[-1] = True
+            out.append(Example(tokens, mask))
+        return out

@@ -1,0 +1,218 @@
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede any triton import (CPU tensors)
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from poskit.attention.triton_cope import cope_attention_triton  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------
+# independent float64 reference: the Appendix B listing, generalised to heads / GQA
+# ---------------------------------------------------------------------------------
+def cope_reference(q, k, v, pos_emb, *, causal, scale, q_positions, k_positions, p_max,
+                   gate_keys=None, key_padding_mask=None, slopes=None):
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    rep = H // Hkv
+    k = k.repeat_interleave(rep, dim=1)  # HF repeat_kv order: head h -> kv head h // rep
+    v = v.repeat_interleave(rep, dim=1)
+    mask = torch.ones(B, 1, Tq, Tk, dtype=torch.bool)
+    if causal:
+        qp = torch.as_tensor(q_positions).reshape(-1, Tq)
+        kp = torch.as_tensor(k_positions).reshape(-1, Tk)
+        mask = mask & (kp[:, None, None, :] <= qp[:, None, :, None])
+    if key_padding_mask is not None:
+        mask = mask & key_padding_mask[:, None, None, :]
+    attn_logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    attn_logits = attn_logits + mask.to(q.dtype).log()
+    if gate_keys is None:
+        gate_logits = attn_logits
+    else:
+        gk = gate_keys.repeat_interleave(rep, dim=1)
+        gate_logits = torch.matmul(q, gk.transpose(-1, -2)) * scale + mask.to(q.dtype).log()
+    # --- CoPE.forward (listing lines 9-20) ---
+    gates = torch.sigmoid(gate_logits)
+    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+    pos = pos.clamp(max=p_max - 1)
+    if slopes is None:
+        pos_ceil = pos.ceil().long()
+        pos_floor = pos.floor().long()
+        logits_int = torch.matmul(q, pos_emb)
+        logits_ceil = logits_int.gather(-1, pos_ceil)
+        logits_floor = logits_int.gather(-1, pos_floor)
+        w = pos - pos_floor
+        bias = logits_ceil * w + logits_floor * (1 - w)
+    else:
+        bias = -slopes[None, :, None, None] * pos
+    attn_logits = attn_logits + bias
+    # rows with no visible key -> 0 output (avoid softmax NaN)
+    row_ok = mask.any(-1, keepdim=True)
+    attn = torch.softmax(torch.where(row_ok, attn_logits, torch.zeros_like(attn_logits)), dim=-1)
+    attn = attn * row_ok
+    return torch.matmul(attn, v)
+
+
+def _make(B, H, Hkv, Tq, Tk, D, Dv, p_max, dtype, seed, gates="keys", alibi=False, scale_gk=1.0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    q = r(B, H, Tq, D)
+    k = r(B, Hkv, Tk, D)
+    v = r(B, Hkv, Tk, Dv)
+    gk = r(B, Hkv, Tk, D) * scale_gk if gates == "separate" else None
+    e = None if alibi else r(D, p_max) * 0.5
+    slopes = (torch.rand(H, generator=g) + 0.1) if alibi else None
+    return [t.to(dtype) if t is not None else None for t in (q, k, v, gk, e, slopes)]
+
+
+def _run_both(q, k, v, gk, e, slopes, *, gates, grad=True, **kw):
+    leaves = [t.clone().requires_grad_(grad) if t is not None else None for t in (q, k, v, gk, e, slopes)]
+    q1, k1, v1, gk1, e1, s1 = leaves
+    gate_keys = {"keys": None, "separate": gk1, "values": v1}[gates]
+    out = cope_attention_triton(q1, k1, v1, e1, gate_keys=gate_keys, slopes=s1, **kw)
+
+    ref_leaves = [t.detach().double().requires_grad_(grad) if t is not None else None for t in leaves]
+    q2, k2, v2, gk2, e2, s2 = ref_leaves
+    gate_keys2 = {"keys": None, "separate": gk2, "values": v2}[gates]
+    kw2 = {n: a for n, a in kw.items() if n not in ("block_m", "block_n")}
+    if kw2.get("key_padding_mask") is not None:
+        kw2["key_padding_mask"] = kw2["key_padding_mask"].bool()
+    ref = cope_reference(q2, k2, v2, e2, gate_keys=gate_keys2, slopes=s2, **kw2)
+    if not grad:
+        return out, ref, [], []
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(123))
+    (out.float() * go).sum().backward()
+    (ref * go.double()).sum().backward()
+    return out, ref, leaves, ref_leaves
+
+
+def _check(out, ref, leaves, ref_leaves, atol, rtol):
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref.detach(), atol=atol, rtol=rtol)
+    names = ["q", "k", "v", "gate_keys", "pos_emb", "slopes"]
+    for name, a, b in zip(names, leaves, ref_leaves):
+        if a is None:
+            continue
+        assert a.grad is not None, name
+        assert torch.isfinite(a.grad).all(), name
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=atol, rtol=rtol, msg=lambda m: f"d{name}: {m}")
+
+
+def _pos(Tq, Tk):
+    return torch.arange(Tk - Tq, Tk), torch.arange(Tk)
+
+
+CASES = [
+    # id, B, H, Hkv, Tq, Tk, D, Dv, p_max, causal, gates, alibi
+    ("causal_self_37", 1, 2, 2, 37, 37, 16, 16, 64, True, "keys", False),
+    ("noncausal_45_odd_dims", 1, 2, 1, 45, 45, 24, 20, 64, False, "keys", False),
+    ("gqa_clamp", 2, 4, 2, 45, 45, 16, 16, 8, True, "keys", False),
+    ("sep_keys_multi_block", 1, 2, 1, 70, 70, 16, 16, 24, True, "separate", False),
+    ("value_gates", 1, 2, 2, 37, 37, 24, 24, 16, True, "values", False),
+    ("decode_block", 2, 4, 2, 5, 77, 16, 16, 80, True, "keys", False),
+    ("alibi_causal", 1, 2, 1, 45, 45, 16, 16, 12, True, "keys", True),
+    ("pmax1", 1, 2, 2, 37, 37, 16, 16, 1, True, "keys", False),
+    ("alibi_noncausal_sep", 1, 2, 2, 33, 40, 16, 16, 64, False, "separate", True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_forward_backward_fp32(case):
+    _, B, H, Hkv, Tq, Tk, D, Dv, p_max, causal, gates, alibi = case
+    q, k, v, gk, e, slopes = _make(B, H, Hkv, Tq, Tk, D, Dv, p_max, torch.float32, seed=CASES.index(case),
+                                   gates=gates, alibi=alibi)
+    qp, kp = _pos(Tq, Tk)
+    out, ref, leaves, ref_leaves = _run_both(
+        q, k, v, gk, e, slopes, gates=gates, causal=causal, scale=D ** -0.5,
+        q_positions=qp, k_positions=kp, p_max=p_max)
+    assert out.shape == (B, H, Tq, Dv)
+    _check(out, ref, leaves, ref_leaves, atol=2e-4, rtol=2e-4)
+
+
+def test_clamp_active_and_saturated_gates():
+    # large logits -> gates saturate at exactly 0/1, p hits integers and the clamp
+    B, H, Tq, Tk, D, p_max = 1, 2, 40, 40, 16, 6
+    q, k, v, gk, e, _ = _make(B, H, H, Tq, Tk, D, D, p_max, torch.float32, seed=7)
+    q = q * 3
+    qp, kp = _pos(Tq, Tk)
+    out, ref, leaves, ref_leaves = _run_both(q, k, v, gk, e, None, gates="keys", causal=True, scale=1.0,
+                                             q_positions=qp, k_positions=kp, p_max=p_max)
+    _check(out, ref, leaves, ref_leaves, atol=5e-4, rtol=5e-4)
+
+
+def test_key_padding_mask_and_empty_rows():
+    B, H, Tq, Tk, D, p_max = 2, 2, 36, 36, 16, 40
+    q, k, v, gk, e, _ = _make(B, H, 1, Tq, Tk, D, D, p_max, torch.float32, seed=3)
+    kpm = torch.ones(B, Tk, dtype=torch.bool)
+    kpm[0, :5] = False   # left padding: queries 0..4 of batch 0 see no key at all
+    kpm[1, 17:21] = False
+    qp, kp = _pos(Tq, Tk)
+    out, ref, leaves, ref_leaves = _run_both(q, k, v, gk, e, None, gates="keys", causal=True, scale=D ** -0.5,
+                                             q_positions=qp, k_positions=kp, p_max=p_max,
+                                             key_padding_mask=kpm)
+    assert (out[0, :, :5] == 0).all()
+    _check(out, ref, leaves, ref_leaves, atol=2e-4, rtol=2e-4)
+
+
+def test_batched_positions_2d():
+    # per-batch positions (B, T): batch 1 has queries at arbitrary later positions and
+    # keys with repeated positions (non-decreasing)
+    B, H, Tq, Tk, D, p_max = 2, 2, 9, 50, 16, 32
+    q, k, v, gk, e, _ = _make(B, H, 2, Tq, Tk, D, D, p_max, torch.float32, seed=11)
+    kp = torch.stack([torch.arange(Tk), torch.arange(Tk) // 2])
+    qp = torch.stack([torch.arange(Tk - Tq, Tk), torch.tensor([0, 3, 3, 7, 10, 12, 18, 24, 30])])
+    out, ref, leaves, ref_leaves = _run_both(q, k, v, gk, e, None, gates="keys", causal=True, scale=D ** -0.5,
+                                             q_positions=qp, k_positions=kp, p_max=p_max)
+    _check(out, ref, leaves, ref_leaves, atol=2e-4, rtol=2e-4)
+
+
+def test_fp16_forward_backward():
+    B, H, Hkv, Tq, Tk, D, p_max = 1, 2, 1, 37, 37, 16, 20
+    q, k, v, gk, e, _ = _make(B, H, Hkv, Tq, Tk, D, D, p_max, torch.float16, seed=5)
+    e = e.float()
+    qp, kp = _pos(Tq, Tk)
+    out, ref, leaves, ref_leaves = _run_both(q, k, v, gk, e, None, gates="keys", causal=True, scale=D ** -0.5,
+                                             q_positions=qp, k_positions=kp, p_max=p_max)
+    assert out.dtype == torch.float16
+    _check(out, ref, leaves, ref_leaves, atol=2e-2, rtol=2e-2)
+
+
+def test_forward_blocks_differ_from_backward_blocks():
+    # forward tiles 64x64 (one tile), backward keeps the default 32x32 tiles
+    B, H, Tq, Tk, D, p_max = 1, 2, 45, 45, 16, 10
+    q, k, v, gk, e, _ = _make(B, H, 1, Tq, Tk, D, D, p_max, torch.float32, seed=21, gates="separate")
+    qp, kp = _pos(Tq, Tk)
+    out, ref, leaves, ref_leaves = _run_both(q, k, v, gk, e, None, gates="separate", causal=True,
+                                             scale=D ** -0.5, q_positions=qp, k_positions=kp, p_max=p_max,
+                                             block_m=64, block_n=64)
+    _check(out, ref, leaves, ref_leaves, atol=2e-4, rtol=2e-4)
+
+
+def test_no_grad_forward_matches_and_default_positions():
+    B, H, Tq, Tk, D, p_max = 1, 2, 6, 40, 16, 64
+    q, k, v, gk, e, _ = _make(B, H, 2, Tq, Tk, D, D, p_max, torch.float32, seed=9)
+    with torch.no_grad():
+        a = cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=p_max)
+    qp, kp = _pos(Tq, Tk)
+    ref = cope_reference(q.double(), k.double(), v.double(), e.double(), causal=True, scale=0.25,
+                         q_positions=qp, k_positions=kp, p_max=p_max)
+    torch.testing.assert_close(a.double(), ref, atol=2e-4, rtol=2e-4)
+
+
+def test_invalid_arguments():
+    q, k, v, gk, e, _ = _make(1, 3, 2, 8, 8, 16, 8, 4, torch.float32, seed=0)
+    kw = dict(causal=True, scale=0.25, p_max=4)
+    with pytest.raises(ValueError, match="Hkv"):
+        cope_attention_triton(q, k, v, e, **kw)
+    q = q[:, :2]
+    with pytest.raises(ValueError, match="pos_emb"):
+        cope_attention_triton(q, k, v, e[:, :3], **kw)
+    with pytest.raises(ValueError, match="gate_keys"):
+        cope_attention_triton(q, k, v, e, gate_keys=v, **kw)  # value gates need Dv == D
+    with pytest.raises(ValueError, match="p_max"):
+        cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=0)
+    with pytest.raises(ValueError, match="slopes"):
+        cope_attention_triton(q, k, v, None, slopes=torch.ones(3), **kw)
