@@ -1,0 +1,133 @@
+"""CoPE against a straightforward re-implementation of the paper's Appendix B listing."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import poskit
+from conftest import build
+
+
+class ListingCoPE(torch.nn.Module):
+    """Appendix B, Listing 1, lines 1-20 (per head, batch x seq_len x head_dim)."""
+
+    def __init__(self, npos_max, head_dim, pos_emb):
+        super().__init__()
+        self.npos_max = npos_max
+        self.pos_emb = pos_emb.reshape(1, head_dim, npos_max)
+
+    def forward(self, query, attn_logits):
+        gates = torch.sigmoid(attn_logits)
+        pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+        pos = pos.clamp(max=self.npos_max - 1)
+        pos_ceil = pos.ceil().long()
+        pos_floor = pos.floor().long()
+        logits_int = torch.matmul(query, self.pos_emb)
+        logits_ceil = logits_int.gather(-1, pos_ceil)
+        logits_floor = logits_int.gather(-1, pos_floor)
+        w = pos - pos_floor
+        return logits_ceil * w + logits_floor * (1 - w)
+
+
+def listing_self_attn(query, key, val, mask, cope):
+    """Listing lines 28-36, returning the logits too."""
+    attn_logits = torch.bmm(query, key.transpose(-1, -2))
+    attn_logits = attn_logits / math.sqrt(query.shape[-1])
+    attn_logits += mask.log()
+    attn_logits += cope(query, attn_logits)
+    attn = torch.softmax(attn_logits, dim=-1)
+    return torch.bmm(attn, val), attn_logits
+
+
+@pytest.mark.parametrize("p_max", [3, 6, 20])
+def test_cope_equals_listing(p_max):
+    B, H, T, D = 2, 3, 9, 8
+    enc = build("cope", head_dim=D, num_heads=H, p_max=p_max, init_std=1.0)
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
+    cope = ListingCoPE(p_max, D, enc.pos_emb.detach())
+    mask = torch.ones(T, T, dtype=torch.float64).tril().expand(B * H, T, T)
+    want_out, want_logits = listing_self_attn(q.reshape(B * H, T, D), k.reshape(B * H, T, D), v.reshape(B * H, T, D), mask, cope)
+    got_logits = poskit.attention_scores(q, k, enc)
+    assert torch.allclose(got_logits.reshape(B * H, T, T), want_logits, atol=1e-12)
+    got_out = poskit.attention(q, k, v, enc)
+    assert torch.allclose(got_out.reshape(B * H, T, D), want_out, atol=1e-12)
+
+
+def test_cope_gqa_and_decode_rows_equal_listing():
+    B, H, Hkv, T, D = 1, 4, 2, 7, 4
+    enc = build("cope", head_dim=D, num_heads=H, p_max=5, init_std=1.0)
+    q = torch.randn(B, H, T, D, dtype=torch.float64)
+    k = torch.randn(B, Hkv, T, D, dtype=torch.float64)
+    v = torch.randn(B, Hkv, T, D, dtype=torch.float64)
+    full = poskit.attention(q, k, v, enc)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    cope = ListingCoPE(5, D, enc.pos_emb.detach())
+    mask = torch.ones(T, T, dtype=torch.float64).tril().expand(B * H, T, T)
+    want, _ = listing_self_attn(q.reshape(-1, T, D), kr.reshape(-1, T, D), vr.reshape(-1, T, D), mask, cope)
+    assert torch.allclose(full.reshape(-1, T, D), want, atol=1e-12)
+    # decoding query t against keys 0..t reproduces row t: gates are recomputed per query
+    for t in (0, 3, 6):
+        row = poskit.attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, q_positions=torch.tensor([t]),
+                               k_positions=torch.arange(t + 1))
+        assert torch.allclose(row[:, :, 0], full[:, :, t], atol=1e-12)
+
+
+def test_cope_value_gates_and_separate_gate_keys():
+    B, H, T, D = 1, 2, 6, 4
+    q, k, v, gk = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(4))
+    values = build("cope", head_dim=D, num_heads=H, gates="values", init_std=1.0)
+    separate = build("cope", head_dim=D, num_heads=H, gates="separate", init_std=1.0)
+    separate.load_state_dict(values.state_dict())
+    a = poskit.attention_scores(q, k, values, v=v)
+    b = poskit.attention_scores(q, k, separate, gate_keys=v)
+    assert torch.allclose(a, b)
+    # manual: gates from q . v, logits from q . k
+    logits = q @ k.transpose(-1, -2) / 2
+    vis = torch.ones(T, T, dtype=torch.bool).tril()
+    gates = torch.sigmoid(q @ v.transpose(-1, -2) / 2) * vis
+    p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=values.p_max - 1)
+    z = q @ values.pos_emb.detach()
+    w = p - p.floor()
+    bias = z.gather(-1, p.ceil().long()) * w + z.gather(-1, p.floor().long()) * (1 - w)
+    assert torch.allclose(a, (logits + bias).masked_fill(~vis, float("-inf")), atol=1e-12)
+    with pytest.raises(ValueError, match="gate_keys"):
+        poskit.attention_scores(q, k, separate)
+    with pytest.raises(ValueError, match="gates='values' needs v"):
+        poskit.attention_scores(q, k, values, v=torch.randn(B, H, T, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_cope_alibi_eq10(learned):
+    B, H, T, D = 1, 4, 6, 4
+    enc = build("cope-alibi", head_dim=D, num_heads=H, learned_slopes=learned, p_max=4)
+    if learned:
+        assert torch.equal(enc.slopes.detach(), torch.zeros(H, dtype=torch.float64))
+        with torch.no_grad():
+            enc.slopes.copy_(torch.tensor([0.5, -0.25, 1.0, 2.0]))
+    q, k = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(2))
+    got = poskit.attention_scores(q, k, enc)
+    vis = torch.ones(T, T, dtype=torch.bool).tril()
+    logits = q @ k.transpose(-1, -2) / 2
+    p = (torch.sigmoid(logits) * vis).flip(-1).cumsum(-1).flip(-1).clamp(max=3)
+    slopes = enc.slopes.detach() if learned else torch.tensor([2 ** (-8 * h / H) for h in range(1, H + 1)], dtype=torch.float64)
+    want = (logits - slopes[:, None, None] * p).masked_fill(~vis, float("-inf"))
+    assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_cope_gradcheck():
+    enc = build("cope", head_dim=4, num_heads=2, p_max=3, init_std=1.0)
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc), (q, k, v))
+    out = poskit.attention(q, k, v, enc)
+    out.sum().backward()
+    assert enc.pos_emb.grad.abs().sum() > 0
+
+
+def test_cope_bad_options():
+    with pytest.raises(ValueError, match="gates must be one of"):
+        poskit.build_encoding("cope", head_dim=8, num_heads=2, gates="queries")
+    with pytest.raises(ValueError, match="p_max must be a positive int"):
+        poskit.build_encoding("cope", head_dim=8, num_heads=2, p_max=0)
