@@ -131,3 +131,9 @@ def test_cope_bad_options():
         poskit.build_encoding("cope", head_dim=8, num_heads=2, gates="queries")
     with pytest.raises(ValueError, match="p_max must be a positive int"):
         poskit.build_encoding("cope", head_dim=8, num_heads=2, p_max=0)
+
+
+def test_cope_rejects_unordered_keys():
+    q, k, v = (torch.randn(1, 2, 3, 4, dtype=torch.float64) for _ in range(3))
+    with pytest.raises(ValueError, match="k_positions must be non-decreasing"):
+        poskit.attention(q, k, v, build("cope", head_dim=4, num_heads=2), k_positions=torch.tensor([0, 2, 1]), causal=False)

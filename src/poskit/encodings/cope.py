@@ -45,6 +45,11 @@ class CoPEBase(PositionalEncoding):
             raise ValueError(f"gates must be one of {list(GATES)}, got {gates!r}")
         self.p_max, self.gates = p_max, gates
 
+    def check_positions(self, q_positions, k_positions, visible) -> None:
+        # p_ts is a suffix sum along the key axis, which equals "keys at positions >= s" only for ordered keys
+        if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
+            raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
+
     def gate_source(self, k, v, gate_keys):
         """The tensor the gates dot q with: (B, Hkv, Tk, head_dim)."""
         if self.gates == "keys":
