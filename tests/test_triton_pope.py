@@ -1,0 +1,314 @@
+"""Tests of the fused PoPE Triton kernel against a float64 reference.
+
+On CPU the kernels run under the Triton interpreter, so TRITON_INTERPRET must
+be set before triton is imported anywhere.
+"""
+
+import os
+
+import torch  # torch does not import triton
+
+if not torch.cuda.is_available():
+    # must happen before triton / poskit.attention.triton_pope are imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton", reason="triton is not installed (pip install poskit[triton])")
+
+from poskit.attention.triton_pope import kernels_interpreted, pope_attention_triton  # noqa: E402
+
+if not torch.cuda.is_available() and not kernels_interpreted():
+    pytest.skip("no GPU, and poskit.attention.triton_pope was imported before TRITON_INTERPRET=1 "
+                "was set, so its kernels cannot run on CPU", allow_module_level=True)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---------------------------------------------------------------------------
+# float64 reference: eq. 5 of the paper, materialising all logits
+# ---------------------------------------------------------------------------
+def _theta(D):
+    return 10000.0 ** (-torch.arange(D, dtype=torch.float64) / D)
+
+
+def reference(q, k, v, delta, q_positions, k_positions, *, causal, scale, softplus=True,
+              key_padding_mask=None):
+    q, k, v, delta = (t.to(torch.float64) for t in (q, k, v, delta))
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv order
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    mu_q = torch.nn.functional.softplus(q) if softplus else q
+    mu_k = torch.nn.functional.softplus(k) if softplus else k
+    qp = q_positions.to(q.device).reshape(-1, Tq).to(torch.float64)  # (1 or B, Tq)
+    kp = k_positions.to(q.device).reshape(-1, Tk).to(torch.float64)
+    theta = _theta(D).to(q.device)
+    a_q = qp[..., None] * theta  # (1|B, Tq, D)
+    a_k = kp[..., None] * theta
+    # (B, H, Tq, Tk, D): cos((s - t) theta_c + delta_c)
+    ang = a_k[:, None, None, :, :] - a_q[:, None, :, None, :] + delta[None, :, None, None, :]
+    logits = scale * (mu_q[:, :, :, None, :] * mu_k[:, :, None, :, :] * torch.cos(ang)).sum(-1)
+    visible = torch.ones_like(logits, dtype=torch.bool)
+    if causal:
+        visible = visible & (kp[:, None, None, :] <= qp[:, None, :, None])
+    if key_padding_mask is not None:
+        visible = visible & key_padding_mask.to(q.device)[:, None, None, :]
+    logits = logits.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # rows without keys -> 0
+    return probs @ v
+
+
+def tables(positions, D):
+    """fp32 cos/sin tables computed in float64, as callers do."""
+    ang = positions.to(torch.float64)[..., None] * _theta(D).to(positions.device)
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def make_inputs(B, H, Hkv, Tq, Tk, D, Dv, dtype=torch.float32, seed=0, zero_delta=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, D, generator=g)
+    k = torch.randn(B, Hkv, Tk, D, generator=g)
+    v = torch.randn(B, Hkv, Tk, Dv, generator=g)
+    delta = torch.zeros(H, D) if zero_delta else -2 * math.pi * torch.rand(H, D, generator=g)
+    return [t.to(DEVICE, dtype if t is not delta else torch.float32).requires_grad_()
+            for t in (q, k, v, delta)]
+
+
+def run_both(q, k, v, delta, q_positions, k_positions, *, causal, softplus=True, key_padding_mask=None,
+             seed=1):
+    """Output and (dq, dk, dv, ddelta) of kernel and reference for the same upstream gradient."""
+    D = q.shape[-1]
+    scale = D ** -0.5
+    qc, qs = tables(q_positions, D)
+    kc, ks = tables(k_positions, D)
+    out = pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, causal=causal, scale=scale,
+                                q_positions=q_positions, k_positions=k_positions, softplus=softplus,
+                                key_padding_mask=key_padding_mask)
+    ref = reference(q, k, v, delta, q_positions, k_positions, causal=causal, scale=scale,
+                    softplus=softplus, key_padding_mask=key_padding_mask)
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(out.shape, generator=g).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v, delta), dout.to(out.dtype))
+    ref_grads = torch.autograd.grad(ref, (q, k, v, delta), dout.to(torch.float64))
+    return out, ref, grads, ref_grads
+
+
+def assert_close(got, want, rtol, name=""):
+    """max-abs error relative to the reference's max magnitude."""
+    got = got.detach().to(torch.float64)
+    want = want.detach().to(torch.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    err = (got - want).abs().max().item()
+    mag = max(want.abs().max().item(), 1e-6)
+    assert err <= rtol * mag, f"{name}: max abs err {err:.3e} vs max |ref| {mag:.3e} (rtol {rtol})"
+
+
+def check_all(out, ref, grads, ref_grads, rtol):
+    assert_close(out, ref, rtol, "out")
+    for name, g, rg in zip(("dq", "dk", "dv", "ddelta"), grads, ref_grads):
+        assert_close(g, rg, rtol, name)
+
+
+def ar(start, n):
+    return torch.arange(start, start + n, device=DEVICE)
+
+
+# ---------------------------------------------------------------------------
+# correctness against the reference
+# ---------------------------------------------------------------------------
+CASES = {
+    # name: (B, H, Hkv, Tq, Tk, D, Dv)
+    "square": (2, 2, 2, 50, 50, 32, 32),
+    "gqa_odd_dv": (1, 4, 2, 37, 50, 32, 24),
+    "mqa_d16": (1, 4, 1, 40, 40, 16, 16),
+    "d48_padded_dim": (1, 2, 2, 33, 45, 48, 64),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(case, causal):
+    B, H, Hkv, Tq, Tk, D, Dv = CASES[case]
+    q, k, v, delta = make_inputs(B, H, Hkv, Tq, Tk, D, Dv)
+    # queries are the last Tq positions (prefill with a cache when Tq < Tk)
+    res = run_both(q, k, v, delta, ar(Tk - Tq, Tq), ar(0, Tk), causal=causal)
+    check_all(*res, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["loop", "split"])
+def test_gqa_dkdv_modes(mode, monkeypatch):
+    from poskit.attention import triton_pope
+
+    monkeypatch.setattr(triton_pope, "GQA_DKDV_MODE", mode)
+    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 24)
+    res = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+    check_all(*res, rtol=1e-4)
+
+
+def test_no_softplus():
+    q, k, v, delta = make_inputs(1, 2, 1, 37, 50, 32, 32)
+    res = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True, softplus=False)
+    check_all(*res, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask(causal):
+    B, Tq, Tk = 3, 37, 50  # Tk not a multiple of the block
+    q, k, v, delta = make_inputs(B, 4, 2, Tq, Tk, 32, 32)
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(B, Tk, generator=g) > 0.3
+    mask[1, :20] = False  # left padding: early causal rows see nothing
+    mask[2] = False  # a sequence with no keys at all
+    mask = mask.to(DEVICE)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(Tk - Tq, Tq), ar(0, Tk), causal=causal,
+                                          key_padding_mask=mask)
+    check_all(out, ref, grads, ref_grads, rtol=1e-4)
+    assert (out[2] == 0).all() and (grads[0][2] == 0).all() and (grads[1][2] == 0).all()
+    # padded keys get exactly zero dk, dv
+    assert (grads[1][~mask[:, None, :].expand(-1, 2, -1)] == 0).all()
+    assert (grads[2][~mask[:, None, :].expand(-1, 2, -1)] == 0).all()
+
+
+def test_rows_without_visible_keys_are_zero():
+    # keys start at position 10: causal query rows at positions < 10 see nothing
+    q, k, v, delta = make_inputs(1, 2, 2, 40, 45, 32, 32)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(0, 40), ar(10, 45), causal=True)
+    check_all(out, ref, grads, ref_grads, rtol=1e-4)
+    assert (out[:, :, :10] == 0).all()
+    assert (grads[0][:, :, :10] == 0).all()
+
+
+def test_decode_single_query_against_cache():
+    q, k, v, delta = make_inputs(2, 4, 2, 1, 70, 32, 32)
+    res = run_both(q, k, v, delta, ar(69, 1), ar(0, 70), causal=True)
+    check_all(*res, rtol=1e-4)
+
+
+def test_batched_positions_and_tables():
+    B, Tq, Tk, D = 2, 37, 50, 32
+    q, k, v, delta = make_inputs(B, 2, 1, Tq, Tk, D, 16)
+    kpos = torch.stack([ar(0, Tk), ar(100, Tk)])  # different offsets per sequence
+    qpos = kpos[:, Tk - Tq:]
+    res = run_both(q, k, v, delta, qpos, kpos, causal=True)
+    assert tables(qpos, D)[0].shape == (B, Tq, D)
+    check_all(*res, rtol=1e-4)
+
+
+def test_unsorted_positions():
+    # block skipping must stay exact for any position order
+    g = torch.Generator().manual_seed(5)
+    q, k, v, delta = make_inputs(1, 2, 2, 45, 70, 32, 32)
+    kpos = torch.randperm(70, generator=g).to(DEVICE)
+    qpos = torch.randperm(70, generator=g)[:45].to(DEVICE)
+    res = run_both(q, k, v, delta, qpos, kpos, causal=True)
+    check_all(*res, rtol=1e-4)
+
+
+def test_non_contiguous_inputs():
+    B, T, H, D = 1, 40, 2, 32
+    g = torch.Generator().manual_seed(7)
+    # (B, T, H, D) projections viewed as (B, H, T, D)
+    q = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    v = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    delta = (-torch.rand(H, D, generator=g)).to(DEVICE).requires_grad_()
+    assert not q.is_contiguous()
+    res = run_both(q, k, v, delta, ar(0, T), ar(0, T), causal=True)
+    check_all(*res, rtol=1e-4)
+
+
+def test_fp16():
+    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 32, dtype=torch.float16)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+    assert out.dtype == torch.float16
+    assert grads[0].dtype == torch.float16 and grads[3].dtype == torch.float32
+    check_all(out, ref, grads, ref_grads, rtol=2e-2)
+
+
+def test_bf16():
+    # on CPU the kernel feeds tl.dot fp32 operands (the interpreter's bf16 dot is unreliable)
+    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 32, dtype=torch.bfloat16)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+    assert out.dtype == torch.bfloat16
+    check_all(out, ref, grads, ref_grads, rtol=5e-2)
+
+
+def test_large_positions_relative():
+    """Only relative positions matter: an offset of 1e6 gives the same result."""
+    Tq = Tk = 40
+    q, k, v, delta = make_inputs(1, 2, 2, Tq, Tk, 32, 32)
+    D = 32
+
+    def run(offset):
+        qpos, kpos = ar(offset, Tq), ar(offset, Tk)
+        qc, qs = tables(qpos, D)
+        kc, ks = tables(kpos, D)
+        return pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, causal=True, scale=D ** -0.5,
+                                     q_positions=qpos, k_positions=kpos)
+
+    with torch.no_grad():
+        a, b = run(0), run(1_000_000)
+    assert (a - b).abs().max().item() < 1e-3
+
+
+def test_torch_compile():
+    q, k, v, delta = make_inputs(1, 2, 1, 40, 40, 32, 32)
+    pos = ar(0, 40)
+    c, s = tables(pos, 32)
+
+    def fn(q, k, v, delta):
+        out = pope_attention_triton(q * 1.0, k, v, delta, c, s, c, s, causal=True, scale=0.2,
+                                    q_positions=pos, k_positions=pos)
+        return (out * out).sum()
+
+    loss = fn(q, k, v, delta)
+    grads = torch.autograd.grad(loss, (q, k, v, delta))
+    torch._dynamo.reset()
+    # aot_eager traces through dynamo + AOTAutograd (fake kernels, registered autograd)
+    # without compiling C++ for the CPU; inductor on CPU works too but costs ~35 s cold.
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    loss_c = compiled(q, k, v, delta)
+    grads_c = torch.autograd.grad(loss_c, (q, k, v, delta))
+    torch.testing.assert_close(loss_c, loss)
+    for g, gc in zip(grads, grads_c):
+        torch.testing.assert_close(gc, g)
+
+
+# ---------------------------------------------------------------------------
+# argument validation
+# ---------------------------------------------------------------------------
+def _valid_args(B=1, H=4, Hkv=2, Tq=8, Tk=8, D=32, Dv=32):
+    q = torch.randn(B, H, Tq, D, device=DEVICE)
+    k = torch.randn(B, Hkv, Tk, D, device=DEVICE)
+    v = torch.randn(B, Hkv, Tk, Dv, device=DEVICE)
+    delta = torch.zeros(H, D, device=DEVICE)
+    qc, qs = tables(ar(0, Tq), D)
+    kc, ks = tables(ar(0, Tk), D)
+    kw = dict(causal=True, scale=0.1, q_positions=ar(0, Tq), k_positions=ar(0, Tk))
+    return [q, k, v, delta, qc, qs, kc, ks], kw
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda a, kw: (a.__setitem__(1, torch.randn(1, 3, 8, 32)), a.__setitem__(2, torch.randn(1, 3, 8, 32))),
+     "divisible"),
+    (lambda a, kw: a.__setitem__(0, torch.randn(1, 4, 8, 8)), "head dim"),
+    (lambda a, kw: a.__setitem__(0, a[0].double()), "dtype"),
+    (lambda a, kw: a.__setitem__(2, a[2].half()), "share a dtype"),
+    (lambda a, kw: a.__setitem__(3, torch.zeros(2, 32)), "delta"),
+    (lambda a, kw: a.__setitem__(4, torch.zeros(9, 32)), "q_cos"),
+    (lambda a, kw: a.__setitem__(7, torch.zeros(8, 16)), "k_sin"),
+    (lambda a, kw: kw.__setitem__("q_positions", torch.arange(8.0)), "q_positions"),
+    (lambda a, kw: kw.__setitem__("k_positions", torch.arange(5)), "k_positions"),
+    (lambda a, kw: kw.__setitem__("key_padding_mask", torch.ones(1, 8)), "key_padding_mask"),
+    (lambda a, kw: a.__setitem__(0, torch.randn(4, 8, 32)), "4-D"),
+])
+def test_validation(mutate, match):
+    args, kw = _valid_args()
+    mutate(args, kw)
+    args = [a.to(DEVICE) for a in args]
+    with pytest.raises(ValueError, match=match):
+        pope_attention_triton(*args, **kw)
