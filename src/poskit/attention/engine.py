@@ -18,7 +18,7 @@ from ..encodings.base import PositionalEncoding
 from .inputs import AttentionInputs, prepare
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
-from .sdpa import sdpa
+from .sdpa import blocked, sdpa, use_blocked
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 
@@ -68,9 +68,16 @@ def _run_sdpa(inp, enc, gate_keys):
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
     if enc.kind == "qk":
         q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
+        if use_blocked(inp, q.shape[-1], inp.v.shape[-1]):
+            return blocked(inp, q, k, inp.v)
         return sdpa(inp, q, k, inp.v)
     if enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
+        if _is_static_bias(enc) and inp.q.device.type == "cpu":
+            # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
+            qp, kp = inp.q_positions, inp.k_positions
+            return blocked(inp, inp.q, inp.k, inp.v,
+                           bias_fn=lambda i, j, ke: enc.bias(inp.q, qp[:, i:j], kp[:, :ke], inp.scale))
         bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
         return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
     return sdpa(inp, inp.q, inp.k, inp.v)
@@ -132,3 +139,27 @@ def attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, 
     inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
                   key_padding_mask=key_padding_mask)
     return _RUNNERS[choose_backend(enc, q, backend)](inp, enc, gate_keys)
+
+
+def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_keys=None, backend: str = "auto"):
+    """Append the new keys/values at `q_positions` to layer `layer_idx` of `cache`, then attend the new
+    queries to everything cached, causally by position. Equals the corresponding rows of a full forward.
+
+    q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens; q_positions (Tn,) or (B, Tn).
+    Rope (static frequencies) and pope cache the *encoded* key, so a decode step encodes only the new token;
+    every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
+    """
+    if v is None:
+        raise ValueError("v must be a tensor (B, H_kv, Tn, Dv), got None")
+    inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
+    encoded = enc.kind == "qk" and getattr(enc, "caches_encoded_keys", False) and backend in ("auto", "sdpa")
+    if not encoded:
+        layer = cache.append(layer_idx, k, v, inp.k_positions, gate_keys=gate_keys)
+        return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,
+                         k_positions=layer.positions, gate_keys=layer.gate_keys, backend=backend)
+    layer = cache.append(layer_idx, enc.encode_k(k, inp.k_positions), v, inp.k_positions, encoded=True)
+    q_enc = enc.encode_q(q, inp.q_positions)
+    full = AttentionInputs(q_enc, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True, None, False)
+    if use_blocked(full, q_enc.shape[-1], v.shape[-1]):
+        return blocked(full, q_enc, layer.keys, layer.values)
+    return sdpa(full, q_enc, layer.keys, layer.values)

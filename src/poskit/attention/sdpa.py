@@ -19,6 +19,21 @@ def needs_explicit_mask(inp: AttentionInputs) -> bool:
     return inp.causal and not inp.default_positions
 
 
+def use_blocked(inp: AttentionInputs, q_width: int, v_width: int) -> bool:
+    """On CPU, q/k wider than v (PoPE) run faster through the blocked path than through padded SDPA."""
+    return inp.q.device.type == "cpu" and q_width != v_width
+
+
+def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None):
+    """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads."""
+    from .blocked import blocked_attention
+    from .inputs import repeat_kv
+
+    return blocked_attention(q, repeat_kv(k, inp.groups), repeat_kv(v, inp.groups), scale=inp.scale,
+                             q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
+                             key_padding_mask=inp.key_padding_mask, bias_fn=bias_fn)
+
+
 def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None):
     """softmax(scale * q k^T + bias, masked by inp) @ v, with q/k possibly re-encoded (any width, equal for q and k).
 

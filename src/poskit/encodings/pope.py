@@ -100,6 +100,14 @@ class PolarEncoding(PositionalEncoding):
         mu = self.magnitude(k)
         return torch.cat((mu * cos, mu * sin), dim=-1)
 
+    caches_encoded_keys = True  # the Cartesian key does not depend on the query: cache it, 2d wide
+
+    def encode_q(self, q, q_positions):
+        return self.cartesian_q(q, q_positions)
+
+    def encode_k(self, k, k_positions):
+        return self.cartesian_k(k, k_positions)
+
     def transform_qk(self, q, k, q_positions, k_positions):
         if q.shape[1] != self.num_heads:
             raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")

@@ -121,6 +121,17 @@ class RotaryEncoding(PositionalEncoding):
         angles = positions.double().unsqueeze(-1) * inv_freq.to(positions.device)
         return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
 
+    @property
+    def caches_encoded_keys(self) -> bool:
+        """Keys can be cached already rotated unless the frequencies change with the length (dynamic NTK)."""
+        return self.scaling != "dynamic"
+
+    def encode_q(self, q, q_positions):
+        c, s = self.cos_sin(q_positions, q.dtype)
+        return rotate(q, c.unsqueeze(1), s.unsqueeze(1), self.layout)
+
+    encode_k = encode_q  # RoPE treats queries and keys alike
+
     def transform_qk(self, q, k, q_positions, k_positions):
         # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics)
         seq_len = int(torch.maximum(q_positions.max(), k_positions.max())) + 1
