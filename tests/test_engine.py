@@ -87,3 +87,17 @@ def test_triton_backend_through_engine_matches_reference(name):
     assert torch.allclose(out, ref, atol=2e-4)
     for a, b in zip(_grads(out, [q, k, v]), _grads(ref, [q, k, v])):
         assert torch.allclose(a, b, atol=5e-4)
+
+
+@pytest.mark.parametrize("name", ["pope", "alibi"])
+def test_bf16_blocked_path_close_to_float64(name):
+    enc = build(name, dtype=torch.bfloat16, head_dim=32, num_heads=4)
+    q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=100, Tk=100, D=32, dtype=torch.float32, requires_grad=True)
+    qb, kb, vb = (t.detach().bfloat16().requires_grad_(True) for t in (q, k, v))
+    out = poskit.attention(qb, kb, vb, enc)
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference")
+    assert out.dtype == torch.bfloat16
+    assert (out.double() - ref).abs().max() < 3e-2
+    out.float().sum().backward()
+    ref.sum().backward()
+    assert (qb.grad.double() - q.grad).abs().max() < 5e-2 * q.grad.abs().max()

@@ -52,12 +52,14 @@ class BlockedAttention(torch.autograd.Function):
         # q: (B, H, Tq, E); k: (B, H, Tk, E) (kv heads already repeated); v: (B, H, Tk, Dv)
         B, H, Tq, _ = q.shape
         plan = _block_plan(q_positions, k_positions, causal, Tq, k.shape[2], block)
+        # softmax statistics in fp32 whatever the input dtype (bf16 logits lose the row max otherwise)
         out = q.new_zeros(B, H, Tq, v.shape[-1])
-        lse = q.new_zeros(B, H, Tq)
+        stat = torch.promote_types(q.dtype, torch.float32)
+        lse = q.new_zeros(B, H, Tq, dtype=stat)
         for i, j, ke in plan:
             if ke == 0:
                 continue  # no key visible to any query of the block: output 0
-            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).mul_(scale)
+            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).to(lse.dtype).mul_(scale)
             if bias_fn is not None:
                 s.add_(bias_fn(i, j, ke))
             vis = _block_visible(q_positions, k_positions, key_padding_mask, causal, i, j, ke)
@@ -66,7 +68,7 @@ class BlockedAttention(torch.autograd.Function):
             row_lse = torch.logsumexp(s, dim=-1, keepdim=True)
             row_lse = row_lse.masked_fill(torch.isinf(row_lse), 0.0)  # rows with no visible key: p = 0
             p = s.sub_(row_lse).exp_()
-            out[:, :, i:j] = torch.matmul(p, v[:, :, :ke])
+            out[:, :, i:j] = torch.matmul(p.to(v.dtype), v[:, :, :ke])
             lse[:, :, i:j] = row_lse[..., 0]
         ctx.save_for_backward(q, k, v, out, lse, q_positions, k_positions,
                               key_padding_mask if key_padding_mask is not None else torch.empty(0))
@@ -80,12 +82,13 @@ class BlockedAttention(torch.autograd.Function):
         pad = pad if ctx.has_pad else None
         scale = ctx.scale
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        row_dot = (grad_out * out).sum(-1, keepdim=True)  # D_i = rowsum(dO * O)
+        acc = lse.dtype  # fp32 for half-precision inputs (float64 stays float64): gradients accumulate there
+        dq, dk, dv = (torch.zeros(t.shape, dtype=acc) for t in (q, k, v))
+        row_dot = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # D_i = rowsum(dO * O)
         for i, j, ke in ctx.plan:
             if ke == 0:
                 continue
-            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).mul_(scale)
+            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).to(lse.dtype).mul_(scale)
             if ctx.bias_fn is not None:
                 s.add_(ctx.bias_fn(i, j, ke))
             vis = _block_visible(q_positions, k_positions, pad, ctx.causal, i, j, ke)
@@ -93,12 +96,12 @@ class BlockedAttention(torch.autograd.Function):
                 s.masked_fill_(~vis, float("-inf"))
             p = s.sub_(lse[:, :, i:j, None]).exp_()
             do = grad_out[:, :, i:j]
-            dv[:, :, :ke] += torch.matmul(p.transpose(-1, -2), do)
-            dp = torch.matmul(do, v[:, :, :ke].transpose(-1, -2))
-            ds = p.mul_(dp.sub_(row_dot[:, :, i:j])).mul_(scale)  # dS = P * (dP - D) * scale
-            dq[:, :, i:j] = torch.matmul(ds, k[:, :, :ke])
-            dk[:, :, :ke] += torch.matmul(ds.transpose(-1, -2), q[:, :, i:j])
-        return dq, dk, dv, None, None, None, None, None, None, None
+            dv[:, :, :ke] += torch.matmul(p.to(v.dtype).transpose(-1, -2), do).to(acc)
+            dp = torch.matmul(do, v[:, :, :ke].transpose(-1, -2)).to(acc)
+            ds = p.mul_(dp.sub_(row_dot[:, :, i:j])).mul_(scale).to(q.dtype)  # dS = P * (dP - D) * scale
+            dq[:, :, i:j] = torch.matmul(ds, k[:, :, :ke]).to(acc)
+            dk[:, :, :ke] += torch.matmul(ds.transpose(-1, -2), q[:, :, i:j]).to(acc)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 def blocked_attention(q, k, v, *, scale, q_positions, k_positions, causal, key_padding_mask=None, block=DEFAULT_BLOCK,

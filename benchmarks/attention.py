@@ -1,0 +1,204 @@
+"""Attention benchmark: every encoding's poskit path against RoPE + SDPA, PoPE against its peers, decode.
+
+    python benchmarks/attention.py                       # the issue's grid (B=8, H=8, d=64, T 256/1024/4096)
+    python benchmarks/attention.py --T 1024 --dtypes fp32 --encodings rope,pope,alibi --quick
+
+Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode.
+Reference-only paths (CoPE on CPU, the naive complex PoPE) materialise T x T tensors and are skipped
+when their estimated memory exceeds --max-gb.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import measure, table  # noqa: E402
+
+import poskit  # noqa: E402
+from poskit.attention import KVCache, cached_attention  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPTIONS = {
+    "rope-linear": dict(factor=4.0), "rope-ntk": dict(factor=4.0),
+    "rope-dynamic": dict(factor=4.0, original_max_positions=1024),
+    "rope-yarn": dict(factor=4.0, original_max_positions=1024),
+    "relative": dict(max_distance=8192), "relative-capped": dict(max_distance=256), "learned": dict(max_positions=8192),
+    "cope": dict(p_max=64),
+}
+
+
+def build(name, H, D, dtype):
+    return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **OPTIONS.get(name, {})).to(dtype)
+
+
+def inputs(B, H, T, D, dtype, grad):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
+
+
+def runner(fn, q, k, v, mode):
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+    else:
+        def run():
+            out = fn(q, k, v)
+            out.backward(torch.ones_like(out))
+            for t in (q, k, v):
+                t.grad = None
+    return run
+
+
+# --- PoPE peers ---------------------------------------------------------------------------------------
+def pope_naive_complex(enc):
+    """The obvious implementation: complex q~, k~ (eq. 4-5) and materialised complex logits."""
+    def fn(q, k, v):
+        T, d = q.shape[2], q.shape[3]
+        pos = torch.arange(T, dtype=torch.float32)[:, None] * enc.inv_freq.float()
+        delta = enc.clamped_delta(q).float()[:, None, :]
+        qc = torch.polar(F.softplus(q.float()), pos.expand_as(q))
+        kc = torch.polar(F.softplus(k.float()), (pos + delta).expand_as(k))
+        logits = (qc.conj() @ kc.transpose(-1, -2)).real / math.sqrt(d)
+        logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return (logits.softmax(-1) @ v.float()).to(q.dtype)
+    return fn
+
+
+def pope_pytorch_style(enc):
+    """As PoPE-pytorch does it: softplus, explicit 2d-wide interleaved (cos, sin) q/k, SDPA with v at d
+    (unequal head dims: CPU SDPA falls back to its math path)."""
+    def fn(q, k, v):
+        T = q.shape[2]
+        freqs = torch.arange(T, dtype=torch.float32)[:, None] * enc.inv_freq.float()
+        delta = enc.clamped_delta(q).float()[:, None, :]
+        mq, mk = F.softplus(q), F.softplus(k)
+        q2 = torch.stack((mq * freqs.cos(), mq * freqs.sin()), -1).flatten(-2).to(q.dtype)
+        k2 = torch.stack((mk * (freqs + delta).cos(), mk * (freqs + delta).sin()), -1).flatten(-2).to(q.dtype)
+        return F.scaled_dot_product_attention(q2, k2, v, is_causal=True, scale=1 / math.sqrt(q.shape[-1]))
+    return fn
+
+
+def pope_padded_sdpa(enc):
+    """poskit's Cartesian q/k through SDPA with v zero-padded to 2d (flash kernel, a third of it on zeros)."""
+    def fn(q, k, v):
+        pos = torch.arange(q.shape[2])[None]
+        q2, k2 = enc.transform_qk(q, k, pos, pos)
+        return F.scaled_dot_product_attention(q2, k2, F.pad(v, (0, q.shape[-1])), is_causal=True,
+                                              scale=1 / math.sqrt(q.shape[-1]))[..., : v.shape[-1]]
+    return fn
+
+
+def rope_sdpa_baseline(enc):
+    def fn(q, k, v):
+        pos = torch.arange(q.shape[2])[None]
+        q2, k2 = enc.transform_qk(q, k, pos, pos)
+        return F.scaled_dot_product_attention(q2, k2, v, is_causal=True)
+    return fn
+
+
+def est_reference_gb(B, H, T):
+    return 6 * B * H * T * T * 8 / 2**30  # a handful of (B, H, T, T) temporaries
+
+
+def bench_grid(args):
+    B, H, D = args.B, args.H, args.D
+    rows = []
+    names = poskit.available_encodings() if args.encodings == "all" else args.encodings.split(",")
+    for T in args.T:
+        for dname in args.dtypes:
+            dtype = DTYPES[dname]
+            for mode in args.modes:
+                grad = mode == "fwdbwd"
+                q, k, v = inputs(B, H, T, D, dtype, grad)
+                rope = build("rope", H, D, dtype)
+                base_ms, base_mb = measure(runner(rope_sdpa_baseline(rope), q, k, v, mode), args.repeats)
+                rows.append(dict(T=T, dtype=dname, mode=mode, path="RoPE+SDPA (baseline)", ms=f"{base_ms:.1f}", ratio="1.00",
+                                 peak_MB=f"{base_mb:.0f}"))
+                cases = []
+                for name in names:
+                    enc = build(name, H, D, dtype)
+                    backend = poskit.attention.__module__ and __import__("poskit.attention.engine", fromlist=["x"]).choose_backend(enc, q, "auto")
+                    label = f"{name} [{backend}{'/blocked' if name == 'pope' or name == 'alibi' else ''}]"
+                    absolute = enc.kind == "absolute"
+                    fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc))(enc)
+                    heavy = backend == "reference" and est_reference_gb(B, H, T) > args.max_gb
+                    cases.append((label, fn, heavy, absolute))
+                if "pope" in names:
+                    pope = build("pope", H, D, dtype)
+                    cases += [
+                        ("pope: padded-v SDPA", pope_padded_sdpa(pope), False, False),
+                        ("pope: PoPE-pytorch style", pope_pytorch_style(pope), est_reference_gb(B, H, T) / 3 > args.max_gb, False),
+                        ("pope: naive complex", pope_naive_complex(pope), est_reference_gb(B, H, T) > args.max_gb, False),
+                    ]
+                for label, fn, heavy, absolute in cases:
+                    if heavy:
+                        rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)"))
+                        continue
+                    ms, mb = measure(runner(fn, q, k, v, mode), args.repeats)
+                    rows.append(dict(T=T, dtype=dname, mode=mode, path=label + (" (= none in attention)" if absolute else ""),
+                                     ms=f"{ms:.1f}", ratio=f"{ms / base_ms:.2f}", peak_MB=f"{mb:.0f}"))
+                    print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def bench_decode(args):
+    B, H, D = args.B, args.H, args.D
+    rows = []
+    for L in args.decode_lengths:
+        results = {}
+        for name in ("rope", "pope"):
+            enc = build(name, H, D, torch.float32)
+            with torch.no_grad():
+                q, k, v = inputs(B, H, L, D, torch.float32, False)
+                cache = KVCache(num_layers=1)
+                cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
+                q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
+                layer = cache.layer(0)
+                keys, values, positions = layer.keys, layer.values, layer.positions
+
+                def step():
+                    # one decode step at position L against the L cached keys; the cache is rolled back after
+                    cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([L]))
+                    layer.keys, layer.values, layer.positions = keys, values, positions
+
+                ms, _ = measure(step, repeats=args.repeats * 5, warmup=3)
+            results[name] = ms
+            rows.append(dict(cache=L, encoding=name, ms_per_step=f"{ms:.3f}", tokens_per_s=f"{B / ms * 1000:.0f}"))
+        rows.append(dict(cache=L, encoding="pope / rope speed", tokens_per_s=f"{results['rope'] / results['pope']:.2f}x"))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--B", type=int, default=8)
+    p.add_argument("--H", type=int, default=8)
+    p.add_argument("--D", type=int, default=64)
+    p.add_argument("--T", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
+    p.add_argument("--modes", type=lambda s: s.split(","), default=["fwd", "fwdbwd"])
+    p.add_argument("--encodings", default="all", help="comma-separated names or 'all'")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-gb", type=float, default=6.0, help="skip materialising paths estimated above this")
+    p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--skip-grid", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    if not args.skip_grid:
+        print(table(bench_grid(args), ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB"]))
+        print()
+    print("## decode: one query per sequence against a cache (fp32)\n")
+    print(table(bench_decode(args), ["cache", "encoding", "ms_per_step", "tokens_per_s"]))
+
+
+if __name__ == "__main__":
+    main()
