@@ -4,8 +4,8 @@ CPU SDPA runs its flash kernel only when q, k and v share a head dim. PoPE's Car
 while v is d wide, so SDPA either pads v to 2d (and spends a third of its FLOPs on zeros) or falls back
 to the math path (full T x T logits). This path reaches PoPE's FLOP floor instead: per block of queries
 it multiplies against only the keys the block can see (causal block skipping), keeps the logits of one
-block at a time (memory O(block * Tk) per head, never O(T^2 * head_dim)), saves the row log-sum-exp and
-recomputes the probabilities in the backward, like FlashAttention but with batched GEMMs.
+block at a time (memory O(block * Tk) per head, never O(T^2 * head_dim)) and recomputes the
+probabilities in the backward, like FlashAttention but with batched GEMMs.
 """
 from __future__ import annotations
 
@@ -14,36 +14,67 @@ import torch
 DEFAULT_BLOCK = 64  # measured on a 2-core CPU: larger blocks hit slower GEMM shapes (benchmarks/attention.py)
 
 
-def _block_plan(q_positions, k_positions, causal: bool, Tq: int, Tk: int, block: int):
-    """Per query block: (start, end, key_end) with key_end the number of keys the block can see.
+def _block_plan(q_positions, k_positions, key_padding_mask, causal: bool, Tq: int, Tk: int, block: int):
+    """Per query block: (start, end, full_end, key_end).
 
-    Keys past key_end are skipped wholesale; this needs shared (1, T) positions with ascending keys,
-    otherwise every block scans all keys (still exact: masking is element-wise).
+    Keys [0, key_end) are multiplied; keys past key_end are invisible to the whole block (causal block
+    skipping) and keys [0, full_end) are visible to every query of the block, so only columns
+    [full_end, key_end) need an element-wise mask. Skipping needs shared (1, T) positions with ascending
+    keys; otherwise every block scans and masks all keys (still exact).
     """
     plan = []
-    sorted_keys = k_positions.shape[0] == 1 and (Tk < 2 or bool((k_positions[0, 1:] >= k_positions[0, :-1]).all()))
+    shared = k_positions.shape[0] == 1 and q_positions.shape[0] == 1
+    sorted_keys = shared and (Tk < 2 or bool((k_positions[0, 1:] >= k_positions[0, :-1]).all()))
     for i in range(0, Tq, block):
         j = min(i + block, Tq)
-        key_end = Tk
+        key_end, full_end = Tk, (Tk if not causal else 0)
         if causal and sorted_keys:
-            latest = q_positions[:, i:j].max()
-            key_end = int(torch.searchsorted(k_positions[0], latest, right=True))
-        plan.append((i, j, key_end))
+            key_end = int(torch.searchsorted(k_positions[0], q_positions[0, i:j].max(), right=True))
+            full_end = int(torch.searchsorted(k_positions[0], q_positions[0, i:j].min(), right=True))
+        if key_padding_mask is not None:
+            full_end = 0
+        plan.append((i, j, full_end, key_end))
     return plan
 
 
-def _block_visible(q_positions, k_positions, key_padding_mask, causal, i, j, key_end):
-    """(1|B, 1, j - i, key_end) bool, or None when every pair in the block is visible."""
+def _partial_mask(q_positions, k_positions, key_padding_mask, causal, i, j, lo, hi):
+    """(1|B, 1, j - i, hi - lo) bool visibility of keys [lo, hi) for queries [i, j)."""
     vis = None
     if causal:
-        qp, kp = q_positions[:, i:j], k_positions[:, :key_end]
-        vis = kp[:, None, None, :] <= qp[:, None, :, None]
+        vis = k_positions[:, None, None, lo:hi] <= q_positions[:, None, i:j, None]
     if key_padding_mask is not None:
-        pad = key_padding_mask[:, None, None, :key_end]
+        pad = key_padding_mask[:, None, None, lo:hi]
         vis = pad if vis is None else vis & pad
-    if vis is not None and bool(vis.all()):
-        return None
     return vis
+
+
+def _block_probs(q3, k3, shape, bias_fn, q_positions, k_positions, pad, causal, step, stat):
+    """Softmax probabilities (B*H, j - i, key_end) of one query block, in `stat` precision.
+
+    torch.softmax is used rather than exp(s - logsumexp): on CPU, exp of very negative logits produces
+    denormals and runs up to 25x slower, while softmax's own vectorised exp does not (measured).
+    q3 is already multiplied by the scale.
+    """
+    B, H = shape
+    i, j, full_end, ke = step
+    s = torch.bmm(q3[:, i:j], k3[:, :ke].transpose(1, 2)).to(stat)
+    if bias_fn is not None:
+        s.view(B, H, j - i, ke).add_(bias_fn(i, j, ke))
+    if full_end >= ke:
+        return torch.softmax(s, dim=-1)
+    vis = _partial_mask(q_positions, k_positions, pad, causal, i, j, full_end, ke)
+    s4 = s.view(B, H, j - i, ke)
+    s4[..., full_end:].masked_fill_(~vis, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    if full_end == 0:
+        has_key = vis.any(-1, keepdim=True)
+        if not bool(has_key.all()):
+            p.view(B, H, j - i, ke).masked_fill_(~has_key, 0.0)  # a query that sees no key: weights 0, not NaN
+    return p
+
+
+def _flat(x):
+    return x.reshape(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
 
 
 class BlockedAttention(torch.autograd.Function):
@@ -51,64 +82,57 @@ class BlockedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn):
         # q: (B, H, Tq, E); k: (B, H, Tk, E) (kv heads already repeated); v: (B, H, Tk, Dv)
         B, H, Tq, _ = q.shape
-        plan = _block_plan(q_positions, k_positions, causal, Tq, k.shape[2], block)
-        # softmax statistics in fp32 whatever the input dtype (bf16 logits lose the row max otherwise)
-        out = q.new_zeros(B, H, Tq, v.shape[-1])
-        stat = torch.promote_types(q.dtype, torch.float32)
-        lse = q.new_zeros(B, H, Tq, dtype=stat)
-        for i, j, ke in plan:
+        plan = _block_plan(q_positions, k_positions, key_padding_mask, causal, Tq, k.shape[2], block)
+        stat = torch.promote_types(q.dtype, torch.float32)  # softmax in fp32 for half inputs, float64 kept
+        q3, k3, v3 = _flat(q * scale), _flat(k), _flat(v)  # the scale is folded into q once
+        out = q.new_empty(B, H, Tq, v.shape[-1])
+        out3 = out.view(B * H, Tq, -1)
+        for step in plan:
+            i, j, _, ke = step
             if ke == 0:
-                continue  # no key visible to any query of the block: output 0
-            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).to(lse.dtype).mul_(scale)
-            if bias_fn is not None:
-                s.add_(bias_fn(i, j, ke))
-            vis = _block_visible(q_positions, k_positions, key_padding_mask, causal, i, j, ke)
-            if vis is not None:
-                s.masked_fill_(~vis, float("-inf"))
-            row_lse = torch.logsumexp(s, dim=-1, keepdim=True)
-            row_lse = row_lse.masked_fill(torch.isinf(row_lse), 0.0)  # rows with no visible key: p = 0
-            p = s.sub_(row_lse).exp_()
-            out[:, :, i:j] = torch.matmul(p.to(v.dtype), v[:, :, :ke])
-            lse[:, :, i:j] = row_lse[..., 0]
-        ctx.save_for_backward(q, k, v, out, lse, q_positions, k_positions,
-                              key_padding_mask if key_padding_mask is not None else torch.empty(0))
-        ctx.scale, ctx.causal, ctx.plan, ctx.has_pad = scale, causal, plan, key_padding_mask is not None
-        ctx.bias_fn = bias_fn
+                out3[:, i:j] = 0  # no key visible to any query of the block
+                continue
+            p = _block_probs(q3, k3, (B, H), bias_fn, q_positions, k_positions, key_padding_mask, causal, step, stat)
+            out3[:, i:j] = torch.bmm(p.to(v.dtype), v3[:, :ke])  # (bmm out= into a strided view is 30x slower)
+        pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
+        ctx.save_for_backward(q, k, v, out, q_positions, k_positions, pad)
+        ctx.scale, ctx.causal, ctx.plan, ctx.has_pad, ctx.bias_fn = scale, causal, plan, key_padding_mask is not None, bias_fn
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, q_positions, k_positions, pad = ctx.saved_tensors
+        q, k, v, out, q_positions, k_positions, pad = ctx.saved_tensors
         pad = pad if ctx.has_pad else None
-        scale = ctx.scale
-        grad_out = grad_out.contiguous()
-        acc = lse.dtype  # fp32 for half-precision inputs (float64 stays float64): gradients accumulate there
-        dq, dk, dv = (torch.zeros(t.shape, dtype=acc) for t in (q, k, v))
-        row_dot = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # D_i = rowsum(dO * O)
-        for i, j, ke in ctx.plan:
+        B, H = q.shape[:2]
+        acc = torch.promote_types(q.dtype, torch.float32)  # gradients accumulate in fp32 for half inputs
+        q3, k3, v3 = _flat(q * ctx.scale), _flat(k), _flat(v)
+        do3 = _flat(grad_out.contiguous())
+        dq3 = torch.zeros(q3.shape, dtype=acc)
+        dk3, dv3 = torch.zeros(k3.shape, dtype=acc), torch.zeros(v3.shape, dtype=acc)
+        row_dot = (do3.to(acc) * _flat(out).to(acc)).sum(-1, keepdim=True)  # D_i = rowsum(dO * O)
+        for step in ctx.plan:
+            i, j, _, ke = step
             if ke == 0:
                 continue
-            s = torch.matmul(q[:, :, i:j], k[:, :, :ke].transpose(-1, -2)).to(lse.dtype).mul_(scale)
-            if ctx.bias_fn is not None:
-                s.add_(ctx.bias_fn(i, j, ke))
-            vis = _block_visible(q_positions, k_positions, pad, ctx.causal, i, j, ke)
-            if vis is not None:
-                s.masked_fill_(~vis, float("-inf"))
-            p = s.sub_(lse[:, :, i:j, None]).exp_()
-            do = grad_out[:, :, i:j]
-            dv[:, :, :ke] += torch.matmul(p.to(v.dtype).transpose(-1, -2), do).to(acc)
-            dp = torch.matmul(do, v[:, :, :ke].transpose(-1, -2)).to(acc)
-            ds = p.mul_(dp.sub_(row_dot[:, :, i:j])).mul_(scale).to(q.dtype)  # dS = P * (dP - D) * scale
-            dq[:, :, i:j] = torch.matmul(ds, k[:, :, :ke]).to(acc)
-            dk[:, :, :ke] += torch.matmul(ds.transpose(-1, -2), q[:, :, i:j]).to(acc)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+            # probabilities are recomputed (FlashAttention-style), never stored across blocks
+            p = _block_probs(q3, k3, (B, H), ctx.bias_fn, q_positions, k_positions, pad, ctx.causal, step, acc)
+            do = do3[:, i:j]
+            # (baddbmm_ / bmm out= into these strided slices fall back to per-matrix loops: 30x slower)
+            dv3[:, :ke] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
+            dp = torch.bmm(do, v3[:, :ke].transpose(1, 2)).to(acc)
+            ds = p.mul_(dp.sub_(row_dot[:, i:j])).to(q.dtype)  # dS = P * (dP - D); the scale is in q3
+            dq3[:, i:j] = torch.bmm(ds, k3[:, :ke]).to(acc)
+            dk3[:, :ke] += torch.bmm(ds.transpose(1, 2), q3[:, i:j]).to(acc)
+        dq = dq3.mul_(ctx.scale).view(q.shape).to(q.dtype)
+        return dq, dk3.view(k.shape).to(k.dtype), dv3.view(v.shape).to(v.dtype), None, None, None, None, None, None, None
 
 
-def blocked_attention(q, k, v, *, scale, q_positions, k_positions, causal, key_padding_mask=None, block=DEFAULT_BLOCK,
+def blocked_attention(q, k, v, *, scale, q_positions, k_positions, causal, key_padding_mask=None, block=None,
                       bias_fn=None):
     """softmax(scale q k^T + bias, masked by position) @ v for q/k of any width E and v of width Dv.
 
     bias_fn(i, j, key_end) -> a constant (no gradient) bias block broadcastable to (B, H, j - i, key_end),
     generated on the fly so that no T x T bias is ever stored (ALiBi).
     """
+    block = block or DEFAULT_BLOCK
     return BlockedAttention.apply(q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn)

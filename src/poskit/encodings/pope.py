@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .angles import AngleTables
 from .base import PositionalEncoding, register
 
 DELTA_INITS = ("zero", "uniform")
 DELTA_MIN, DELTA_MAX = -2 * math.pi, 0.0
-_TABLE_MAX_ROWS = 1 << 16
 
 
 def _table_dtype(x: torch.Tensor) -> torch.dtype:
@@ -56,7 +56,7 @@ class PolarEncoding(PositionalEncoding):
             self.delta = nn.Parameter(delta)  # (num_heads, head_dim), clamped to [-2 pi, 0] in forward
         else:
             self.register_parameter("delta", None)
-        self._tables: dict = {}
+        self._angles = AngleTables()
 
     def clamped_delta(self, like: torch.Tensor) -> torch.Tensor:
         """The phase bias actually used, (num_heads, head_dim); zeros without phase_bias."""
@@ -69,17 +69,7 @@ class PolarEncoding(PositionalEncoding):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
         """cos and sin of positions * theta, each (*positions.shape, d), computed in float64 then cast."""
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo >= 0 and hi < _TABLE_MAX_ROWS:
-            key = (positions.device, dtype)
-            table = self._tables.get(key)
-            if table is None or table[0].shape[0] <= hi:
-                n = min(_TABLE_MAX_ROWS, max(1024, 1 << hi.bit_length()))
-                angles = torch.arange(n, dtype=torch.float64, device=positions.device)[:, None] * self.inv_freq.to(positions.device)
-                table = self._tables[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
-            return table[0][positions], table[1][positions]
-        angles = positions.double().unsqueeze(-1) * self.inv_freq.to(positions.device)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return self._angles.lookup(positions, self.inv_freq, dtype)
 
     def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor) -> torch.Tensor:
         """(B, H, T, d) -> (B, H, T, 2d): mu [cos(a - delta), sin(a - delta)] (eq. 6, with the bias moved to q)."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from . import rope_scaling
+from .angles import AngleTables
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
 SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
-_TABLE_MAX_ROWS = 1 << 16  # cos/sin tables are cached for positions below this; larger ones are computed directly
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -89,7 +89,7 @@ class RotaryEncoding(PositionalEncoding):
         else:  # dynamic: frequencies depend on the sequence length, see inv_freq_for
             inv_freq, self.attention_factor = rope_scaling.default_inv_freq(rotary_dim, self.base), 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
-        self._tables: dict = {}
+        self._angles = AngleTables(gain=self.attention_factor)
 
     def inv_freq_for(self, seq_len: int) -> torch.Tensor:
         if self.scaling == "dynamic":
@@ -98,28 +98,12 @@ class RotaryEncoding(PositionalEncoding):
             )[0].to(self.inv_freq.device)
         return self.inv_freq
 
-    def _cached_table(self, rows: int, device, dtype):
-        key = (device, dtype)
-        table = self._tables.get(key)
-        if table is None or table[0].shape[0] < rows:
-            n = min(_TABLE_MAX_ROWS, max(1024, 1 << (rows - 1).bit_length()))
-            angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * self.inv_freq.to(device)
-            table = ((angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype))
-            self._tables[key] = table
-        return table
-
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
         """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
-        if self.scaling != "dynamic":
-            lo, hi = int(positions.min()), int(positions.max())
-            if lo >= 0 and hi < _TABLE_MAX_ROWS:
-                cos, sin = self._cached_table(hi + 1, positions.device, dtype)
-                return cos[positions], sin[positions]
-            inv_freq = self.inv_freq
-        else:
+        if self.scaling == "dynamic":  # frequencies depend on the length: nothing to cache
             inv_freq = self.inv_freq_for(seq_len if seq_len is not None else int(positions.max()) + 1)
-        angles = positions.double().unsqueeze(-1) * inv_freq.to(positions.device)
-        return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
+            return self._angles.lookup(positions, inv_freq, dtype, cache=False)
+        return self._angles.lookup(positions, self.inv_freq, dtype)
 
     @property
     def caches_encoded_keys(self) -> bool:
