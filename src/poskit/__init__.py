@@ -5,7 +5,7 @@
     logits = poskit.attention_scores(q, k, enc)       # reference logits (B, H, Tq, Tk)
 """
 from .attention import attention_scores
-from .attention import attention
+from . import attention  # a callable package: poskit.attention(q, k, v, enc, ...)
 from .encodings import PositionalEncoding, available_encodings, build_encoding
 
 __version__ = "0.1.0"
