@@ -1,0 +1,260 @@
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, list.
+
+Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
+the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG_OVERRIDES = ("overrides: trailing key=value pairs set any TrainConfig field (see poskit.train.TrainConfig), "
+                    "dotted for nested ones: model.d_model=64 model.n_layers=4 lr=1e-3 batch_size=64 "
+                    "task_options.length=64 model.encoding_options.base=500 loss_on=last bf16=true")
+
+
+def _base_config(args, encoding: str | None):
+    """Task defaults <- --config file <- flags <- key=value overrides, as a validated TrainConfig."""
+    from poskit.experiments.defaults import task_defaults
+    from poskit.experiments.specs import apply_overrides
+    from poskit.train import TrainConfig
+
+    cfg = task_defaults(args.task)
+    if args.config:
+        path = Path(args.config)
+        if not path.exists():
+            raise ValueError(f"--config must be an existing JSON file, got {args.config!r}")
+        _merge(cfg, json.loads(path.read_text()))
+    cfg["task"] = args.task
+    if args.preset is not None:
+        cfg["preset"] = args.preset
+    if encoding is not None:
+        cfg.setdefault("model", {})["encoding"] = encoding
+    for flag, key in (("steps", "max_steps"), ("train_seconds", "train_seconds"), ("lr", "lr"),
+                      ("batch_size", "batch_size"), ("seed", "seed")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            cfg[key] = value
+    apply_overrides(cfg, args.overrides)
+    return TrainConfig.from_dict(cfg)
+
+
+def _merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+# ----------------------------------------------------------------------------- sub-commands
+
+
+def cmd_train(args) -> int:
+    from poskit.train import CONFIG_FILE, TrainConfig, train
+
+    if args.resume and args.run_dir and (Path(args.run_dir) / CONFIG_FILE).exists():
+        # the run directory's own config wins; task and encoding flags are not needed
+        cfg = TrainConfig.from_dict(json.loads((Path(args.run_dir) / CONFIG_FILE).read_text()))
+    else:
+        for flag in ("task", "encoding"):
+            if getattr(args, flag) is None:
+                raise ValueError(f"--{flag} is required (except with --resume on an existing --run-dir)")
+        cfg = _base_config(args, args.encoding)
+    run_dir = Path(args.run_dir or f"runs/{cfg.task}-{cfg.model.encoding}-seed{cfg.seed}")
+    if not args.quiet:
+        print(f"train: {cfg.task} with {cfg.model.encoding} -> {run_dir}", file=sys.stderr)
+    results = train(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, quiet=args.quiet)
+    if results is None:
+        print(f"stopped after this invocation's steps; continue with: poskit train --resume --run-dir {run_dir}")
+        return 0
+    metric = results["metric"]
+    parts = [f"{s} {metric} {m[metric]:.4f}" for s, m in results["splits"].items()]
+    print(f"{cfg.task} / {cfg.model.encoding}: {results['steps']} steps in {results['train_seconds']:.1f} s; "
+          + "; ".join(parts))
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from poskit.experiments.compare import run_compare
+    from poskit.experiments.specs import parse_encodings, parse_ints
+
+    base = _base_config(args, None)
+    encodings = parse_encodings(args.encodings)
+    seeds = parse_ints(args.seeds, "--seeds")
+    out = Path(args.out or f"runs/compare-{base.task}")
+    results = run_compare(base, encodings, seeds, out, workers=args.workers, resume=args.resume, quiet=args.quiet,
+                          split=args.split)
+    print((out / "results.md").read_text())
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'compare.png'}")
+    return 0 if results else 1
+
+
+def cmd_extrapolate(args) -> int:
+    from poskit.experiments.extrapolate import run_extrapolate
+
+    scalings = tuple(s for s in (args.rope_scaling or "").split(",") if s)
+    report = run_extrapolate(args.runs, args.lengths, scalings=scalings, out_dir=args.out, split=args.split,
+                             n_chars=args.n_chars, workers=args.workers, quiet=args.quiet)
+    print(report["table"])
+    out = Path(args.out) if args.out else Path(args.runs[0]).parent
+    print(f"wrote {out / 'extrapolation.json'}, {out / 'extrapolation.md'}, {out / 'extrapolation.png'}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from poskit.experiments.demo import run_demo
+    from poskit.experiments.specs import parse_encodings
+
+    run_demo(out_dir=args.out, encodings=[s[1] for s in parse_encodings(args.encodings)],
+             train_seconds=args.train_seconds, context=args.context, lengths=args.lengths, n_chars=args.n_chars,
+             diagnostic=not args.no_diagnostic, diagnostic_steps=args.diagnostic_steps, workers=args.workers,
+             seed=args.seed, quiet=args.quiet)
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from poskit.experiments.reproduce import REPRODUCTIONS, run_reproduction
+    from poskit.experiments.specs import parse_encodings, parse_ints
+
+    if args.name not in REPRODUCTIONS:
+        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS)}, got {args.name!r}")
+    run_reproduction(args.name, out_dir=args.out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
+                     encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
+                     workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+    return 0
+
+
+def cmd_list(args) -> int:
+    import poskit
+    from poskit.experiments.reproduce import REPRODUCTIONS
+    from poskit.tasks import available_tasks
+
+    print("encodings:      " + ", ".join(poskit.available_encodings()))
+    print("tasks:          " + ", ".join(available_tasks()))
+    print("reproductions:")
+    for name, r in REPRODUCTIONS.items():
+        print(f"  {name:20s} {r.summary}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True) -> None:
+    p.add_argument("--task", required=task_required, help="task name (see `poskit list`)")
+    p.add_argument("--config", help="JSON file with TrainConfig fields (merged over the task's defaults)")
+    p.add_argument("--preset", choices=["default", "paper"], help="task sizes: CPU-scale defaults or the paper's")
+    p.add_argument("--steps", type=int, help="optimizer steps (max_steps)")
+    p.add_argument("--train-seconds", type=float, help="time budget: choose max_steps by timing a few steps")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--batch-size", type=int, help="training batch size")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=64")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="poskit", description="Train and compare positional encodings.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version="poskit " + _version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("train", help="train one model, writing a run directory", epilog=EPILOG_OVERRIDES)
+    _add_common_training(p, task_required=False)
+    p.add_argument("--encoding", help="positional encoding name (see `poskit list`); required unless resuming")
+    p.add_argument("--seed", type=int, help="seed of initialisation, dropout and data")
+    p.add_argument("--run-dir", help="output directory (default runs/<task>-<encoding>-seed<seed>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps of this invocation")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("compare", help="train several encodings x seeds; table and plot", epilog=EPILOG_OVERRIDES)
+    _add_common_training(p)
+    p.add_argument("--encodings", required=True,
+                   help="comma-separated encodings, options as name:key=value, e.g. rope,pope:delta_init=uniform")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--out", help="output directory (default runs/compare-<task>)")
+    p.add_argument("--split", default="test", help="split of the headline metric (default test)")
+    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
+    p.add_argument("--resume", action="store_true", help="reuse finished runs, continue interrupted ones")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("extrapolate", help="evaluate trained LMs on windows longer than their context")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories of `poskit train --task shakespeare`")
+    p.add_argument("--lengths", default="1x,2x,4x,8x", help="window lengths, Nx = N times the training context")
+    p.add_argument("--rope-scaling", help="test-time variants for rope runs, comma-separated from linear,ntk,dynamic,yarn")
+    p.add_argument("--split", default="test", help="held-out split (default test)")
+    p.add_argument("--n-chars", type=int, help="evaluate on the first N characters of the split (default all)")
+    p.add_argument("--out", help="output directory (default: the first run's parent)")
+    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
+    p.add_argument("--quiet", action="store_true", help="no status lines")
+    p.set_defaults(func=cmd_extrapolate)
+
+    from poskit.experiments import demo as demo_defaults
+
+    d = demo_defaults.DEMO_DEFAULTS
+    p = sub.add_parser("demo", help="Shakespeare length extrapolation + a short diagnostic (about 5 min on 2 cores)")
+    p.add_argument("--out", default=d["out_dir"], help=f"output directory (default {d['out_dir']})")
+    p.add_argument("--encodings", default=",".join(d["encodings"]), help=f"default {','.join(d['encodings'])}")
+    p.add_argument("--train-seconds", type=float, default=d["train_seconds"],
+                   help=f"training time per LM in seconds (default {d['train_seconds']:g})")
+    p.add_argument("--context", type=int, default=d["context"], help=f"training context (default {d['context']})")
+    p.add_argument("--lengths", default=d["lengths"], help=f"evaluation windows (default {d['lengths']})")
+    p.add_argument("--n-chars", type=int, default=d["n_chars"],
+                   help=f"held-out characters evaluated per length (default {d['n_chars']})")
+    p.add_argument("--diagnostic-steps", type=int, default=d["diagnostic_steps"],
+                   help=f"training steps per diagnostic model (default {d['diagnostic_steps']})")
+    p.add_argument("--no-diagnostic", action="store_true", help="skip the short diagnostic comparison")
+    p.add_argument("--workers", type=int, default=d["workers"], help=f"parallel processes (default {d['workers']})")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="only the final tables")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("reproduce", help="a CPU-scale reproduction of a paper's diagnostic (see `poskit list`)",
+                       epilog=EPILOG_OVERRIDES)
+    p.add_argument("name", metavar="NAME", help="indirect-indexing, flip-flop, selective-copy or counting")
+    p.add_argument("--out", help="output directory (default runs/reproduce-<NAME>)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
+    p.add_argument("--encodings", help="override the reproduction's encodings")
+    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
+    p.add_argument("--resume", action="store_true", help="reuse finished runs, continue interrupted ones")
+    p.add_argument("--quiet", action="store_true", help="no status lines")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("list", help="available encodings, tasks and reproductions")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def _version() -> str:
+    try:
+        import poskit
+
+        return poskit.__version__
+    except Exception:  # pragma: no cover
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # key=value overrides may appear between options, where argparse leaves them unparsed
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
+    try:
+        return args.func(args)
+    except ValueError as e:
+        # bad input: one line naming the argument, no traceback
+        parser.exit(2, f"poskit {args.command}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Perplexity of a trained language model on windows longer than its training context.
+
+The model is evaluated as trained ("as-is"), or, for RoPE models, with a context-extension variant swapped
+in at test time (position interpolation, NTK-aware, dynamic NTK, YaRN) with factor = window / training context.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+
+import poskit
+from poskit.model import Transformer
+from poskit.tasks import IGNORE_INDEX
+
+#: test-time RoPE variants: CLI name -> registered encoding name
+ROPE_SCALINGS = {"linear": "rope-linear", "ntk": "rope-ntk", "dynamic": "rope-dynamic", "yarn": "rope-yarn"}
+_ROPE_FAMILY = ("rope", "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn")
+
+
+def parse_lengths(spec: str | list, context: int | None = None) -> list[int]:
+    """"1x,2x,512" -> window lengths; "Nx" means N times `context`. Sorted, duplicates removed."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        s = str(item).strip()
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)x", s)
+        if m:
+            if context is None:
+                raise ValueError(f"lengths: {s!r} is relative to the training context, which is unknown here")
+            out.append(int(round(float(m.group(1)) * context)))
+        elif s.isdigit():
+            out.append(int(s))
+        else:
+            raise ValueError(f"lengths must be a comma-separated list of integers or multiples like 2x, got {s!r}")
+    if not out or min(out) < 1:
+        raise ValueError(f"lengths must be positive, got {spec!r}")
+    return sorted(set(out))
+
+
+def with_rope_scaling(model: Transformer, scaling: str, factor: float, original_max_positions: int) -> Transformer:
+    """A copy of a RoPE model whose attention layers use the test-time variant `scaling` (see ROPE_SCALINGS)."""
+    if scaling not in ROPE_SCALINGS:
+        raise ValueError(f"scaling must be one of {list(ROPE_SCALINGS)}, got {scaling!r}")
+    if model.config.encoding != "rope":
+        raise ValueError(f"test-time rope scaling needs a model trained with encoding 'rope', got {model.config.encoding!r}")
+    model = copy.deepcopy(model)
+    for block in model.blocks:
+        old = block.attn.encoding
+        block.attn.encoding = poskit.build_encoding(
+            ROPE_SCALINGS[scaling], head_dim=old.head_dim, num_heads=old.num_heads, base=old.base, layout=old.layout,
+            rotary_dim=old.rotary_dim, factor=max(1.0, float(factor)),
+            **({"original_max_positions": original_max_positions} if scaling in ("dynamic", "yarn") else {}),
+        ).to(next(model.parameters()).device)
+    return model
+
+
+@torch.no_grad()
+def evaluate_lengths(model: Transformer, task, lengths: list[int], *, context: int, split: str = "test",
+                     n_chars: int | None = None, last_fraction: float = 0.25, scaling: str | None = None) -> list[dict]:
+    """Perplexity per character at each window length: one row per length with
+    {"length", "multiple", "perplexity", "loss", "last_perplexity"} (last_* over the final `last_fraction`
+    of each window, where the positions never seen in training are)."""
+    if not hasattr(task, "eval_windows"):
+        raise ValueError(f"task must be a language-modelling task with eval_windows (shakespeare), got {task.name!r}")
+    rows = []
+    for length in lengths:
+        m = model if scaling is None else with_rope_scaling(model, scaling, length / context, context)
+        m.eval()
+        first_last = int(round(length * (1.0 - last_fraction)))  # first position counted in the last part
+        total = torch.zeros(2, dtype=torch.float64)  # loss sums: all positions, last part
+        count = torch.zeros(2, dtype=torch.float64)
+        for batch in task.eval_windows(length, split, n_chars):
+            logits = m(batch.inputs).float()  # (B, L, V)
+            nll = F.cross_entropy(logits.transpose(1, 2), batch.targets, ignore_index=IGNORE_INDEX, reduction="none")
+            mask = (batch.targets != IGNORE_INDEX).double()  # (B, L)
+            total += torch.stack((nll.double().mul(mask).sum(), nll.double()[:, first_last:].mul(mask[:, first_last:]).sum()))
+            count += torch.stack((mask.sum(), mask[:, first_last:].sum()))
+        loss = (total / count.clamp(min=1)).tolist()
+        rows.append({"length": length, "multiple": round(length / context, 3), "loss": loss[0],
+                     "perplexity": math.exp(loss[0]), "last_perplexity": math.exp(loss[1]), "n_tokens": int(count[0])})
+    return rows

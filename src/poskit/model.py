@@ -1,0 +1,312 @@
+"""A small decoder-only Transformer that takes any poskit encoding.
+
+The architecture is the PoPE paper's (App. B.2): pre-norm blocks with RMSNorm, causal self-attention, an MLP
+(GELU or SwiGLU), a final RMSNorm and a linear head. The positional encoding enters in one of two places:
+
+- absolute encodings (sinusoidal, learned, legendre): one instance per model, its vectors are added to the
+  token embeddings; attention inside the layers then uses no positional encoding;
+- every other encoding: one instance per attention layer (PoPE's phase bias delta, CoPE's position
+  embeddings and relative tables are per layer), applied inside `poskit.attention`.
+
+Attention goes through `poskit.attention`, so the model gets whatever fast path the engine picks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import poskit
+from poskit.attention.kv_cache import KVCache
+
+# the attention package (poskit.attention is the function; its module holds cached_attention)
+_engine = importlib.import_module("poskit.attention")
+
+MLP_KINDS = ("gelu", "swiglu")
+
+
+@dataclass
+class ModelConfig:
+    """Every knob of `Transformer`. Defaults are the demo's character-level LM (about 415 k parameters)."""
+
+    vocab_size: int = 128
+    """Number of token ids (the task's vocabulary size, padding included)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layers: int = 2
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Query heads per attention layer."""
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None = n_heads. Must divide n_heads."""
+    head_dim: int | None = None
+    """Channels per head; None = d_model // n_heads."""
+    mlp: str = "gelu"
+    """MLP kind: "gelu" (Linear-GELU-Linear) or "swiglu" (SiLU(x W1) * (x W3), then W2)."""
+    mlp_ratio: float = 4.0
+    """Hidden width of the MLP as a multiple of d_model (SwiGLU uses 2/3 of it per branch, as in Llama)."""
+    encoding: str = "rope"
+    """Name of the positional encoding (see `poskit.available_encodings()`)."""
+    encoding_options: dict = field(default_factory=dict)
+    """Keyword options for `poskit.build_encoding` (e.g. {"base": 10000} or {"delta_init": "uniform"})."""
+    dropout: float = 0.0
+    """Dropout on the embeddings and on each residual branch (attention weights are not dropped)."""
+    tie_embeddings: bool = False
+    """Share the token embedding matrix with the output head."""
+    bias: bool = False
+    """Biases in the linear layers (the PoPE paper's models use none)."""
+    norm_eps: float = 1e-6
+    """Epsilon of RMSNorm."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of weights; output projections are scaled by 1/sqrt(2 n_layers)."""
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {list(MLP_KINDS)}, got {self.mlp!r}")
+        if self.encoding not in poskit.available_encodings():
+            raise ValueError(f"encoding must be one of {poskit.available_encodings()}, got {self.encoding!r}")
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} (or set head_dim)")
+        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(f"head_dim must be a positive int or None, got {self.head_dim!r}")
+        kv = self.kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_heads % kv:
+            allowed = [d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]
+            raise ValueError(f"n_kv_heads must be one of {allowed} (divisors of n_heads={self.n_heads}) or None, got {self.n_kv_heads!r}")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not float(self.mlp_ratio) > 0:
+            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio!r}")
+        if not isinstance(self.encoding_options, dict):
+            raise ValueError(f"encoding_options must be a dict, got {type(self.encoding_options).__name__}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 so bf16 autocast does not lose the mean square
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.kind = cfg.mlp
+        hidden = int(cfg.mlp_ratio * cfg.d_model)
+        if self.kind == "swiglu":
+            hidden = max(1, int(2 * hidden / 3))  # same parameter count as the GELU MLP
+            self.w3 = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.w1 = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.w2 = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model) -> (B, T, d_model)
+        if self.kind == "swiglu":
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+def _layer_encoding(cfg: ModelConfig):
+    """The encoding used inside one attention layer: "none" when the model's encoding is absolute."""
+    probe = poskit.build_encoding(cfg.encoding, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model,
+                                  **cfg.encoding_options)
+    if probe.kind == "absolute":
+        return poskit.build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
+    return probe
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.hd, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.d_model, bias=cfg.bias)
+        self.encoding = _layer_encoding(cfg)
+        # CoPE with separate gates computes its gate logits from their own key projection (W_g)
+        self.g_proj = (nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
+                       if getattr(self.encoding, "gates", None) == "separate" else None)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # (B, T, n*hd) -> (B, n, T, hd)
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.hd).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        # x: (B, T, d_model); positions: (1|B, T) int64
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, hd)
+        k = self._heads(self.k_proj(x), self.n_kv)  # (B, Hkv, T, hd)
+        v = self._heads(self.v_proj(x), self.n_kv)  # (B, Hkv, T, hd)
+        g = self._heads(self.g_proj(x), self.n_kv) if self.g_proj is not None else None  # (B, Hkv, T, hd)
+        if cache is not None:
+            # appends k, v (and gate keys) to this layer's cache, then attends to all cached positions
+            out = _engine.cached_attention(q, k, v, self.encoding, cache, self.layer_idx, positions, gate_keys=g)
+        else:
+            out = poskit.attention(q, k, v, self.encoding, causal=True, q_positions=positions, k_positions=positions,
+                                   gate_keys=g)  # (B, H, T, hd)
+        B, _, T, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer_idx)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, positions, cache=None):  # (B, T, d_model) -> (B, T, d_model)
+        x = x + self.drop(self.attn(self.norm1(x), positions, cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """Decoder-only Transformer: tokens (B, T) -> logits (B, T, vocab_size)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = cfg = config
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        enc = poskit.build_encoding(cfg.encoding, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model,
+                                    **cfg.encoding_options)
+        # absolute encodings live once, at the embeddings; others live inside each attention layer
+        self.abs_encoding = enc if enc.kind == "absolute" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self):
+        std = self.config.init_std
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                # residual-branch outputs scaled down so the stream's variance does not grow with depth (GPT-2)
+                s = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("o_proj", "w2")) else std
+                nn.init.normal_(m.weight, std=s)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, std=std)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def encoding_modules(self) -> list[nn.Module]:
+        """The positional-encoding modules of the model (the absolute one, or one per layer)."""
+        if self.abs_encoding is not None:
+            return [self.abs_encoding]
+        return [b.attn.encoding for b in self.blocks]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab_size).
+
+        positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position.
+        cache: a `KVCache(n_layers)` that this call appends to (incremental decoding).
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be a (B, T) integer tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
+        B, T = tokens.shape
+        if positions is None:
+            start = cache.next_position() if cache is not None else 0
+            positions = torch.arange(start, start + T, device=tokens.device)
+        positions = torch.as_tensor(positions, device=tokens.device).long()
+        positions = positions.unsqueeze(0) if positions.dim() == 1 else positions  # (1|B, T)
+        if positions.dim() != 2 or positions.shape[-1] != T or positions.shape[0] not in (1, B):
+            raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
+        if cache is not None and cache.num_layers != len(self.blocks):
+            raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
+        x = self.embed(tokens)  # (B, T, d_model)
+        if self.abs_encoding is not None:
+            x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, positions, cache)
+        return self.head(self.norm(x))  # (B, T, vocab_size)
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                 top_k: int | None = None, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue `prompt` (B, T0) by `max_new_tokens` tokens; returns (B, T0 + max_new_tokens).
+
+        temperature 0 is greedy; otherwise tokens are sampled from softmax(logits / temperature), restricted
+        to the `top_k` most likely tokens when given. With `use_cache` the prompt is encoded once and every
+        new token attends to the key/value cache; without it the whole sequence is re-run at every step
+        (the reference the cache is tested against).
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        if not float(temperature) >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if prompt.dim() != 2 or prompt.shape[1] < 1:
+            raise ValueError(f"prompt must be a (B, T0) tensor with T0 >= 1, got {tuple(prompt.shape)}")
+        was_training = self.training
+        self.eval()
+        try:
+            out = prompt
+            cache = KVCache(len(self.blocks)) if use_cache else None
+            step_input = prompt
+            for _ in range(max_new_tokens):
+                logits = self(step_input, cache=cache) if use_cache else self(out)
+                nxt = self._pick(logits[:, -1].float(), temperature, top_k, generator)  # (B, 1)
+                out = torch.cat((out, nxt), dim=1)
+                step_input = nxt
+            return out
+        finally:
+            self.train(was_training)
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+        # logits (B, V) -> (B, 1) token ids
+        if temperature == 0:
+            return logits.argmax(-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None and top_k < logits.shape[-1]:
+            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)
