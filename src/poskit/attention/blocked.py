@@ -73,6 +73,11 @@ def _block_probs(q3, k3, shape, bias_fn, q_positions, k_positions, pad, causal, 
     return p
 
 
+def _scaled(x, scale):
+    # callers that fold the scale into q already (PoPE's angle tables) pass 1.0: skip a full-size multiply
+    return x if scale == 1.0 else x * scale
+
+
 def _flat(x):
     return x.reshape(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
 
@@ -84,7 +89,7 @@ class BlockedAttention(torch.autograd.Function):
         B, H, Tq, _ = q.shape
         plan = _block_plan(q_positions, k_positions, key_padding_mask, causal, Tq, k.shape[2], block)
         stat = torch.promote_types(q.dtype, torch.float32)  # softmax in fp32 for half inputs, float64 kept
-        q3, k3, v3 = _flat(q * scale), _flat(k), _flat(v)  # the scale is folded into q once
+        q3, k3, v3 = _flat(_scaled(q, scale)), _flat(k), _flat(v)  # the scale is folded into q once
         out = q.new_empty(B, H, Tq, v.shape[-1])
         out3 = out.view(B * H, Tq, -1)
         for step in plan:
@@ -105,7 +110,7 @@ class BlockedAttention(torch.autograd.Function):
         pad = pad if ctx.has_pad else None
         B, H = q.shape[:2]
         acc = torch.promote_types(q.dtype, torch.float32)  # gradients accumulate in fp32 for half inputs
-        q3, k3, v3 = _flat(q * ctx.scale), _flat(k), _flat(v)
+        q3, k3, v3 = _flat(_scaled(q, ctx.scale)), _flat(k), _flat(v)
         do3 = _flat(grad_out.contiguous())
         dq3 = torch.zeros(q3.shape, dtype=acc)
         dk3, dv3 = torch.zeros(k3.shape, dtype=acc), torch.zeros(v3.shape, dtype=acc)
@@ -123,7 +128,7 @@ class BlockedAttention(torch.autograd.Function):
             ds = p.mul_(dp.sub_(row_dot[:, i:j])).to(q.dtype)  # dS = P * (dP - D); the scale is in q3
             dq3[:, i:j] = torch.bmm(ds, k3[:, :ke]).to(acc)
             dk3[:, :ke] += torch.bmm(ds.transpose(1, 2), q3[:, i:j]).to(acc)
-        dq = dq3.mul_(ctx.scale).view(q.shape).to(q.dtype)
+        dq = _scaled(dq3, ctx.scale).view(q.shape).to(q.dtype)
         return dq, dk3.view(k.shape).to(k.dtype), dv3.view(v.shape).to(v.dtype), None, None, None, None, None, None, None
 
 

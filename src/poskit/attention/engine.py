@@ -67,9 +67,10 @@ def _run_sdpa(inp, enc, gate_keys):
     if gate_keys is not None:
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
     if enc.kind == "qk":
+        if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
+            q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
+            return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
         q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
-        if use_blocked(inp, q.shape[-1], inp.v.shape[-1]):
-            return blocked(inp, q, k, inp.v)
         return sdpa(inp, q, k, inp.v)
     if enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
@@ -158,8 +159,8 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
         return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,
                          k_positions=layer.positions, gate_keys=layer.gate_keys, backend=backend)
     layer = cache.append(layer_idx, enc.encode_k(k, inp.k_positions), v, inp.k_positions, encoded=True)
-    q_enc = enc.encode_q(q, inp.q_positions)
-    full = AttentionInputs(q_enc, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True, None, False)
-    if use_blocked(full, q_enc.shape[-1], v.shape[-1]):
-        return blocked(full, q_enc, layer.keys, layer.values)
-    return sdpa(full, q_enc, layer.keys, layer.values)
+    full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True, None, False)
+    if use_blocked(full, enc):
+        q_enc = enc.encode_q(q, inp.q_positions, scale=inp.scale)
+        return blocked(full, q_enc, layer.keys, layer.values, prescaled=True)
+    return sdpa(full, enc.encode_q(q, inp.q_positions), layer.keys, layer.values)

@@ -19,17 +19,19 @@ def needs_explicit_mask(inp: AttentionInputs) -> bool:
     return inp.causal and not inp.default_positions
 
 
-def use_blocked(inp: AttentionInputs, q_width: int, v_width: int) -> bool:
+def use_blocked(inp: AttentionInputs, enc) -> bool:
     """On CPU, q/k wider than v (PoPE) run faster through the blocked path than through padded SDPA."""
-    return inp.q.device.type == "cpu" and q_width != v_width
+    return inp.q.device.type == "cpu" and getattr(enc, "qk_width", 1) != 1
 
 
-def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None):
-    """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads."""
+def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None,
+            prescaled: bool = False):
+    """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads.
+    prescaled: q already carries the attention scale."""
     from .blocked import blocked_attention
     from .inputs import repeat_kv
 
-    return blocked_attention(q, repeat_kv(k, inp.groups), repeat_kv(v, inp.groups), scale=inp.scale,
+    return blocked_attention(q, repeat_kv(k, inp.groups), repeat_kv(v, inp.groups), scale=1.0 if prescaled else inp.scale,
                              q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
                              key_padding_mask=inp.key_padding_mask, bias_fn=bias_fn)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from .angles import AngleTables
 from .base import PositionalEncoding, register
+from .polar_pair import polar_pair
 
 DELTA_INITS = ("zero", "uniform")
 DELTA_MIN, DELTA_MAX = -2 * math.pi, 0.0
@@ -71,36 +72,41 @@ class PolarEncoding(PositionalEncoding):
         """cos and sin of positions * theta, each (*positions.shape, d), computed in float64 then cast."""
         return self._angles.lookup(positions, self.inv_freq, dtype)
 
-    def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, d) -> (B, H, T, 2d): mu [cos(a - delta), sin(a - delta)] (eq. 6, with the bias moved to q)."""
+    def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """(B, H, T, d) -> (B, H, T, 2d): scale * mu [cos(a - delta), sin(a - delta)] (eq. 6, bias moved to q).
+
+        `scale` multiplies the small angle tables instead of the 2d-wide result, so folding the attention
+        scale into q costs nothing.
+        """
+        if q.shape[1] != self.num_heads:
+            raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")
         cos, sin = self.cos_sin(q_positions, _table_dtype(q))
         cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)  # (1|B, 1, T, d)
-        mu = self.magnitude(q)
-        if self.delta is None:
-            return torch.cat((mu * cos, mu * sin), dim=-1)
-        delta = self.clamped_delta(q)[:, None, :]  # (H, 1, d)
-        cd, sd = delta.cos(), delta.sin()
-        # cos(a - delta) = cos a cos delta + sin a sin delta ; sin(a - delta) = sin a cos delta - cos a sin delta
-        return torch.cat((mu * (cos * cd + sin * sd), mu * (sin * cd - cos * sd)), dim=-1)
+        if self.delta is not None:
+            delta = self.clamped_delta(q)[:, None, :]  # (H, 1, d)
+            cd, sd = delta.cos(), delta.sin()
+            # cos(a - delta) = cos a cos delta + sin a sin delta ; sin(a - delta) = sin a cos delta - cos a sin delta
+            cos, sin = cos * cd + sin * sd, sin * cd - cos * sd  # (1|B, H, T, d)
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return polar_pair(q, cos, sin, self.softplus)
 
     def cartesian_k(self, k: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """(B, Hkv, T, d) -> (B, Hkv, T, 2d): mu [cos(a), sin(a)] (eq. 7 without the bias)."""
         cos, sin = self.cos_sin(k_positions, _table_dtype(k))
-        cos, sin = cos.unsqueeze(1).to(k.dtype), sin.unsqueeze(1).to(k.dtype)
-        mu = self.magnitude(k)
-        return torch.cat((mu * cos, mu * sin), dim=-1)
+        return polar_pair(k, cos.unsqueeze(1).to(k.dtype), sin.unsqueeze(1).to(k.dtype), self.softplus)
 
     caches_encoded_keys = True  # the Cartesian key does not depend on the query: cache it, 2d wide
 
-    def encode_q(self, q, q_positions):
-        return self.cartesian_q(q, q_positions)
+    qk_width = 2  # encoded q/k are twice head_dim wide: on CPU the engine prefers its blocked path
+
+    def encode_q(self, q, q_positions, scale: float = 1.0):
+        return self.cartesian_q(q, q_positions, scale)
 
     def encode_k(self, k, k_positions):
         return self.cartesian_k(k, k_positions)
 
     def transform_qk(self, q, k, q_positions, k_positions):
-        if q.shape[1] != self.num_heads:
-            raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")
         return self.cartesian_q(q, q_positions), self.cartesian_k(k, k_positions)
 
     def extra_repr(self) -> str:
