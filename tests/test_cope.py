@@ -3,10 +3,10 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import poskit
 from conftest import build
+from grad_helpers import assert_same_gradients, call_with_params
 
 
 class ListingCoPE(torch.nn.Module):
@@ -121,15 +121,99 @@ def test_cope_gradcheck():
     k = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc), (q, k, v))
-    out = poskit.attention(q, k, v, enc)
-    out.sum().backward()
-    assert enc.pos_emb.grad.abs().sum() > 0
+    e = enc.pos_emb.detach().clone().requires_grad_(True)
+    attend = lambda: poskit.attention(q.detach(), k.detach(), v.detach(), enc, backend="reference")
+    assert torch.autograd.gradcheck(lambda e: call_with_params(enc, {"pos_emb": e}, attend), (e,))
+
+
+def test_cope_alibi_learned_slopes_gradcheck():
+    enc = build("cope-alibi", head_dim=4, num_heads=3, p_max=4, learned_slopes=True)
+    q, k, v = (torch.randn(1, 3, 5, 4, dtype=torch.float64) for _ in range(3))
+    slopes = torch.tensor([0.5, -0.3, 1.2], dtype=torch.float64, requires_grad=True)
+    attend = lambda: poskit.attention(q, k, v, enc, backend="reference")
+    assert torch.autograd.gradcheck(lambda m: call_with_params(enc, {"slopes": m}, attend), (slopes,))
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_cope_gradients_equal_listing_gradients(gqa):
+    """Gradients for q, k, v and pos_emb through poskit equal those through the Appendix B listing."""
+    B, H, T, D, p_max = 1, 2, 7, 4, 4
+    Hkv = 1 if gqa else H
+    enc = build("cope", head_dim=D, num_heads=H, p_max=p_max, init_std=1.0)
+    mask = torch.ones(T, T, dtype=torch.float64).tril().expand(B * H, T, T)
+
+    def listing(q, k, v, e):
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+        out, _ = listing_self_attn(q.reshape(B * H, T, D), k.reshape(B * H, T, D), v.reshape(B * H, T, D), mask,
+                                   ListingCoPE(p_max, D, e))
+        return out.reshape(B, H, T, D)
+
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    assert_same_gradients(
+        lambda q, k, v, e: call_with_params(enc, {"pos_emb": e}, lambda: poskit.attention(q, k, v, enc)),
+        listing,
+        [q.double(), k.double(), v.double(), enc.pos_emb.detach()],
+    )
+
+
+def test_cope_alibi_learned_slope_gradients_equal_reference_gradients():
+    B, H, T, D, p_max = 1, 3, 6, 4, 4
+    enc = build("cope-alibi", head_dim=D, num_heads=H, p_max=p_max, learned_slopes=True)
+    vis = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def reference(q, k, v, m):  # eq. 10 with the slope penalising contextual distance: logit - m_h p_ts
+        logits = q @ k.transpose(-1, -2) / math.sqrt(D)
+        p = (torch.sigmoid(logits) * vis).flip(-1).cumsum(-1).flip(-1).clamp(max=p_max - 1)
+        return torch.softmax((logits - m[:, None, None] * p).masked_fill(~vis, float("-inf")), -1) @ v
+
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    assert_same_gradients(
+        lambda q, k, v, m: call_with_params(enc, {"slopes": m}, lambda: poskit.attention(q, k, v, enc)),
+        reference,
+        [q.double(), k.double(), v.double(), torch.tensor([0.5, -0.3, 1.2], dtype=torch.float64)],
+    )
+
+
+FLIP_FLOP_SLOPES = [  # CoPE paper §5.1, the three fixed slope sets of the 4-head Flip-Flop models
+    [1, 1 / 2, 1 / 2**2, 1 / 2**3],
+    [1 / 2**2, 1 / 2**3, 1 / 2**4, 1 / 2**5],
+    [1 / 2**4, 1 / 2**5, 1 / 2**6, 1 / 2**7],
+]
+
+
+@pytest.mark.parametrize("slopes", FLIP_FLOP_SLOPES)
+def test_cope_alibi_fixed_slopes_option(slopes):
+    B, H, T, D = 1, 4, 6, 4
+    enc = build("cope-alibi", head_dim=D, num_heads=H, p_max=4, slopes=slopes)
+    assert not any(p.requires_grad for p in enc.parameters())  # fixed: nothing to train
+    q, k = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(2))
+    got = poskit.attention_scores(q, k, enc)
+    vis = torch.ones(T, T, dtype=torch.bool).tril()
+    logits = q @ k.transpose(-1, -2) / 2
+    p = (torch.sigmoid(logits) * vis).flip(-1).cumsum(-1).flip(-1).clamp(max=3)
+    m = torch.tensor(slopes, dtype=torch.float64)
+    assert torch.allclose(got, (logits - m[:, None, None] * p).masked_fill(~vis, float("-inf")), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(slopes=[1.0, 0.5]), r"slopes must be a sequence of num_heads=4 finite numbers"),
+        (dict(slopes=[1.0, 0.5, 0.25, float("nan")]), r"slopes must be a sequence of num_heads=4"),
+        (dict(slopes="1248"), r"slopes must be a sequence of num_heads=4"),
+        (dict(slopes=0.5), r"slopes must be a sequence of num_heads=4"),
+        (dict(slopes=[1.0] * 4, learned_slopes=True), r"slopes \(fixed\) and learned_slopes=True exclude each other"),
+    ],
+)
+def test_cope_alibi_bad_slopes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        poskit.build_encoding("cope-alibi", head_dim=4, num_heads=4, **kwargs)
 
 
 def test_cope_bad_options():
     with pytest.raises(ValueError, match="gates must be one of"):
         poskit.build_encoding("cope", head_dim=8, num_heads=2, gates="queries")
-    with pytest.raises(ValueError, match="p_max must be a positive int"):
+    with pytest.raises(ValueError, match="p_max must be an int >= 1"):
         poskit.build_encoding("cope", head_dim=8, num_heads=2, p_max=0)
 
 

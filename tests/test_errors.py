@@ -95,3 +95,50 @@ def test_learned_table_and_relative_distance_limits():
     q, k, v = make_qkv(Tq=10, Tk=10)
     with pytest.raises(ValueError, match="max_distance=3"):
         poskit.attention(q, k, v, build("relative", max_distance=3))
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("alibi", dict(num_heads=True), r"num_heads must be an int >= 1, got True"),
+        ("alibi", dict(num_heads=0), r"num_heads must be an int >= 1, got 0"),
+        ("rope", dict(head_dim=True), r"head_dim must be an int >= 1, got True"),
+        ("rope", dict(head_dim=8.0), r"head_dim must be an int >= 1, got 8.0"),
+        ("learned", dict(dim=0), r"dim must be an int >= 1, got 0"),
+        ("learned", dict(dim=-1), r"dim must be an int >= 1, got -1"),
+        ("learned", dict(dim=8, max_positions=True), r"max_positions must be an int >= 1, got True"),
+        ("sinusoidal", dict(dim=7), r"dim must be an even int >= 2 for the sinusoidal encoding, got 7"),
+        ("legendre", dict(dim=1), r"dim must be an int >= 2 for the legendre encoding, got 1"),
+        ("rope", dict(base="x"), r"base must be a finite number > 1, got 'x'"),
+        ("rope", dict(base=1.0), r"base must be a finite number > 1, got 1.0"),
+        ("sinusoidal", dict(dim=8, base="x"), r"base must be a finite number > 1, got 'x'"),
+        ("pope", dict(base=float("nan")), r"base must be a finite number > 1, got nan"),
+        ("rope-ntk", dict(factor=0.5), r"factor must be a finite number >= 1, got 0.5"),
+        ("rope-linear", dict(factor=True), r"factor must be a finite number >= 1, got True"),
+        ("rope-yarn", dict(factor=2.0, original_max_positions=64.0), r"original_max_positions must be an int >= 1, got 64.0"),
+        ("rope-dynamic", dict(factor=2.0), r"original_max_positions \(the training context\) must be an int >= 1"),
+        ("relative", dict(max_distance=True), r"max_distance must be an int >= 0, got True"),
+        ("relative", dict(max_distance=-1), r"max_distance must be an int >= 0, got -1"),
+        ("cope", dict(p_max=True), r"p_max must be an int >= 1, got True"),
+        ("cope-alibi", dict(p_max=2.5), r"p_max must be an int >= 1, got 2.5"),
+        ("cope", dict(init_std=-0.1), r"init_std must be a finite number >= 0, got -0.1"),
+    ],
+)
+def test_bad_encoding_options_name_the_argument_and_allowed_values(name, kwargs, match):
+    kwargs = dict(dict(head_dim=8, num_heads=2), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        poskit.build_encoding(name, **kwargs)
+
+
+def test_zero_kv_heads():
+    q, k, v = make_qkv(H=4, Hkv=2)
+    with pytest.raises(ValueError, match=r"H_kv=0 must divide the query heads H=4; allowed H_kv: \[1, 2, 4\]"):
+        poskit.attention_scores(q, k[:, :0], build("rope"))
+    with pytest.raises(ValueError, match=r"H_kv=0 must divide"):
+        poskit.attention(q, k[:, :0], v[:, :0], build("alibi"))
+
+
+def test_cope_value_gates_without_v():
+    q, k, _ = make_qkv()
+    with pytest.raises(ValueError, match=r"gates='values' needs v"):
+        poskit.attention_scores(q, k, build("cope", gates="values"))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import poskit
 from conftest import build
+from grad_helpers import assert_same_gradients, call_with_params
 
 
 def reference_pope_logits(q, k, q_pos, k_pos, delta, base, scale, softplus=True):
@@ -98,19 +99,30 @@ def test_pope_gradcheck_q_k_v_delta():
     v = torch.randn(1, 1, 4, 3, dtype=torch.float64, requires_grad=True)
 
     delta = (enc.delta.detach() * 0.9 - 0.1).requires_grad_(True)  # away from the clamp boundaries
-    assert torch.autograd.gradcheck(lambda q, k, v, d: _with_delta(enc, d, q, k, v), (q, k, v, delta))
+    attend = lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend="reference"))
+    assert torch.autograd.gradcheck(attend, (q, k, v, delta))
 
 
-def _with_delta(enc, delta, q, k, v):
-    # route delta through the module as a plain tensor so gradcheck can perturb it
-    saved = enc.delta
-    try:
-        del enc.delta
-        enc.delta = delta
-        return poskit.attention(q, k, v, enc, backend="reference")
-    finally:
-        del enc.delta
-        enc.delta = saved
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_pope_gradients_equal_eq5_gradients(backend):
+    """Gradients for q, k, v and delta through poskit (reference and, on CPU, the blocked path with its own
+    backward) equal those through eq. 5 written with loops."""
+    d, H, T = 4, 2, 6
+    enc = build("pope", head_dim=d, num_heads=H, delta_init="uniform")
+    pos = list(range(T))
+    vis = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def reference(q, k, v, delta):
+        logits = reference_pope_logits(q, k, pos, pos, delta.clamp(-2 * math.pi, 0), 10000.0, 1 / math.sqrt(d))
+        return torch.softmax(logits.masked_fill(~vis, float("-inf")), -1) @ v.repeat_interleave(H // k.shape[1], dim=1)
+
+    delta = enc.delta.detach() * 0.9 - 0.1  # inside (-2 pi, 0): the clamp passes gradients
+    q, k, v = torch.randn(2, H, T, d), torch.randn(2, 1, T, d), torch.randn(2, 1, T, 3)
+    assert_same_gradients(
+        lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend=backend)),
+        reference,
+        [q.double(), k.double(), v.double(), delta],
+    )
 
 
 def test_pope_fp32_relative_property_at_a_million():

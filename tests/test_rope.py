@@ -64,30 +64,54 @@ def test_half_layout_is_a_permutation_of_interleaved():
     assert torch.allclose(a, b, atol=1e-12)
 
 
-def test_long_term_decay_bound_appendix_c():
-    """RoFormer App. C: |sum_i h_i e^{i m theta_i}| <= max_i |h_{i+1} - h_i| sum_i |S_{i+1}|, and the
-    relative upper bound (1/(d/2)) sum_i |S_i| decays with the distance m."""
-    d = 128
-    theta = 10000.0 ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
+def logits_by_distance(enc, q_vec, k_vec, max_distance):
+    """poskit's logit between q_vec at position max_distance and k_vec at positions 0..max_distance,
+    returned by relative distance m = t - s = 0..max_distance, divided by the scale."""
+    d = q_vec.shape[-1]
+    q = q_vec.reshape(1, 1, 1, d)
+    k = k_vec.reshape(1, 1, 1, d).expand(1, 1, max_distance + 1, d)
+    row = poskit.attention_scores(q, k, enc, q_positions=torch.tensor([max_distance]),
+                                  k_positions=torch.arange(max_distance + 1), scale=1.0)[0, 0, 0]
+    return row.flip(0)  # key s sits at distance max_distance - s
 
-    def partial_sums(m):
-        return torch.cumsum(torch.exp(1j * m * theta), 0)  # S_1..S_{d/2}
 
-    def relative_bound(m):
-        return partial_sums(m).abs().mean().item()
+def test_long_term_decay_appendix_c():
+    """RoFormer App. C, measured through poskit's RoPE (d = 128, base 10000, Fig. 3's setting).
 
-    near = sum(relative_bound(m) for m in range(0, 8)) / 8
-    mid = sum(relative_bound(m) for m in range(64, 128)) / 64
-    far = sum(relative_bound(m) for m in range(1024, 2048, 8)) / 128
-    assert near > mid > far
-    # the Abel-summation bound holds for random q, k at many distances
+    With q = k = all ones every pair contributes h_i = (1 + 1j)(1 - 1j) = 2, so the logit at distance m is
+    2 Re S_{d/2}(m), S_j(m) = sum_{i<j} e^{i m theta_i}: it is large near m = 0 and decays with m.
+    For random q, k the Abel-summation bound |logit(m)| <= max_i |h_{i+1} - h_i| sum_i |S_{i+1}(m)| holds, with
+    S from poskit's own inv_freq, and the relative upper bound mean_i |S_i(m)| decays with m.
+    """
+    d, far_end = 128, 2048
+    enc = build("rope", head_dim=d, num_heads=1)
+    theta = torch.tensor([10000.0 ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+    assert torch.allclose(enc.inv_freq, theta, rtol=1e-14, atol=0)
+
+    ones = logits_by_distance(enc, torch.ones(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64), far_end)
+    m = torch.arange(far_end + 1, dtype=torch.float64)
+    assert torch.allclose(ones, 2 * torch.cos(m[:, None] * theta).sum(-1), atol=1e-9)  # 2 Re S_{d/2}(m)
+    assert ones[0].item() == pytest.approx(d, abs=1e-9)
+    near, mid, far = ones[1:8].abs().mean(), ones[64:128].abs().mean(), ones[1024:2048].abs().mean()
+    assert near > mid > 2 * far  # decays with the distance
+
+    def partial_sums(dist):
+        return torch.cumsum(torch.exp(1j * dist * enc.inv_freq), 0)  # S_1..S_{d/2}
+
+    def relative_bound(dist):
+        return partial_sums(dist).abs().mean().item()
+
+    assert relative_bound(0) > sum(relative_bound(j) for j in range(64, 128)) / 64 > sum(
+        relative_bound(j) for j in range(1024, 2048, 8)) / 128
+
     q, k = torch.randn(d, dtype=torch.float64), torch.randn(d, dtype=torch.float64)
     h = torch.complex(q[0::2], q[1::2]) * torch.conj(torch.complex(k[0::2], k[1::2]))
-    h_ext = torch.cat((h, torch.zeros(1, dtype=h.dtype)))
-    for m in [0, 1, 5, 50, 500, 5000]:
-        value = (h * torch.exp(1j * m * theta)).sum().abs().item()
-        bound = (h_ext[1:] - h_ext[:-1]).abs().max().item() * partial_sums(m).abs().sum().item()
-        assert value <= bound + 1e-9
+    h_ext = torch.cat((h, torch.zeros(1, dtype=h.dtype)))  # h_{d/2 + 1} = 0 closes the Abel sum
+    logits = logits_by_distance(enc, q, k, far_end)
+    for dist in [0, 1, 5, 50, 500, 2000]:
+        assert logits[dist].item() == pytest.approx((h * torch.exp(1j * dist * theta)).sum().real.item(), abs=1e-9)
+        bound = (h_ext[1:] - h_ext[:-1]).abs().max().item() * partial_sums(dist).abs().sum().item()
+        assert abs(logits[dist].item()) <= bound + 1e-9
 
 
 def test_rope_fp32_relative_property_at_a_million():

@@ -23,9 +23,14 @@ DEFAULT_OPTIONS = {
 }
 
 
-def logits_versus_distance(name: str, distances: list[int], head_dim: int = 64, seed: int = 0) -> list[float]:
-    x = torch.randn(1, 1, 1, head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    torch.manual_seed(seed)
+def logits_versus_distance(name: str, distances: list[int], head_dim: int = 64, seed: int = 0,
+                           x: torch.Tensor | None = None) -> list[float]:
+    """The logit (default scale 1/sqrt(head_dim), one head) between a query and a key that both hold the content
+    `x` (head_dim,), default randn from `seed`, at each relative distance t - s in `distances`."""
+    if x is None:
+        x = torch.randn(head_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    x = torch.as_tensor(x, dtype=torch.float64).reshape(1, 1, 1, head_dim)
+    torch.manual_seed(seed)  # the initial values of learned parameters (relative embeddings, pope's delta)
     enc = build_encoding(name, head_dim=head_dim, num_heads=1, dim=head_dim, **DEFAULT_OPTIONS.get(name, {})).double()
     # the same content at every key and at the query: only position changes the logit
     far = max(distances)

@@ -50,13 +50,13 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
     if k.shape[0] != B or k.shape[-1] != D:
         raise ValueError(f"k must have shape ({B}, H_kv, Tk, {D}) to match q {tuple(q.shape)}, got {tuple(k.shape)}")
     Hkv, Tk = k.shape[1], k.shape[2]
+    if Hkv == 0 or H % Hkv:  # Hkv == 0 tested first: H % 0 would be a ZeroDivisionError
+        allowed = [d for d in range(1, H + 1) if H % d == 0]
+        raise ValueError(f"the number of key/value heads H_kv={Hkv} must divide the query heads H={H}; allowed H_kv: {allowed}")
     if v is not None:
         _check4d(v, "v")
         if v.shape[:3] != k.shape[:3]:
             raise ValueError(f"v must have shape ({B}, {Hkv}, {Tk}, Dv) to match k, got {tuple(v.shape)}")
-    if H % Hkv:
-        allowed = [d for d in range(1, H + 1) if H % d == 0]
-        raise ValueError(f"the number of key/value heads H_kv={Hkv} must divide the query heads H={H}; allowed H_kv: {allowed}")
     if D != enc.head_dim:
         raise ValueError(f"q and k must have head_dim={enc.head_dim} channels for this encoding, got {D}")
     if H != enc.num_heads:

@@ -17,5 +17,5 @@ def check_embed_positions(positions, argname: str = "positions") -> torch.Tensor
 
 
 def check_even_dim(dim: int, name: str) -> None:
-    if not isinstance(dim, int) or dim < 2 or dim % 2:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
         raise ValueError(f"dim must be an even int >= 2 for the {name} encoding, got {dim!r}")

@@ -12,6 +12,8 @@ dispatches on that, so adding an encoding touches only its own module:
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Callable, ClassVar
 
 import torch
@@ -29,10 +31,8 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, *, head_dim: int, num_heads: int):
         super().__init__()
-        if not isinstance(head_dim, int) or head_dim < 1:
-            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-        if not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        check_int(head_dim, "head_dim", minimum=1)
+        check_int(num_heads, "num_heads", minimum=1)
         self.head_dim = head_dim
         self.num_heads = num_heads
 
@@ -53,6 +53,38 @@ class PositionalEncoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
+
+
+def check_int(value, name: str, *, minimum: int) -> int:
+    """Raise ValueError unless `value` is an int >= minimum. bool is refused although Python counts it as an
+    int: `num_heads=True` is a mistake, never a size."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_real(value, name: str, *, minimum: float, strict: bool = False) -> float:
+    """Raise ValueError unless `value` is a finite real number >= minimum (> minimum when strict); bool refused."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= minimum if strict else value < minimum):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
+    return float(value)
+
+
+# Options shared by several encodings, validated once here so every encoding (present or future) rejects
+# bad values with the same message; encodings check only what is specific to them (e.g. rotary_dim <= head_dim).
+# None means "not given" (e.g. `factor` of plain rope), which the encoding itself handles.
+OPTION_CHECKS: dict[str, Callable] = {
+    "dim": lambda v: check_int(v, "dim", minimum=1),
+    "base": lambda v: check_real(v, "base", minimum=1, strict=True),
+    "factor": lambda v: check_real(v, "factor", minimum=1),
+    "original_max_positions": lambda v: check_int(v, "original_max_positions", minimum=1),
+    "max_positions": lambda v: check_int(v, "max_positions", minimum=1),
+    "max_distance": lambda v: check_int(v, "max_distance", minimum=0),
+    "p_max": lambda v: check_int(v, "p_max", minimum=1),
+    "cache_rows": lambda v: check_int(v, "cache_rows", minimum=1),
+    "init_std": lambda v: check_real(v, "init_std", minimum=0),
+}
 
 
 _REGISTRY: dict[str, tuple[type[PositionalEncoding], dict]] = {}
@@ -98,6 +130,9 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
         if dim is None:
             raise ValueError(f"dim (the model width) is required for the absolute encoding {name!r}")
         kwargs["dim"] = dim
+    for option, value in kwargs.items():
+        if value is not None and option in OPTION_CHECKS:
+            OPTION_CHECKS[option](value)
     enc = cls(head_dim=head_dim, num_heads=num_heads, **kwargs)
     enc.name = name
     return enc

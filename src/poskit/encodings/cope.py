@@ -8,9 +8,17 @@ interpolated linearly between floor(p) and ceil(p). e has shape (head_dim, p_max
 "cope-alibi" (eq. 10) replaces the interpolated embedding by a head-specific linear term in p_ts. Eq. 10
 writes + m p; the slopes here *penalise* contextual distance as ALiBi does (bias = -m_h p_ts), which is what
 the paper's fixed slopes {1, 1/2, ...} need to favour the latest counted token; learned slopes start at 0
-and may take either sign, so for them the convention is immaterial.
+and may take either sign, so for them the convention is immaterial. The slopes are, by option:
+
+- default: ALiBi's slopes for num_heads (Press et al.), fixed;
+- ``slopes=[m_1, ..., m_H]``: any H fixed slopes, e.g. the paper's Flip-Flop sets for 4 heads
+  {1, 1/2, 1/2^2, 1/2^3}, {1/2^2, ..., 1/2^5}, {1/2^4, ..., 1/2^7} (§5.1);
+- ``learned_slopes=True``: one trainable slope per head, initialised at 0 (not combinable with ``slopes``).
 """
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -39,8 +47,7 @@ class CoPEBase(PositionalEncoding):
 
     def __init__(self, *, head_dim: int, num_heads: int, p_max: int, gates: str):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
-        if not isinstance(p_max, int) or p_max < 1:
-            raise ValueError(f"p_max must be a positive int, got {p_max!r}")
+        # p_max's range is checked by build_encoding (base.OPTION_CHECKS)
         if gates not in GATES:
             raise ValueError(f"gates must be one of {list(GATES)}, got {gates!r}")
         self.p_max, self.gates = p_max, gates
@@ -57,6 +64,8 @@ class CoPEBase(PositionalEncoding):
                 raise ValueError("gate_keys is only accepted with gates='separate'")
             return k
         if self.gates == "values":
+            if v is None:
+                raise ValueError("gates='values' needs v (B, H_kv, Tk, head_dim): pass v= to attention_scores")
             if v.shape[-1] != k.shape[-1]:
                 raise ValueError(f"gates='values' needs v with head_dim={k.shape[-1]} channels, got {v.shape[-1]}")
             return v
@@ -83,15 +92,33 @@ class CoPEEncoding(CoPEBase):
         return interpolate(z, p)
 
 
+def fixed_slopes(slopes, num_heads: int) -> list[float]:
+    """The `slopes` option as num_heads finite floats; ALiBi's slopes when it is None."""
+    if slopes is None:
+        return alibi_slopes(num_heads)
+    values = None
+    if not isinstance(slopes, str):  # a str iterates as characters: "1248" must not pass as 4 slopes
+        try:
+            values = [float(m) for m in slopes]
+        except (TypeError, ValueError, RuntimeError):  # not iterable, not numbers, or a multi-element tensor row
+            pass
+    if values is None or len(values) != num_heads or not all(math.isfinite(m) for m in values):
+        raise ValueError(f"slopes must be a sequence of num_heads={num_heads} finite numbers (one per head), got {slopes!r}")
+    return values
+
+
 @register("cope-alibi")
 class CoPEALiBiEncoding(CoPEBase):
-    def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", learned_slopes: bool = False):
+    def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", learned_slopes: bool = False,
+                 slopes: Sequence[float] | None = None):
         super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)
         self.learned_slopes = bool(learned_slopes)
         if self.learned_slopes:
+            if slopes is not None:
+                raise ValueError("slopes (fixed) and learned_slopes=True exclude each other: learned slopes start at 0")
             self.slopes = nn.Parameter(torch.zeros(num_heads))  # per head (and per layer), initialised at 0
         else:
-            self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+            self.register_buffer("slopes", torch.tensor(fixed_slopes(slopes, num_heads)), persistent=False)
 
     def contextual_bias(self, q, gate_logits, visible):
         p = self.positions(gate_logits, visible)

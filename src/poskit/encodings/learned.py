@@ -14,8 +14,7 @@ class LearnedEncoding(PositionalEncoding):
 
     def __init__(self, *, head_dim: int, num_heads: int, dim: int, max_positions: int = 2048, init_std: float = 0.02):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
-        if not isinstance(max_positions, int) or max_positions < 1:
-            raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
+        # dim and max_positions are checked by build_encoding (base.OPTION_CHECKS)
         self.dim, self.max_positions = dim, max_positions
         self.table = nn.Parameter(torch.randn(max_positions, dim) * init_std)
 

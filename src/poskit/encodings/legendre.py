@@ -46,7 +46,7 @@ class LegendreEncoding(PositionalEncoding):
 
     def __init__(self, *, head_dim: int, num_heads: int, dim: int, cache_rows: int = 8192):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
-        if not isinstance(dim, int) or dim < 2:
+        if dim < 2:  # an int >= 1 already (build_encoding); linspace(-1, 1, 1) would not reach +1
             raise ValueError(f"dim must be an int >= 2 for the legendre encoding, got {dim!r}")
         self.dim = dim
         self.x = np.linspace(-1.0, 1.0, dim)

@@ -18,8 +18,7 @@ class RelativeEncoding(PositionalEncoding):
 
     def __init__(self, *, head_dim: int, num_heads: int, max_distance: int = 256, cap: bool = False, init_std: float = 0.02):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
-        if not isinstance(max_distance, int) or max_distance < 0:
-            raise ValueError(f"max_distance must be a non-negative int, got {max_distance!r}")
+        # max_distance's range is checked by build_encoding (base.OPTION_CHECKS)
         self.max_distance, self.cap = max_distance, bool(cap)
         self.embeddings = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * init_std)  # row o + M: offset o
 

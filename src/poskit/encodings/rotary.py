@@ -58,24 +58,20 @@ class RotaryEncoding(PositionalEncoding):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
         if scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {list(SCALINGS)}, got {scaling!r}")
-        if not base > 1:
-            raise ValueError(f"base must be > 1, got {base!r}")
+        # the ranges of base, factor and original_max_positions are checked by build_encoding (base.OPTION_CHECKS)
         if scaling == "none":
             if factor is not None or original_max_positions is not None:
                 raise ValueError("factor and original_max_positions apply only to rope-linear, rope-ntk, rope-dynamic, rope-yarn")
         else:
-            if factor is None or not factor >= 1:
-                raise ValueError(f"factor must be a number >= 1 for rope scaling {scaling!r}, got {factor!r}")
-            needs_orig = scaling in ("dynamic", "yarn")
-            if needs_orig and (not isinstance(original_max_positions, int) or original_max_positions < 1):
-                raise ValueError(
-                    f"original_max_positions must be a positive int (the training context) for rope scaling {scaling!r}, "
-                    f"got {original_max_positions!r}"
-                )
+            if factor is None:
+                raise ValueError(f"factor must be a number >= 1 for rope scaling {scaling!r}, got None")
+            if scaling in ("dynamic", "yarn") and original_max_positions is None:
+                raise ValueError(f"original_max_positions (the training context) must be an int >= 1 for rope "
+                                 f"scaling {scaling!r}, got None")
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.factor, self.original_max_positions = scaling, factor, original_max_positions
         if scaling == "none":
