@@ -13,12 +13,13 @@ import os
 import sys
 import time
 
-if "--smoke" in sys.argv:
+import torch  # torch does not import triton, so the interpreter can still be chosen below
+
+# without a GPU the kernels can only run interpreted, which must be set before triton is imported
+if "--smoke" in sys.argv or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch
-
-from poskit.attention.triton_cope import cope_attention_triton
+from poskit.attention.triton_cope import cope_attention_triton  # noqa: E402
 
 
 def cope_torch(q, k, v, e, *, scale, p_max):

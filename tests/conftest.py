@@ -1,10 +1,36 @@
 import os
 
 import pytest
-import torch
+import torch  # torch does not import triton, so TRITON_INTERPRET can still be decided below
 
-# Triton kernels are tested on CPU through the interpreter; must be set before triton is imported.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+
+def _cuda_present() -> bool:
+    # NVML-based check: answers without cuInit in the pytest process, so children that tests fork
+    # (DataLoader workers, multiprocessing) can still initialise CUDA themselves
+    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        return torch.cuda.is_available()
+    finally:
+        if saved is None:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
+
+
+# Triton kernels are tested compiled on CUDA tensors when a GPU is present, otherwise on CPU tensors
+# through the interpreter, which must be switched on before triton is first imported (setting it on a
+# GPU machine would leave the compiled kernels untested). An explicit TRITON_INTERPRET is kept.
+HAS_CUDA = _cuda_present()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def triton_device() -> str:
+    """The device the Triton kernel tests put their tensors on."""
+    return TRITON_DEVICE
 
 
 @pytest.fixture(autouse=True)

@@ -73,15 +73,27 @@ def test_auto_never_picks_triton_on_cpu():
     assert choose_backend(build("rope"), q, "auto") == "sdpa"
 
 
-@pytest.mark.parametrize("name", ["pope", "cope", "cope-alibi"])
-def test_triton_backend_through_engine_matches_reference(name):
-    pytest.importorskip("triton")
-    from poskit.attention import triton_pope
+def _triton_kernels_runnable(name):
+    """Skip unless the Triton kernels for this encoding can run here (GPU, or interpreted on CPU)."""
+    from conftest import HAS_CUDA
 
-    if name == "pope" and hasattr(triton_pope, "kernels_interpreted") and not triton_pope.kernels_interpreted():
-        pytest.skip("triton kernels were imported without TRITON_INTERPRET=1 and no GPU is present")
-    enc = build(name, dtype=torch.float32)
-    q, k, v = make_qkv(B=1, H=4, Hkv=2, Tq=40, Tk=40, dtype=torch.float32, requires_grad=True)
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
+    if HAS_CUDA:
+        return
+    if name == "pope":
+        from poskit.attention.triton_pope import kernels_interpreted
+    else:
+        from poskit.attention.triton_cope import kernels_interpreted
+    if not kernels_interpreted():
+        pytest.skip("no GPU, and the triton kernels were imported without TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("name", ["pope", "cope", "cope-alibi"])
+def test_triton_backend_through_engine_matches_reference(name, triton_device):
+    _triton_kernels_runnable(name)
+    enc = build(name, dtype=torch.float32).to(triton_device)
+    q, k, v = (t.to(triton_device).requires_grad_() for t in make_qkv(B=1, H=4, Hkv=2, Tq=40, Tk=40,
+                                                                        dtype=torch.float32))
     out = poskit.attention(q, k, v, enc, backend="triton")
     ref = poskit.attention(q, k, v, enc, backend="reference")
     assert torch.allclose(out, ref, atol=2e-4)
@@ -89,15 +101,141 @@ def test_triton_backend_through_engine_matches_reference(name):
         assert torch.allclose(a, b, atol=5e-4)
 
 
-@pytest.mark.parametrize("name", ["pope", "alibi"])
-def test_bf16_blocked_path_close_to_float64(name):
-    enc = build(name, dtype=torch.bfloat16, head_dim=32, num_heads=4)
-    q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=100, Tk=100, D=32, dtype=torch.float32, requires_grad=True)
-    qb, kb, vb = (t.detach().bfloat16().requires_grad_(True) for t in (q, k, v))
-    out = poskit.attention(qb, kb, vb, enc)
-    ref = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference")
-    assert out.dtype == torch.bfloat16
-    assert (out.double() - ref).abs().max() < 3e-2
-    out.float().sum().backward()
-    ref.sum().backward()
-    assert (qb.grad.double() - q.grad).abs().max() < 5e-2 * q.grad.abs().max()
+@pytest.mark.parametrize("positions", ["shared", "per_batch"])
+@pytest.mark.parametrize("name", ["pope", "cope", "cope-alibi"])
+def test_triton_engine_batch_cache_block_gqa_padding(name, positions, triton_device):
+    # B > 1, a block of 5 new queries against a 45-key cache at explicit positions, GQA (2 query heads per
+    # kv head), key padding; forward and the gradients of q, k, v and the encoding's parameters (pope's
+    # delta, cope's embeddings, learned cope-alibi slopes) against the float64 reference backend
+    import copy
+
+    _triton_kernels_runnable(name)
+    B, H, Hkv, Tq, Tk, D = 2, 4, 2, 5, 45, 32
+    extra = {"delta_init": "uniform"} if name == "pope" else {"learned_slopes": True} if name == "cope-alibi" else {}
+    enc = build(name, head_dim=D, num_heads=H, dtype=torch.float32, **extra).to(triton_device)
+    if name == "cope-alibi":
+        with torch.no_grad():  # learned slopes start at 0: give them values that matter
+            enc.slopes.copy_(torch.linspace(-0.5, 1.0, H))
+    enc64 = copy.deepcopy(enc).double()
+    q, k, v = (t.to(triton_device) for t in make_qkv(B=B, H=H, Hkv=Hkv, Tq=Tq, Tk=Tk, D=D, dtype=torch.float32,
+                                                       gen_seed=3))
+    if positions == "shared":  # (T,): the engine turns these into (1, T) positions and (1, T, d) tables
+        kp = torch.arange(Tk, device=triton_device) + 100
+        qp = kp[-Tq:] - 2  # the last two keys lie after every query: masked by position, not by index
+    else:  # (B, T): a different offset per sequence
+        kp = torch.stack([torch.arange(Tk), torch.arange(Tk) + 1000]).to(triton_device)
+        qp = kp[:, -Tq:] - 2
+    mask = torch.ones(B, Tk, dtype=torch.bool, device=triton_device)
+    mask[0, :7] = False  # left padding
+    mask[1, 20:23] = False
+    kw = dict(q_positions=qp, k_positions=kp, key_padding_mask=mask)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = poskit.attention(*leaves, enc, backend="triton", **kw)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = poskit.attention(*leaves64, enc64, backend="reference", **kw)
+    assert out.shape == (B, H, Tq, D)
+    assert (out.double() - ref).abs().max() < 1e-4
+    params = [p for p in enc.parameters() if p.requires_grad]
+    params64 = [p for p in enc64.parameters() if p.requires_grad]
+    assert params, "the encoding should have a trainable parameter to check"
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(triton_device)
+    got = torch.autograd.grad(out, leaves + params, g.float())
+    want = torch.autograd.grad(ref, leaves64 + params64, g)
+    for g, w in zip(got, want):
+        assert w.abs().max() > 0
+        assert (g.double() - w).abs().max() < 1e-4 * max(1.0, w.abs().max().item())
+
+
+def test_triton_pope_fp16_delta_stays_fp32(triton_device):
+    # fp16 q/k/v with an fp32 encoding: delta is clamped and turned into phases in fp32, and its gradient
+    # is accumulated and returned in fp32 (rounding delta to fp16 would move every phase by up to 2e-3 rad
+    # and route its gradient through fp16)
+    import copy
+
+    from poskit.attention.triton_pope import pope_attention_triton
+
+    _triton_kernels_runnable("pope")
+    B, H, Hkv, T, D = 2, 2, 1, 40, 32
+    enc = build("pope", head_dim=D, num_heads=H, dtype=torch.float32).to(triton_device)
+    with torch.no_grad():
+        # in [-2 pi, -4) fp16 is spaced 2^-8: put every entry ~half a spacing off the fp16 grid, so an
+        # fp16 delta would be as wrong as it can be
+        d = torch.empty(H, D).uniform_(-6.2, -4.0, generator=torch.Generator().manual_seed(4))
+        enc.delta.copy_(d.half().float() + 0.45 * 2 ** -8)
+    enc64 = copy.deepcopy(enc).double()
+    q, k, v = (t.to(triton_device).half() for t in make_qkv(B=B, H=H, Hkv=Hkv, Tq=T, Tk=T, D=D,
+                                                              dtype=torch.float32, gen_seed=11))
+    out = poskit.attention(q, k, v, enc, backend="triton")
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference")
+
+    # the phases: the engine's output is the kernel's with the fp32 delta, not with delta rounded to fp16
+    pos = torch.arange(T, device=triton_device)
+    c, s = enc.cos_sin(pos, torch.float32)
+    kw = dict(causal=True, scale=D ** -0.5, q_positions=pos, k_positions=pos)
+    with torch.no_grad():
+        fp32_delta = pope_attention_triton(q, k, v, enc.delta.clone(), c, s, c, s, **kw)
+        fp16_delta = pope_attention_triton(q, k, v, enc.delta.half(), c, s, c, s, **kw)
+    assert torch.equal(out, fp32_delta)
+    assert not torch.equal(out, fp16_delta)
+
+    # the gradient: fp32 (not fp16 values widened) and within 2e-3 of the float64 reference's maximum,
+    # 10x tighter than the fp16 kernel tests (fp16 tl.dot operands leave ~5e-4 here)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(triton_device)
+    (ddelta,) = torch.autograd.grad(out, [enc.delta], g.half())
+    (ddelta64,) = torch.autograd.grad(ref, [enc64.delta], g.double())
+    assert ddelta.dtype == torch.float32
+    assert (ddelta != ddelta.half().float()).float().mean() > 0.9
+    rel = ((ddelta.double() - ddelta64).abs().max() / ddelta64.abs().max()).item()
+    assert rel < 2e-3, rel
+
+
+@pytest.mark.parametrize("name", ["cope", "cope-alibi"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_triton_cope_unsorted_key_positions_raise_like_reference(name, causal, triton_device):
+    # the fused gate sums run over the key index axis (and the causal key range comes from searchsorted):
+    # unsorted keys used to give a silently wrong output; both backends now raise the same error
+    _triton_kernels_runnable(name)
+    enc = build(name, dtype=torch.float32).to(triton_device)
+    q, k, v = (t.to(triton_device) for t in make_qkv(B=2, H=4, Hkv=2, Tq=6, Tk=6, dtype=torch.float32))
+    kw = dict(causal=causal, q_positions=torch.arange(6, device=triton_device),
+              k_positions=torch.tensor([[0, 1, 2, 3, 4, 5], [0, 2, 1, 3, 4, 5]], device=triton_device))
+    for backend in ("reference", "triton"):
+        with pytest.raises(ValueError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+            poskit.attention(q, k, v, enc, backend=backend, **kw)
+
+
+def test_choose_backend_triton_needs_cuda_or_the_interpreter(monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
+    q = torch.randn(1, 4, 2, 16)
+    # conftest switches the interpreter on without a GPU: off, a CPU tensor cannot be served
+    for value in (None, "0"):
+        if value is None:
+            monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        else:
+            monkeypatch.setenv("TRITON_INTERPRET", value)
+        with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors, got q on cpu"):
+            choose_backend(build("pope"), q, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert choose_backend(build("cope"), q, "triton") == "triton"
+
+
+def test_choose_backend_triton_needs_the_triton_package(monkeypatch):
+    from types import SimpleNamespace
+
+    from poskit.attention import engine
+
+    cuda_q = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # choose_backend reads only these
+    monkeypatch.setattr(engine, "triton_available", lambda: True)
+    assert choose_backend(build("pope"), cuda_q, "auto") == "triton"
+    assert choose_backend(build("cope-alibi"), cuda_q, "auto") == "triton"
+    assert choose_backend(build("rope"), cuda_q, "auto") == "sdpa"  # triton serves only pope/cope
+    monkeypatch.setattr(engine, "triton_available", lambda: False)
+    for name in ("pope", "cope"):
+        with pytest.raises(ValueError, match=r"backend='triton' needs the triton package \(pip install 'poskit\[triton\]'\)"):
+            choose_backend(build(name), cuda_q, "triton")
+    # auto falls back instead of failing
+    assert choose_backend(build("pope"), cuda_q, "auto") == "sdpa"
+    assert choose_backend(build("cope"), cuda_q, "auto") == "reference"
+    with pytest.raises(ValueError, match="backend='triton' serves only pope, cope and cope-alibi, got 'rope'"):
+        choose_backend(build("rope"), cuda_q, "triton")

@@ -1,30 +1,28 @@
 """Tests of the fused PoPE Triton kernel against a float64 reference.
 
-On CPU the kernels run under the Triton interpreter, so TRITON_INTERPRET must
-be set before triton is imported anywhere.
+Tensors live on CUDA when a GPU is present (compiled kernels), else on CPU under the Triton
+interpreter; tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported when there is no GPU
+and provides the `triton_device` fixture.
 """
 
-import os
+import math
 
-import torch  # torch does not import triton
+import pytest
+import torch
 
-if not torch.cuda.is_available():
-    # must happen before triton / poskit.attention.triton_pope are imported
-    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
 
-import math  # noqa: E402
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton", reason="triton is not installed (pip install poskit[triton])")
+from conftest import HAS_CUDA  # noqa: E402  (NVML-based: no CUDA context at collection time)
 
 from poskit.attention.triton_pope import kernels_interpreted, pope_attention_triton  # noqa: E402
 
-if not torch.cuda.is_available() and not kernels_interpreted():
+if not HAS_CUDA and not kernels_interpreted():
     pytest.skip("no GPU, and poskit.attention.triton_pope was imported before TRITON_INTERPRET=1 "
                 "was set, so its kernels cannot run on CPU", allow_module_level=True)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BF16_NEEDS_CUDA = pytest.mark.skipif(
+    not HAS_CUDA,
+    reason="bf16 is tested on CUDA only: the Triton interpreter's bf16 tl.dot is wrong")
 
 
 # ---------------------------------------------------------------------------
@@ -67,13 +65,13 @@ def tables(positions, D):
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
-def make_inputs(B, H, Hkv, Tq, Tk, D, Dv, dtype=torch.float32, seed=0, zero_delta=False):
+def make_inputs(device, B, H, Hkv, Tq, Tk, D, Dv, dtype=torch.float32, seed=0, zero_delta=False):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, Tq, D, generator=g)
     k = torch.randn(B, Hkv, Tk, D, generator=g)
     v = torch.randn(B, Hkv, Tk, Dv, generator=g)
     delta = torch.zeros(H, D) if zero_delta else -2 * math.pi * torch.rand(H, D, generator=g)
-    return [t.to(DEVICE, dtype if t is not delta else torch.float32).requires_grad_()
+    return [t.to(device, dtype if t is not delta else torch.float32).requires_grad_()
             for t in (q, k, v, delta)]
 
 
@@ -90,7 +88,7 @@ def run_both(q, k, v, delta, q_positions, k_positions, *, causal, softplus=True,
     ref = reference(q, k, v, delta, q_positions, k_positions, causal=causal, scale=scale,
                     softplus=softplus, key_padding_mask=key_padding_mask)
     g = torch.Generator().manual_seed(seed)
-    dout = torch.randn(out.shape, generator=g).to(DEVICE)
+    dout = torch.randn(out.shape, generator=g).to(out.device)
     grads = torch.autograd.grad(out, (q, k, v, delta), dout.to(out.dtype))
     ref_grads = torch.autograd.grad(ref, (q, k, v, delta), dout.to(torch.float64))
     return out, ref, grads, ref_grads
@@ -113,8 +111,8 @@ def check_all(out, ref, grads, ref_grads, rtol):
         assert_close(g, rg, rtol, name)
 
 
-def ar(start, n):
-    return torch.arange(start, start + n, device=DEVICE)
+def ar(device, start, n):
+    return torch.arange(start, start + n, device=device)
 
 
 # ---------------------------------------------------------------------------
@@ -131,41 +129,51 @@ CASES = {
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(case, causal):
+def test_matches_reference(case, causal, triton_device):
     B, H, Hkv, Tq, Tk, D, Dv = CASES[case]
-    q, k, v, delta = make_inputs(B, H, Hkv, Tq, Tk, D, Dv)
+    q, k, v, delta = make_inputs(triton_device, B, H, Hkv, Tq, Tk, D, Dv)
     # queries are the last Tq positions (prefill with a cache when Tq < Tk)
-    res = run_both(q, k, v, delta, ar(Tk - Tq, Tq), ar(0, Tk), causal=causal)
+    res = run_both(q, k, v, delta, ar(triton_device, Tk - Tq, Tq), ar(triton_device, 0, Tk), causal=causal)
+    check_all(*res, rtol=1e-4)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_large_head_dims(D, triton_device):
+    # one head, T=33 (a ragged second block of 1 row/key): forward and every gradient at the head dims
+    # models use; the padded BLOCK_D equals D here, unlike the d48 case
+    q, k, v, delta = make_inputs(triton_device, 1, 1, 1, 33, 33, D, D, seed=D)
+    res = run_both(q, k, v, delta, ar(triton_device, 0, 33), ar(triton_device, 0, 33), causal=True)
     check_all(*res, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["loop", "split"])
-def test_gqa_dkdv_modes(mode, monkeypatch):
+def test_gqa_dkdv_modes(mode, monkeypatch, triton_device):
     from poskit.attention import triton_pope
 
     monkeypatch.setattr(triton_pope, "GQA_DKDV_MODE", mode)
-    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 24)
-    res = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+    q, k, v, delta = make_inputs(triton_device, 1, 4, 2, 37, 50, 32, 24)
+    res = run_both(q, k, v, delta, ar(triton_device, 13, 37), ar(triton_device, 0, 50), causal=True)
     check_all(*res, rtol=1e-4)
 
 
-def test_no_softplus():
-    q, k, v, delta = make_inputs(1, 2, 1, 37, 50, 32, 32)
-    res = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True, softplus=False)
+def test_no_softplus(triton_device):
+    q, k, v, delta = make_inputs(triton_device, 1, 2, 1, 37, 50, 32, 32)
+    res = run_both(q, k, v, delta, ar(triton_device, 13, 37), ar(triton_device, 0, 50), causal=True,
+                   softplus=False)
     check_all(*res, rtol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_key_padding_mask(causal):
+def test_key_padding_mask(causal, triton_device):
     B, Tq, Tk = 3, 37, 50  # Tk not a multiple of the block
-    q, k, v, delta = make_inputs(B, 4, 2, Tq, Tk, 32, 32)
+    q, k, v, delta = make_inputs(triton_device, B, 4, 2, Tq, Tk, 32, 32)
     g = torch.Generator().manual_seed(3)
     mask = torch.rand(B, Tk, generator=g) > 0.3
     mask[1, :20] = False  # left padding: early causal rows see nothing
     mask[2] = False  # a sequence with no keys at all
-    mask = mask.to(DEVICE)
-    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(Tk - Tq, Tq), ar(0, Tk), causal=causal,
-                                          key_padding_mask=mask)
+    mask = mask.to(triton_device)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(triton_device, Tk - Tq, Tq), ar(triton_device, 0, Tk),
+                                          causal=causal, key_padding_mask=mask)
     check_all(out, ref, grads, ref_grads, rtol=1e-4)
     assert (out[2] == 0).all() and (grads[0][2] == 0).all() and (grads[1][2] == 0).all()
     # padded keys get exactly zero dk, dv
@@ -173,78 +181,101 @@ def test_key_padding_mask(causal):
     assert (grads[2][~mask[:, None, :].expand(-1, 2, -1)] == 0).all()
 
 
-def test_rows_without_visible_keys_are_zero():
+def test_rows_without_visible_keys_are_zero(triton_device):
     # keys start at position 10: causal query rows at positions < 10 see nothing
-    q, k, v, delta = make_inputs(1, 2, 2, 40, 45, 32, 32)
-    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(0, 40), ar(10, 45), causal=True)
+    q, k, v, delta = make_inputs(triton_device, 1, 2, 2, 40, 45, 32, 32)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(triton_device, 0, 40), ar(triton_device, 10, 45),
+                                          causal=True)
     check_all(out, ref, grads, ref_grads, rtol=1e-4)
     assert (out[:, :, :10] == 0).all()
     assert (grads[0][:, :, :10] == 0).all()
 
 
-def test_decode_single_query_against_cache():
-    q, k, v, delta = make_inputs(2, 4, 2, 1, 70, 32, 32)
-    res = run_both(q, k, v, delta, ar(69, 1), ar(0, 70), causal=True)
-    check_all(*res, rtol=1e-4)
+@pytest.mark.parametrize("t", [69, 40, 0])
+def test_decode_single_query_against_cache(t, triton_device):
+    # Tq=1: one query at position t against 70 cached keys at positions 0..69; only keys 0..t are visible
+    # (t=69 the usual decode step, t=40 a query in the middle of the cache, t=0 a single visible key)
+    q, k, v, delta = make_inputs(triton_device, 2, 4, 2, 1, 70, 32, 32, seed=t)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(triton_device, t, 1), ar(triton_device, 0, 70),
+                                          causal=True)
+    # keys after the query get exactly no gradient
+    assert (grads[1][:, :, t + 1:] == 0).all() and (grads[2][:, :, t + 1:] == 0).all()
+    if t > 0:
+        check_all(out, ref, grads, ref_grads, rtol=1e-4)
+        return
+    # one visible key: the output is its value row (for each query head of the kv group), the softmax
+    # has no gradient, so dq, dk and ddelta vanish up to fp32 rounding and dv collects dout
+    assert_close(out, ref, 1e-4, "out")
+    torch.testing.assert_close(out[:, :, 0], v[:, :, 0].repeat_interleave(2, dim=1), rtol=1e-5, atol=1e-6)
+    assert_close(grads[2], ref_grads[2], 1e-4, "dv")
+    for name, g in zip(("dq", "dk", "ddelta"), (grads[0], grads[1], grads[3])):
+        assert g.abs().max() < 1e-5, name
 
 
-def test_batched_positions_and_tables():
+@pytest.mark.parametrize("batched", ["leading_one", "per_batch"])
+def test_batched_positions_and_tables(batched, triton_device):
     B, Tq, Tk, D = 2, 37, 50, 32
-    q, k, v, delta = make_inputs(B, 2, 1, Tq, Tk, D, 16)
-    kpos = torch.stack([ar(0, Tk), ar(100, Tk)])  # different offsets per sequence
+    q, k, v, delta = make_inputs(triton_device, B, 2, 1, Tq, Tk, D, 16)
+    if batched == "per_batch":
+        kpos = torch.stack([ar(triton_device, 0, Tk), ar(triton_device, 100, Tk)])  # different offsets per sequence
+    else:  # (1, T) positions and (1, T, D) tables broadcast over the batch, as the engine passes them
+        kpos = ar(triton_device, 7, Tk)[None]
     qpos = kpos[:, Tk - Tq:]
     res = run_both(q, k, v, delta, qpos, kpos, causal=True)
-    assert tables(qpos, D)[0].shape == (B, Tq, D)
+    assert tables(qpos, D)[0].shape == (kpos.shape[0], Tq, D)
     check_all(*res, rtol=1e-4)
 
 
-def test_unsorted_positions():
+def test_unsorted_positions(triton_device):
     # block skipping must stay exact for any position order
     g = torch.Generator().manual_seed(5)
-    q, k, v, delta = make_inputs(1, 2, 2, 45, 70, 32, 32)
-    kpos = torch.randperm(70, generator=g).to(DEVICE)
-    qpos = torch.randperm(70, generator=g)[:45].to(DEVICE)
+    q, k, v, delta = make_inputs(triton_device, 1, 2, 2, 45, 70, 32, 32)
+    kpos = torch.randperm(70, generator=g).to(triton_device)
+    qpos = torch.randperm(70, generator=g)[:45].to(triton_device)
     res = run_both(q, k, v, delta, qpos, kpos, causal=True)
     check_all(*res, rtol=1e-4)
 
 
-def test_non_contiguous_inputs():
+def test_non_contiguous_inputs(triton_device):
     B, T, H, D = 1, 40, 2, 32
     g = torch.Generator().manual_seed(7)
     # (B, T, H, D) projections viewed as (B, H, T, D)
-    q = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
-    k = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
-    v = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
-    delta = (-torch.rand(H, D, generator=g)).to(DEVICE).requires_grad_()
+    q = torch.randn(B, T, H, D, generator=g).to(triton_device).transpose(1, 2).requires_grad_()
+    k = torch.randn(B, T, H, D, generator=g).to(triton_device).transpose(1, 2).requires_grad_()
+    v = torch.randn(B, T, H, D, generator=g).to(triton_device).transpose(1, 2).requires_grad_()
+    delta = (-torch.rand(H, D, generator=g)).to(triton_device).requires_grad_()
     assert not q.is_contiguous()
-    res = run_both(q, k, v, delta, ar(0, T), ar(0, T), causal=True)
+    res = run_both(q, k, v, delta, ar(triton_device, 0, T), ar(triton_device, 0, T), causal=True)
     check_all(*res, rtol=1e-4)
 
 
-def test_fp16():
-    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 32, dtype=torch.float16)
-    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+def test_fp16(triton_device):
+    q, k, v, delta = make_inputs(triton_device, 1, 4, 2, 37, 50, 32, 32, dtype=torch.float16)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(triton_device, 13, 37), ar(triton_device, 0, 50),
+                                          causal=True)
     assert out.dtype == torch.float16
     assert grads[0].dtype == torch.float16 and grads[3].dtype == torch.float32
     check_all(out, ref, grads, ref_grads, rtol=2e-2)
 
 
-def test_bf16():
-    # on CPU the kernel feeds tl.dot fp32 operands (the interpreter's bf16 dot is unreliable)
-    q, k, v, delta = make_inputs(1, 4, 2, 37, 50, 32, 32, dtype=torch.bfloat16)
-    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(13, 37), ar(0, 50), causal=True)
+@BF16_NEEDS_CUDA
+def test_bf16(triton_device):
+    q, k, v, delta = make_inputs(triton_device, 1, 4, 2, 37, 50, 32, 32, dtype=torch.bfloat16)
+    out, ref, grads, ref_grads = run_both(q, k, v, delta, ar(triton_device, 13, 37), ar(triton_device, 0, 50),
+                                          causal=True)
     assert out.dtype == torch.bfloat16
+    assert grads[3].dtype == torch.float32  # delta's gradient stays fp32
     check_all(out, ref, grads, ref_grads, rtol=5e-2)
 
 
-def test_large_positions_relative():
+def test_large_positions_relative(triton_device):
     """Only relative positions matter: an offset of 1e6 gives the same result."""
     Tq = Tk = 40
-    q, k, v, delta = make_inputs(1, 2, 2, Tq, Tk, 32, 32)
+    q, k, v, delta = make_inputs(triton_device, 1, 2, 2, Tq, Tk, 32, 32)
     D = 32
 
     def run(offset):
-        qpos, kpos = ar(offset, Tq), ar(offset, Tk)
+        qpos, kpos = ar(triton_device, offset, Tq), ar(triton_device, offset, Tk)
         qc, qs = tables(qpos, D)
         kc, ks = tables(kpos, D)
         return pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, causal=True, scale=D ** -0.5,
@@ -255,9 +286,9 @@ def test_large_positions_relative():
     assert (a - b).abs().max().item() < 1e-3
 
 
-def test_torch_compile():
-    q, k, v, delta = make_inputs(1, 2, 1, 40, 40, 32, 32)
-    pos = ar(0, 40)
+def test_torch_compile(triton_device):
+    q, k, v, delta = make_inputs(triton_device, 1, 2, 1, 40, 40, 32, 32)
+    pos = ar(triton_device, 0, 40)
     c, s = tables(pos, 32)
 
     def fn(q, k, v, delta):
@@ -281,14 +312,14 @@ def test_torch_compile():
 # ---------------------------------------------------------------------------
 # argument validation
 # ---------------------------------------------------------------------------
-def _valid_args(B=1, H=4, Hkv=2, Tq=8, Tk=8, D=32, Dv=32):
-    q = torch.randn(B, H, Tq, D, device=DEVICE)
-    k = torch.randn(B, Hkv, Tk, D, device=DEVICE)
-    v = torch.randn(B, Hkv, Tk, Dv, device=DEVICE)
-    delta = torch.zeros(H, D, device=DEVICE)
-    qc, qs = tables(ar(0, Tq), D)
-    kc, ks = tables(ar(0, Tk), D)
-    kw = dict(causal=True, scale=0.1, q_positions=ar(0, Tq), k_positions=ar(0, Tk))
+def _valid_args(device, B=1, H=4, Hkv=2, Tq=8, Tk=8, D=32, Dv=32):
+    q = torch.randn(B, H, Tq, D, device=device)
+    k = torch.randn(B, Hkv, Tk, D, device=device)
+    v = torch.randn(B, Hkv, Tk, Dv, device=device)
+    delta = torch.zeros(H, D, device=device)
+    qc, qs = tables(ar(device, 0, Tq), D)
+    kc, ks = tables(ar(device, 0, Tk), D)
+    kw = dict(causal=True, scale=0.1, q_positions=ar(device, 0, Tq), k_positions=ar(device, 0, Tk))
     return [q, k, v, delta, qc, qs, kc, ks], kw
 
 
@@ -300,15 +331,18 @@ def _valid_args(B=1, H=4, Hkv=2, Tq=8, Tk=8, D=32, Dv=32):
     (lambda a, kw: a.__setitem__(2, a[2].half()), "share a dtype"),
     (lambda a, kw: a.__setitem__(3, torch.zeros(2, 32)), "delta"),
     (lambda a, kw: a.__setitem__(4, torch.zeros(9, 32)), "q_cos"),
+    (lambda a, kw: a.__setitem__(4, torch.zeros(2, 8, 32)), r"q_cos must have shape \(8, 32\), \(1, 8, 32\)"),
     (lambda a, kw: a.__setitem__(7, torch.zeros(8, 16)), "k_sin"),
     (lambda a, kw: kw.__setitem__("q_positions", torch.arange(8.0)), "q_positions"),
     (lambda a, kw: kw.__setitem__("k_positions", torch.arange(5)), "k_positions"),
+    (lambda a, kw: kw.__setitem__("k_positions", torch.zeros(3, 8, dtype=torch.long)), r"k_positions .*\(1, 8\)"),
     (lambda a, kw: kw.__setitem__("key_padding_mask", torch.ones(1, 8)), "key_padding_mask"),
     (lambda a, kw: a.__setitem__(0, torch.randn(4, 8, 32)), "4-D"),
 ])
-def test_validation(mutate, match):
-    args, kw = _valid_args()
+def test_validation(mutate, match, triton_device):
+    args, kw = _valid_args(triton_device)
     mutate(args, kw)
-    args = [a.to(DEVICE) for a in args]
+    args = [a.to(triton_device) for a in args]
+    kw = {n: a.to(triton_device) if isinstance(a, torch.Tensor) else a for n, a in kw.items()}
     with pytest.raises(ValueError, match=match):
         pope_attention_triton(*args, **kw)

@@ -86,12 +86,20 @@ def _run_sdpa(inp, enc, gate_keys):
 
 def _run_triton(inp, enc, gate_keys):
     if enc.name == "pope":
+        from ..encodings.pope import DELTA_MAX, DELTA_MIN
         from .triton_pope import pope_attention_triton
 
+        # positions are (1|B, T), so the tables are (1|B, T, d); the kernel broadcasts a leading 1
         qc, qs = enc.cos_sin(inp.q_positions, torch.float32)
         kc, ks = enc.cos_sin(inp.k_positions, torch.float32)
+        # delta stays fp32 for half inputs: clamped in fp32, phases in fp32, and its gradient reaches the
+        # parameter without a round trip through half precision
+        if enc.delta is None:
+            delta = torch.zeros(enc.num_heads, enc.head_dim, device=inp.q.device, dtype=torch.float32)
+        else:
+            delta = enc.delta.float().clamp(DELTA_MIN, DELTA_MAX)
         return pope_attention_triton(
-            inp.q, inp.k, inp.v, enc.clamped_delta(inp.q), qc, qs, kc, ks,
+            inp.q, inp.k, inp.v, delta, qc, qs, kc, ks,
             causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
             softplus=enc.softplus, key_padding_mask=inp.key_padding_mask,
         )
@@ -121,8 +129,13 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
             raise ValueError(f"backend='triton' serves only pope, cope and cope-alibi, got {enc.name!r}")
         if not triton_available():
             raise ValueError("backend='triton' needs the triton package (pip install 'poskit[triton]')")
-        if not q.is_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
-            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU testing)")
+        if not q.is_cuda:
+            # triton's own reading of TRITON_INTERPRET (so "0" means off, "true" on), not mere presence
+            from triton import knobs
+
+            if not knobs.runtime.interpret:
+                raise ValueError(f"backend='triton' needs CUDA tensors, got q on {q.device} (CPU tensors run only "
+                                 "under the Triton interpreter: TRITON_INTERPRET=1 before triton is imported)")
     return backend
 
 

@@ -34,8 +34,8 @@ This module computes it without ever materialising a (Tq, Tk) tensor:
   ``tl.cumsum``.  dq is accumulated in registers; dk, dv, dgate_keys (shared by the
   query blocks and by the query heads of a GQA group) and dz (scatter into the
   p_max table) are accumulated with fp32 ``tl.atomic_add`` (so gradients are not
-  bit-deterministic run to run).  ``dq += dz @ e^T`` and ``de = q^T dz`` are done in
-  torch.  The clamp has zero gradient where it is active (``p > p_max - 1``, as
+  bit-deterministic run to run).  ``z = q @ e`` is built in torch outside the op, so
+  autograd does ``dq += dz @ e^T`` and ``de = q^T dz``.  The clamp has zero gradient where it is active (``p > p_max - 1``, as
   ``torch.clamp``), floor/ceil have zero gradient, ``dbias/dp = z[ceil] - z[floor]``.
 
 Conventions / assumptions
@@ -46,21 +46,28 @@ Conventions / assumptions
   visible for a query iff ``k_pos <= q_pos`` (causal).  ``None`` defaults to
   ``arange(Tk)`` for keys and ``Tk - Tq + arange(Tq)`` for queries (new queries at
   the end, the decode / chunked-prefill layout).  **k_positions must be
-  non-decreasing along the key axis** -- the key-block range of each query block is
-  found by ``searchsorted`` on it (masking inside blocks is element-wise, so any
-  q_positions order is fine).  Positions are ignored when ``causal=False``.
-* The suffix sum runs along the key *index* axis (keys in increasing position order).
+  non-decreasing along the key axis**, and a ValueError (the reference's) says so
+  when they are not, causal or not: the suffix sum runs along the key *index* axis,
+  and the key-block range of each query block is found by ``searchsorted`` on them
+  (masking inside blocks is element-wise, so any q_positions order is fine).  The
+  check reads the positions (one host sync) inside the op.  Positions play no other
+  part when ``causal=False``.
 * ``key_padding_mask`` (B, Tk) bool, True = real key (visible), False = padding.
 * Rows with no visible key return 0 (and zero gradients), never NaN.
 * Supported dtypes: fp16, bf16, fp32 (q, k, v, gate_keys share one dtype).  fp32 uses
   IEEE-precision ``tl.dot`` (no TF32) because floor/ceil of p is precision sensitive.
+  Under the interpreter bf16 tiles are upcast to fp32 before ``tl.dot`` (its bf16 dot
+  is wrong); on CUDA they go to the tensor cores as bf16.
+* Registered as the ``torch.library`` custom ops ``poskit::cope_attn_fwd`` /
+  ``poskit::cope_attn_bwd`` with an autograd formula, so it works under
+  ``torch.compile`` (fullgraph) as one opaque node.
 * On CPU tensors the kernels only run under ``TRITON_INTERPRET=1``, which must be
   set before Triton (and this module) is imported.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Optional
 
 import torch
 
@@ -95,7 +102,7 @@ if _HAS_TRITON:
         s_qpos_b, s_kpos_b, s_kpm_b,
         H, GROUP, Tq, Tk, D, DV, P, NQB, scale,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
-        ALIBI: tl.constexpr, PRECISION: tl.constexpr,
+        ALIBI: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):
@@ -114,7 +121,7 @@ if _HAS_TRITON:
         dv_ok = offs_dv < DV
 
         q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
         if CAUSAL:
             qpos = tl.load(QPOS + b * s_qpos_b + offs_m, mask=m_ok, other=0)
         z_row = Z + (pid_bh.to(tl.int64) * Tq + offs_m) * P
@@ -138,7 +145,7 @@ if _HAS_TRITON:
             offs_s = start_n + offs_n
             n_ok = offs_s < kv_end
             k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd,
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             vis = m_ok[:, None] & n_ok[None, :]
             if CAUSAL:
@@ -149,7 +156,7 @@ if _HAS_TRITON:
                 vis = vis & (kpm != 0)[None, :]
             if SEP_GATES:
                 gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd,
-                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                             mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
                 gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
             else:
                 gl = s
@@ -174,7 +181,7 @@ if _HAS_TRITON:
             pexp = tl.exp(logits - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(pexp, axis=1)
             v = tl.load(v_base + offs_s[:, None] * svt + offs_dv[None, :] * svd,
-                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc = acc * alpha[:, None] + tl.dot(pexp.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
 
@@ -201,7 +208,7 @@ if _HAS_TRITON:
         s_qpos_b, s_kpos_b, s_kpm_b,
         H, HKV, GROUP, Tq, Tk, D, DV, P, NQB, scale,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
-        ALIBI: tl.constexpr, PRECISION: tl.constexpr,
+        ALIBI: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):
@@ -222,9 +229,9 @@ if _HAS_TRITON:
         dv_ok = offs_dv < DV
 
         q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
         do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :] * sdod,
-                     mask=m_ok[:, None] & dv_ok[None, :], other=0.0)
+                     mask=m_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
         row = pid_bh.to(tl.int64) * Tq + offs_m
         lse = tl.load(LSE + row, mask=m_ok, other=0.0)
         gtot = tl.load(GTOT + row, mask=m_ok, other=0.0)
@@ -257,9 +264,9 @@ if _HAS_TRITON:
             offs_s = start_n + offs_n
             n_ok = offs_s < kv_end
             kd_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd, mask=kd_mask, other=0.0)
+            k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd, mask=kd_mask, other=0.0).to(DOT_DTYPE)
             v = tl.load(v_base + offs_s[:, None] * svt + offs_dv[None, :] * svd,
-                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             vis = m_ok[:, None] & n_ok[None, :]
             if CAUSAL:
@@ -269,7 +276,8 @@ if _HAS_TRITON:
                 kpm = tl.load(KPM + b * s_kpm_b + offs_s, mask=n_ok, other=0)
                 vis = vis & (kpm != 0)[None, :]
             if SEP_GATES:
-                gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd, mask=kd_mask, other=0.0)
+                gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd, mask=kd_mask,
+                             other=0.0).to(DOT_DTYPE)
                 gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
             else:
                 gl = s
@@ -363,88 +371,184 @@ def _default_blocks(device: torch.device, D: int) -> tuple[int, int, int, int]:
     return 64, 32, 32, 32
 
 
-class _CoPEAttnFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, gk, e, slopes, qpos, kpos, kpm, kv_end_f, kv_end_b,
-                causal, scale, p_max, blocks, num_warps):
-        B, H, Tq, D = q.shape
-        Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
-        bm, bn, _, _ = blocks
-        alibi = slopes is not None
-        sep = gk is not None
-        if alibi:
-            z = torch.empty(1, device=q.device, dtype=torch.float32)
-        else:
-            z = torch.matmul(q.float(), e.float()).contiguous()  # (B, H, Tq, P)
-        o = torch.empty(B, H, Tq, DV, device=q.device, dtype=q.dtype)
-        lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-        gtot = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-        gk_ = gk if sep else k
-        slopes_ = slopes if alibi else z
-        kpm_ = kpm if kpm is not None else kv_end_f
-        precision = "ieee" if q.dtype == torch.float32 else None  # None: backend default
-        nqb = triton.cdiv(Tq, bm)
-        grid = (nqb, B * H)
-        _cope_fwd_kernel[grid](
-            q, k, v, gk_, z, slopes_, qpos, kpos, kpm_, kv_end_f,
-            o, lse, gtot,
-            *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *o.stride(),
-            qpos.stride(0), kpos.stride(0), kpm_.stride(0),
-            H, H // Hkv, Tq, Tk, D, DV, p_max, nqb, float(scale),
-            CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
-            PRECISION=precision,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
-            num_warps=num_warps,
-        )
-        ctx.save_for_backward(q, k, v, gk, e, slopes, qpos, kpos, kpm, kv_end_b, z, o, lse, gtot)
-        ctx.cfg = (causal, float(scale), p_max, blocks, num_warps)
-        return o
+def kernels_interpreted() -> bool:
+    """True when the kernels were built for the Triton interpreter (TRITON_INTERPRET=1 was set when this
+    module was imported), i.e. they can run on CPU tensors."""
+    return _HAS_TRITON and type(_cope_fwd_kernel).__name__ == "InterpretedFunction"
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, gk, e, slopes, qpos, kpos, kpm, kv_end_b, z, o, lse, gtot = ctx.saved_tensors
-        causal, scale, p_max, blocks, num_warps = ctx.cfg
-        B, H, Tq, D = q.shape
-        Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
-        _, _, bm, bn = blocks
-        alibi = slopes is not None
-        sep = gk is not None
-        do = do.contiguous() if do.stride(-1) != 1 else do
-        delta = (do.float() * o.float()).sum(-1).contiguous()  # (B, H, Tq)
-        f32 = dict(device=q.device, dtype=torch.float32)
-        dq = torch.empty(B, H, Tq, D, **f32)
-        dk = torch.zeros(B, Hkv, Tk, D, **f32)
-        dv = torch.zeros(B, Hkv, Tk, DV, **f32)
-        dgk = torch.zeros(B, Hkv, Tk, D, **f32) if sep else dk
-        dz = torch.zeros(B, H, Tq, p_max, **f32) if not alibi else dq
-        dsl = torch.zeros(H, **f32) if alibi else dq
-        gk_ = gk if sep else k
-        slopes_ = slopes if alibi else z
-        kpm_ = kpm if kpm is not None else kv_end_b
-        precision = "ieee" if q.dtype == torch.float32 else None  # None: backend default
-        nqb = triton.cdiv(Tq, bm)
-        _cope_bwd_kernel[(nqb, B * H)](
-            q, k, v, gk_, z, slopes_, qpos, kpos, kpm_, kv_end_b,
-            do, lse, gtot, delta,
-            dq, dk, dv, dgk, dz, dsl,
-            *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *do.stride(),
-            qpos.stride(0), kpos.stride(0), kpm_.stride(0),
-            H, Hkv, H // Hkv, Tq, Tk, D, DV, p_max, nqb, scale,
-            CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
-            PRECISION=precision,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
-            num_warps=num_warps,
-        )
-        de = None
-        if not alibi:
-            # z = q @ e  (fp32)
-            dq = dq + torch.matmul(dz, e.float().t())
-            if ctx.needs_input_grad[4]:
-                de = torch.einsum("bhtd,bhtp->dp", q.float(), dz).to(e.dtype)
-        dsl_out = dsl.to(slopes.dtype) if (alibi and ctx.needs_input_grad[5]) else None
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                dgk.to(gk.dtype) if sep else None, de, dsl_out,
-                None, None, None, None, None, None, None, None, None, None)
+
+def _check_device(q: torch.Tensor) -> None:
+    # triton decides at decoration time whether a kernel is interpreted, so the environment variable
+    # read now would not tell whether CPU tensors can run
+    if q.device.type == "cpu" and not kernels_interpreted():
+        raise RuntimeError("cope_attention_triton on CPU tensors needs the Triton interpreter: set "
+                           "TRITON_INTERPRET=1 before poskit.attention.triton_cope is first imported")
+
+
+def check_sorted_keys(k_positions: torch.Tensor) -> None:
+    """Raise unless the (B, Tk) key positions are non-decreasing along the key axis.
+
+    The gate sums run over the key *index* axis, which is "the keys at later positions" only for sorted
+    keys, and the causal key range of a query block is found by searchsorted; unsorted keys would give a
+    silently wrong result.  Same message as the reference (CoPEBase.check_positions).
+    """
+    if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
+        raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
+
+
+def _dot_config(dtype: torch.dtype, device: torch.device):
+    """(triton dtype of the tl.dot operands, input_precision)."""
+    if dtype == torch.bfloat16 and device.type != "cuda":
+        # the interpreter's bf16 tl.dot is wrong: upcast the loaded tiles and multiply in fp32
+        return tl.float32, "ieee"
+    dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+    # fp32: IEEE precision (no TF32), floor/ceil of the contextual position are precision sensitive;
+    # None: the backend default for half inputs
+    return dot, "ieee" if dtype == torch.float32 else None
+
+
+def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, causal, scale, p_max, blocks, num_warps):
+    _check_device(q)
+    B, H, Tq, D = q.shape
+    Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
+    bm, bn = blocks[0], blocks[1]
+    alibi = slopes is not None
+    sep = gk is not None
+    o = torch.empty(B, H, Tq, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
+    gtot = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
+    gk_ = gk if sep else k
+    # unused pointer arguments (the constexpr flags switch their loads off) get any valid tensor
+    z_ = z if z is not None else lse
+    slopes_ = slopes if alibi else lse
+    kpm_ = kpm if kpm is not None else kv_end_f
+    dot_dtype, precision = _dot_config(q.dtype, q.device)
+    nqb = triton.cdiv(Tq, bm)
+    _cope_fwd_kernel[(nqb, B * H)](
+        q, k, v, gk_, z_, slopes_, qpos, kpos, kpm_, kv_end_f,
+        o, lse, gtot,
+        *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *o.stride(),
+        qpos.stride(0), kpos.stride(0), kpm_.stride(0),
+        H, H // Hkv, Tq, Tk, D, DV, p_max, nqb, float(scale),
+        CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
+        PRECISION=precision, DOT_DTYPE=dot_dtype,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
+        num_warps=num_warps,
+    )
+    return o, lse, gtot
+
+
+def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot, do,
+                causal, scale, p_max, blocks, num_warps):
+    _check_device(q)
+    B, H, Tq, D = q.shape
+    Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
+    bm, bn = blocks[2], blocks[3]
+    alibi = slopes is not None
+    sep = gk is not None
+    do = do.contiguous()
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # (B, H, Tq)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    # dk, dv, dgk, dz, dslopes are shared by query blocks / GQA heads and accumulated with atomics
+    dq = torch.empty(B, H, Tq, D, **f32)
+    dk = torch.zeros(B, Hkv, Tk, D, **f32)
+    dv = torch.zeros(B, Hkv, Tk, DV, **f32)
+    dgk = torch.zeros(B, Hkv, Tk, D, **f32) if sep else dk
+    dz = torch.zeros(B, H, Tq, p_max, **f32) if not alibi else dq
+    dsl = torch.zeros(H, **f32) if alibi else dq
+    gk_ = gk if sep else k
+    z_ = z if z is not None else lse
+    slopes_ = slopes if alibi else lse
+    kpm_ = kpm if kpm is not None else kv_end_b
+    dot_dtype, precision = _dot_config(q.dtype, q.device)
+    nqb = triton.cdiv(Tq, bm)
+    _cope_bwd_kernel[(nqb, B * H)](
+        q, k, v, gk_, z_, slopes_, qpos, kpos, kpm_, kv_end_b,
+        do, lse, gtot, delta,
+        dq, dk, dv, dgk, dz, dsl,
+        *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *do.stride(),
+        qpos.stride(0), kpos.stride(0), kpm_.stride(0),
+        H, Hkv, H // Hkv, Tq, Tk, D, DV, p_max, nqb, float(scale),
+        CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
+        PRECISION=precision, DOT_DTYPE=dot_dtype,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
+        num_warps=num_warps,
+    )
+    # custom ops can neither return None nor one tensor twice: each absent input gets its own empty gradient
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            dgk.to(gk.dtype) if sep else q.new_empty(0),
+            dz if z is not None else q.new_empty(0),
+            dsl.to(slopes.dtype) if alibi else q.new_empty(0))
+
+
+# ----------------------------------------------------------------------------------------
+# torch.library registration: an opaque op with a registered autograd formula, so that
+# torch.compile (fullgraph) traces through it instead of into the Triton launch
+# ----------------------------------------------------------------------------------------
+@torch.library.custom_op("poskit::cope_attn_fwd", mutates_args=())
+def _cope_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_keys: Optional[torch.Tensor],
+                   z: Optional[torch.Tensor], slopes: Optional[torch.Tensor],
+                   q_positions: torch.Tensor, k_positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                   kv_end_fwd: torch.Tensor, kv_end_bwd: torch.Tensor,
+                   causal: bool, check_sorted: bool, scale: float, p_max: int, blocks: list[int],
+                   num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # the check needs the values (a host sync), so it runs here, at run time, not while tracing
+    if check_sorted:
+        check_sorted_keys(k_positions)
+    return _launch_fwd(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask, kv_end_fwd,
+                       causal, scale, p_max, blocks, num_warps)
+
+
+@_cope_attn_fwd.register_fake
+def _(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask, kv_end_fwd, kv_end_bwd,
+      causal, check_sorted, scale, p_max, blocks, num_warps):
+    B, H, Tq, _ = q.shape
+    stats = q.new_empty((B, H, Tq), dtype=torch.float32)
+    return q.new_empty((B, H, Tq, v.shape[3])), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("poskit::cope_attn_bwd", mutates_args=())
+def _cope_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_keys: Optional[torch.Tensor],
+                   z: Optional[torch.Tensor], slopes: Optional[torch.Tensor],
+                   q_positions: torch.Tensor, k_positions: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+                   kv_end_bwd: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, gtot: torch.Tensor,
+                   dout: torch.Tensor, causal: bool, scale: float, p_max: int, blocks: list[int],
+                   num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor]:
+    return _launch_bwd(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask, kv_end_bwd,
+                       out, lse, gtot, dout, causal, scale, p_max, blocks, num_warps)
+
+
+@_cope_attn_bwd.register_fake
+def _(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask, kv_end_bwd, out, lse, gtot,
+      dout, causal, scale, p_max, blocks, num_warps):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(gate_keys) if gate_keys is not None else q.new_empty(0),
+            torch.empty_like(z) if z is not None else q.new_empty(0),
+            torch.empty_like(slopes) if slopes is not None else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, kv_end_b,
+     causal, check_sorted, scale, p_max, blocks, num_warps) = inputs
+    o, lse, gtot = output
+    ctx.save_for_backward(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot)
+    ctx.cfg = (causal, scale, p_max, list(blocks), num_warps)
+
+
+def _backward(ctx, dout, dlse, dgtot):
+    q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot = ctx.saved_tensors
+    causal, scale, p_max, blocks, num_warps = ctx.cfg
+    dq, dk, dv, dgk, dz, dsl = _cope_attn_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot,
+                                              dout, causal, scale, p_max, blocks, num_warps)
+    return (dq, dk, dv,
+            dgk if gk is not None else None,
+            dz if z is not None else None,
+            dsl if slopes is not None else None,
+            None, None, None, None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("poskit::cope_attn_fwd", _backward, setup_context=_setup_context)
 
 
 def cope_attention_triton(
@@ -464,7 +568,7 @@ def cope_attention_triton(
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """Fused CoPE attention (Triton forward + fused Triton backward).
+    """Fused CoPE attention (Triton forward + fused Triton backward), a torch.library custom op.
 
     Args:
         q: (B, H, Tq, D) queries.
@@ -476,14 +580,15 @@ def cope_attention_triton(
         scale: logit scale (e.g. ``D ** -0.5``); applied to q.k and to the gate logits,
             not to ``q @ e``.
         q_positions: (Tq,) or (B, Tq); default ``Tk - Tq + arange(Tq)``.
-        k_positions: (Tk,) or (B, Tk), non-decreasing along keys; default ``arange(Tk)``.
+        k_positions: (Tk,) or (B, Tk), non-decreasing along keys (ValueError otherwise, also when
+            ``causal=False``: the gate sums run over later keys); default ``arange(Tk)``.
         p_max: number of integer positions; positions are clamped to ``p_max - 1``.
         gate_keys: (B, Hkv, Tk, D) keys for the gates ("sep-keys"); None = use ``k``.
             Pass ``v`` for the paper's "val-gates" (needs Dv == D).
         key_padding_mask: (B, Tk) bool, True = visible key.
         slopes: (H,) CoPE-ALiBi slopes (paper eq. 10): ``bias = -slopes[h] * p``
             instead of the embedding interpolation; requires ``pos_emb=None``.
-        block_m, block_n: optional forward tile sizes (powers of two, >= 32).
+        block_m, block_n: optional forward tile sizes (powers of two, >= 16).
 
     Returns:
         (B, H, Tq, Dv) in q's dtype.  Differentiable w.r.t. q, k, v, gate_keys,
@@ -502,6 +607,8 @@ def cope_attention_triton(
         raise ValueError(f"number of query heads H={H} must be a multiple of KV heads Hkv={Hkv} (H % Hkv == 0)")
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v must have shape ({B}, {Hkv}, {Tk}, Dv), got {tuple(v.shape)}")
+    if Tq < 1 or Tk < 1:
+        raise ValueError(f"sequence lengths must be >= 1, got Tq={Tq}, Tk={Tk}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q dtype must be one of float16, bfloat16, float32, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -537,8 +644,6 @@ def cope_attention_triton(
             raise ValueError(f"key_padding_mask must have shape (B, Tk) = ({B}, {Tk}), got "
                              f"{tuple(key_padding_mask.shape)}")
         key_padding_mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()
-    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise RuntimeError("CPU tensors need TRITON_INTERPRET=1 set before triton is imported")
 
     dev = q.device
     fm, fn, bm, bn = _default_blocks(dev, max(D, v.shape[-1]))
@@ -548,20 +653,26 @@ def cope_attention_triton(
         fn = block_n
     for name, val in (("block_m", fm), ("block_n", fn)):
         if val < 16 or val & (val - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+            raise ValueError(f"block_m and block_n must be powers of two >= 16, got {name}={val}")
 
-    if causal:
+    # z[t, j] = q_t . e[:, j] is a small fp32 table (B, H, Tq, p_max) built outside the op, so autograd
+    # turns its gradient dz (from the kernel) into dq += dz e^T and de = q^T dz
+    z = None if slopes is not None else torch.matmul(q.float(), pos_emb.float())
+    check_sorted = k_positions is not None
+    if causal or check_sorted:
         kpos = _positions(k_positions, B, Tk, "k_positions", torch.arange(Tk, device=dev), dev)
-        qpos = _positions(q_positions, B, Tq, "q_positions",
-                          torch.arange(Tk - Tq, Tk, device=dev), dev)
+        kpos = kpos.double() if kpos.is_floating_point() else kpos.long()
+        kpos = kpos.contiguous()
+    if causal:
+        qpos = _positions(q_positions, B, Tq, "q_positions", torch.arange(Tk - Tq, Tk, device=dev), dev)
         if kpos.is_floating_point() or qpos.is_floating_point():
             kpos, qpos = kpos.double(), qpos.double()
         else:
-            kpos, qpos = kpos.long(), qpos.long()
-        kpos = kpos.contiguous()
+            qpos = qpos.long()
         qpos = qpos.contiguous()
 
         def kv_end(bsz: int) -> torch.Tensor:
+            # per query block: one past the last key visible to its latest query (keys are sorted)
             nqb = -(-Tq // bsz)
             pad = nqb * bsz - Tq
             qp = qpos
@@ -575,12 +686,13 @@ def cope_attention_triton(
         if kpos.dtype == torch.float64:  # kernel compares in fp32 for float positions
             kpos, qpos = kpos.float(), qpos.float()
     else:
-        qpos = torch.zeros(1, 1, device=dev, dtype=torch.int32)
-        kpos = qpos
+        qpos = torch.zeros(1, 1, device=dev, dtype=torch.int32)  # unused without the causal mask
+        if not check_sorted:
+            kpos = qpos
         kv_end_f = torch.full((B, -(-Tq // fm)), Tk, device=dev, dtype=torch.int32)
         kv_end_b = kv_end_f if bm == fm else torch.full((B, -(-Tq // bm)), Tk, device=dev, dtype=torch.int32)
 
     num_warps = 4 if max(D, v.shape[-1]) <= 64 else 8
-    return _CoPEAttnFn.apply(q, k, v, gate_keys, pos_emb, slopes, qpos, kpos, key_padding_mask,
-                             kv_end_f, kv_end_b, bool(causal), float(scale), int(p_max),
-                             (fm, fn, bm, bn), num_warps)
+    out, _, _ = _cope_attn_fwd(q, k, v, gate_keys, z, slopes, qpos, kpos, key_padding_mask, kv_end_f, kv_end_b,
+                               bool(causal), check_sorted, float(scale), int(p_max), [fm, fn, bm, bn], num_warps)
+    return out

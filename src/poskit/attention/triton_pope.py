@@ -660,14 +660,15 @@ def _bstride(x: torch.Tensor, batched_ndim: int) -> int:
 
 
 def _tab_strides(t: torch.Tensor):
+    # batch stride 0 for an unbatched or size-1 leading dim: every sequence reads the same rows
     if t.dim() == 3:
-        return t.stride(0), t.stride(1), t.stride(2)
+        return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1), t.stride(2)
     return 0, t.stride(0), t.stride(1)
 
 
 def _pos_strides(p: torch.Tensor):
     if p.dim() == 2:
-        return p.stride(0), p.stride(1)
+        return (p.stride(0) if p.shape[0] > 1 else 0), p.stride(1)
     return 0, p.stride(0)
 
 
@@ -870,20 +871,20 @@ torch.library.register_autograd("poskit::pope_attn_fwd", _backward, setup_contex
 # public API
 # ---------------------------------------------------------------------------
 def _check_table(name, t, T, D, B):
+    # a leading 1 broadcasts over the batch (the engine's positions are (1|B, T)); its stride is read as 0
+    allowed = f"({T}, {D}), (1, {T}, {D}) or ({B}, {T}, {D})"
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor of shape ({T}, {D}) or ({B}, {T}, {D})")
-    if tuple(t.shape) not in ((T, D), (B, T, D)):
-        raise ValueError(
-            f"{name} must have shape ({T}, {D}) or ({B}, {T}, {D}) (T, D of the matching q/k), "
-            f"got {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name} must be a floating-point tensor of shape {allowed}")
+    if tuple(t.shape) not in ((T, D), (1, T, D), (B, T, D)):
+        raise ValueError(f"{name} must have shape {allowed} (T, D of the matching q/k), got {tuple(t.shape)}")
 
 
 def _check_positions(name, p, T, B):
+    allowed = f"({T},), (1, {T}) or ({B}, {T})"
     if not isinstance(p, torch.Tensor) or p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor of shape ({T},) or ({B}, {T})")
-    if tuple(p.shape) not in ((T,), (B, T)):
-        raise ValueError(f"{name} must have shape ({T},) or ({B}, {T}), got {tuple(p.shape)}")
+        raise ValueError(f"{name} must be an integer tensor of shape {allowed}")
+    if tuple(p.shape) not in ((T,), (1, T), (B, T)):
+        raise ValueError(f"{name} must have shape {allowed}, got {tuple(p.shape)}")
 
 
 def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal: bool, scale: float,
@@ -896,11 +897,15 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
             H % Hkv == 0 (GQA, HF ``repeat_kv`` order: query head h uses kv head h // (H // Hkv)).
             16 <= D <= 256, 1 <= Dv <= 256; dtype float32, float16 or bfloat16 (all equal).
         delta: (H, D) phase bias, already clamped (zeros for no phase bias); may require grad.
-        q_cos, q_sin: cos/sin of the query angles q_pos * theta, (Tq, D) or (B, Tq, D), fp32.
-        k_cos, k_sin: same for keys, (Tk, D) or (B, Tk, D).
+            Used in fp32 whatever the input dtype (phases of half-precision deltas would be off by up
+            to ~3e-3 rad), and its gradient is accumulated and returned in fp32 (cast back to delta's
+            dtype by autograd).
+        q_cos, q_sin: cos/sin of the query angles q_pos * theta, (Tq, D), (1, Tq, D) or (B, Tq, D), fp32.
+        k_cos, k_sin: same for keys, (Tk, D), (1, Tk, D) or (B, Tk, D).
         causal: mask by position: key s visible to query t iff k_positions[s] <= q_positions[t].
         scale: logit scale (e.g. 1/sqrt(D)).
-        q_positions, k_positions: integer (Tq,)/(B, Tq) and (Tk,)/(B, Tk); used for the causal mask.
+        q_positions, k_positions: integer (Tq,)/(1, Tq)/(B, Tq) and (Tk,)/(1, Tk)/(B, Tk); used for the
+            causal mask.
             Block skipping is exact for any order but only effective for ascending positions.
         softplus: magnitudes are softplus(x) (paper) or x itself.
         key_padding_mask: optional (B, Tk) bool, True = keep.
@@ -958,6 +963,8 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
             raise ValueError(f"{name} is on {t.device} but q is on {dev}; all inputs must share a device")
 
     q_cos, q_sin, k_cos, k_sin = (t.to(torch.float32) for t in (q_cos, q_sin, k_cos, k_sin))
+    # phases and the delta gradient in fp32 (a no-op for the fp32 delta the engine passes)
+    delta = delta.to(torch.float32)
     if not math.isfinite(float(scale)):
         raise ValueError(f"scale must be a finite float, got {scale}")
     out, _ = _pope_attn_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
