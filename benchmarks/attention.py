@@ -22,6 +22,7 @@ from _harness import measure, table  # noqa: E402
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
+from poskit.attention.engine import route  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIONS = {
@@ -103,13 +104,16 @@ def rope_sdpa_baseline(enc):
     return fn
 
 
+PEERS = ("pope: padded-v SDPA", "pope: PoPE-pytorch style", "pope: naive complex")
+
+
 def est_reference_gb(B, H, T):
     return 6 * B * H * T * T * 8 / 2**30  # a handful of (B, H, T, T) temporaries
 
 
 def bench_grid(args):
     B, H, D = args.B, args.H, args.D
-    rows = []
+    rows, peers = [], []  # peers: poskit's pope against the other PoPE implementations, same inputs
     names = poskit.available_encodings() if args.encodings == "all" else args.encodings.split(",")
     for T in args.T:
         for dname in args.dtypes:
@@ -121,14 +125,14 @@ def bench_grid(args):
                 base_ms, base_mb = measure(runner(rope_sdpa_baseline(rope), q, k, v, mode), args.repeats)
                 rows.append(dict(T=T, dtype=dname, mode=mode, path="RoPE+SDPA (baseline)", ms=f"{base_ms:.1f}", ratio="1.00",
                                  peak_MB=f"{base_mb:.0f}"))
-                cases = []
+                cases, times = [], {}
                 for name in names:
                     enc = build(name, H, D, dtype)
-                    backend = poskit.attention.__module__ and __import__("poskit.attention.engine", fromlist=["x"]).choose_backend(enc, q, "auto")
-                    label = f"{name} [{backend}{'/blocked' if name == 'pope' or name == 'alibi' else ''}]"
+                    path = route(enc, q)
+                    label = f"{name} [{path}]"
                     absolute = enc.kind == "absolute"
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc))(enc)
-                    heavy = backend == "reference" and est_reference_gb(B, H, T) > args.max_gb
+                    heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy, absolute))
                 if "pope" in names:
                     pope = build("pope", H, D, dtype)
@@ -142,36 +146,45 @@ def bench_grid(args):
                         rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)"))
                         continue
                     ms, mb = measure(runner(fn, q, k, v, mode), args.repeats)
+                    times[label] = ms
                     rows.append(dict(T=T, dtype=dname, mode=mode, path=label + (" (= none in attention)" if absolute else ""),
                                      ms=f"{ms:.1f}", ratio=f"{ms / base_ms:.2f}", peak_MB=f"{mb:.0f}"))
                     print(rows[-1], file=sys.stderr, flush=True)
-    return rows
+                pope_ms = next((ms for label, ms in times.items() if label.startswith("pope [")), None)
+                for label in PEERS:
+                    if pope_ms is not None and label in times:
+                        peers.append(dict(T=T, dtype=dname, mode=mode, peer=label, peer_ms=f"{times[label]:.1f}",
+                                          pope_ms=f"{pope_ms:.1f}", speedup=f"{times[label] / pope_ms:.2f}x"))
+    return rows, peers
 
 
 def bench_decode(args):
+    """One decode step (one new token per sequence) against a cache of L keys: append + attend."""
     B, H, D = args.B, args.H, args.D
     rows = []
-    for L in args.decode_lengths:
-        results = {}
-        for name in ("rope", "pope"):
-            enc = build(name, H, D, torch.float32)
-            with torch.no_grad():
-                q, k, v = inputs(B, H, L, D, torch.float32, False)
-                cache = KVCache(num_layers=1)
-                cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
-                q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
-                layer = cache.layer(0)
-                keys, values, positions = layer.keys, layer.values, layer.positions
+    for dname in args.decode_dtypes:
+        dtype = DTYPES[dname]
+        for L in args.decode_lengths:
+            results = {}
+            for name in ("rope", "pope"):
+                enc = build(name, H, D, dtype)
+                with torch.no_grad():
+                    q, k, v = inputs(B, H, L, D, dtype, False)
+                    cache = KVCache(num_layers=1, max_length=L + 1)
+                    cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
+                    q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
+                    new_position = torch.tensor([L])
 
-                def step():
-                    # one decode step at position L against the L cached keys; the cache is rolled back after
-                    cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([L]))
-                    layer.keys, layer.values, layer.positions = keys, values, positions
+                    def step():
+                        cached_attention(q1, k1, v1, enc, cache, 0, new_position)
+                        cache.crop(L)  # roll back so that every timed step sees L cached keys
 
-                ms, _ = measure(step, repeats=args.repeats * 5, warmup=3)
-            results[name] = ms
-            rows.append(dict(cache=L, encoding=name, ms_per_step=f"{ms:.3f}", tokens_per_s=f"{B / ms * 1000:.0f}"))
-        rows.append(dict(cache=L, encoding="pope / rope speed", tokens_per_s=f"{results['rope'] / results['pope']:.2f}x"))
+                    ms, _ = measure(step, repeats=args.repeats * 5, warmup=3)
+                results[name] = ms
+                rows.append(dict(dtype=dname, cache=L, encoding=name, ms_per_step=f"{ms:.3f}",
+                                 tokens_per_s=f"{B / ms * 1000:.0f}"))
+            rows.append(dict(dtype=dname, cache=L, encoding="pope / rope speed",
+                             tokens_per_s=f"{results['rope'] / results['pope']:.2f}x"))
     return rows
 
 
@@ -187,6 +200,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-gb", type=float, default=6.0, help="skip materialising paths estimated above this")
     p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
+    p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--skip-grid", action="store_true")
     args = p.parse_args(argv)
@@ -194,10 +208,15 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     if not args.skip_grid:
-        print(table(bench_grid(args), ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB"]))
+        rows, peers = bench_grid(args)
+        print(table(rows, ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB"]))
         print()
-    print("## decode: one query per sequence against a cache (fp32)\n")
-    print(table(bench_decode(args), ["cache", "encoding", "ms_per_step", "tokens_per_s"]))
+        if peers:
+            print("## pope: poskit's path against other PoPE implementations (speedup = their time / poskit's)\n")
+            print(table(peers, ["T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]))
+            print()
+    print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")
+    print(table(bench_decode(args), ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s"]))
 
 
 if __name__ == "__main__":

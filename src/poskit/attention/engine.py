@@ -139,6 +139,15 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
     return backend
 
 
+def route(enc: PositionalEncoding, q: torch.Tensor, backend: str = "auto") -> str:
+    """The path `attention` takes: "reference", "sdpa", "blocked" (the exact CPU path of attention/blocked.py,
+    taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias) or "triton"."""
+    chosen = choose_backend(enc, q, backend)
+    if chosen == "sdpa" and q.device.type == "cpu" and (getattr(enc, "qk_width", 1) != 1 or _is_static_bias(enc)):
+        return "blocked"
+    return chosen
+
+
 _RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton}
 
 

@@ -3,48 +3,133 @@
 The cache stores, per layer, the keys and values appended so far with their positions. Keys are stored
 raw (before the encoding) by default: that is what CoPE needs (its gates are recomputed per query from
 raw keys), what dynamic NTK needs (its frequencies change with the length), and what keeps ALiBi /
-relative / none exact. For static rotary encodings (rope and pope) the engine may store the encoded key
-instead (`store_encoded_keys`), which saves re-encoding the whole cache at every step.
+relative / none exact. For static rotary encodings (rope and pope) the engine stores the encoded key
+instead, which saves re-encoding the whole cache at every step.
+
+Storage is preallocated and grows by doubling, so appending one token copies one token (amortised), not
+the whole cache as `torch.cat` would: with `cat`, a decode step at 8k cached keys spent most of its time
+copying the cache. Pass `max_length` to allocate once. `keys`, `values`, `positions` are views of the
+filled part.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
+_MIN_CAPACITY = 64  # the first allocation of a layer: small prompts then grow by doubling
 
-@dataclass
+
+def _check_length(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+class _Buffer:
+    """A tensor grown along `dim` by doubling; `view()` is the filled part."""
+
+    def __init__(self, dim: int):
+        self.dim, self.data, self.length = dim, None, 0
+
+    def view(self) -> torch.Tensor | None:
+        return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
+
+    def append(self, new: torch.Tensor, reserve: int) -> None:
+        n = new.shape[self.dim]
+        end = self.length + n
+        if self.data is None or end > self.data.shape[self.dim]:
+            old = self.view()
+            shape = list(new.shape)
+            shape[self.dim] = max(end, reserve, 2 * (0 if self.data is None else self.data.shape[self.dim]))
+            self.data = new.new_empty(shape)
+            if old is not None:
+                self.data.narrow(self.dim, 0, self.length).copy_(old)
+        self.data.narrow(self.dim, self.length, n).copy_(new)
+        self.length = end
+
+    def expand_batch(self, b: int) -> None:
+        # shared (1, T) positions meeting per-batch (B, T) ones: store (B, T) from now on
+        if self.data is not None and self.data.shape[0] != b:
+            self.data = self.data.expand(b, *self.data.shape[1:]).clone()
+
+
 class LayerCache:
-    keys: torch.Tensor | None = None  # (B, Hkv, T, D) raw keys, or encoded keys when `encoded` is True
-    values: torch.Tensor | None = None  # (B, Hkv, T, Dv)
-    positions: torch.Tensor | None = None  # (1|B, T) int64
-    gate_keys: torch.Tensor | None = None  # (B, Hkv, T, D), CoPE separate gates only
-    encoded: bool = False
+    """One layer's cached keys (raw, or encoded when `encoded`), values, positions and CoPE gate keys."""
+
+    def __init__(self, reserve: int = _MIN_CAPACITY):
+        self._reserve = reserve
+        self._keys, self._values, self._gate_keys = _Buffer(2), _Buffer(2), _Buffer(2)
+        self._positions = _Buffer(1)
+        self.encoded = False
+
+    @property
+    def keys(self) -> torch.Tensor | None:  # (B, Hkv, T, D) raw keys, or encoded keys when `encoded`
+        return self._keys.view()
+
+    @property
+    def values(self) -> torch.Tensor | None:  # (B, Hkv, T, Dv)
+        return self._values.view()
+
+    @property
+    def positions(self) -> torch.Tensor | None:  # (1|B, T) int64
+        return self._positions.view()
+
+    @property
+    def gate_keys(self) -> torch.Tensor | None:  # (B, Hkv, T, D), CoPE separate gates only
+        return self._gate_keys.view()
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return self._keys.length
+
+    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False) -> "LayerCache":
+        if self.length:
+            if self.encoded != encoded:
+                raise ValueError("a layer cache cannot mix raw and encoded keys")
+            old = self.keys
+            if keys.shape[:2] != old.shape[:2] or keys.shape[-1] != old.shape[-1]:
+                raise ValueError(f"keys must have shape {tuple(old.shape[:2])} + (T, {old.shape[-1]}) to extend the "
+                                 f"cache, got {tuple(keys.shape)}")
+            if (gate_keys is None) != (self._gate_keys.length == 0):
+                raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0)
+        if self.length and positions.shape[0] != self.positions.shape[0]:
+            b = max(positions.shape[0], self.positions.shape[0])
+            self._positions.expand_batch(b)
+            positions = positions.expand(b, -1)
+        self._keys.append(keys, self._reserve)
+        self._values.append(values, self._reserve)
+        self._positions.append(positions, self._reserve)
+        if gate_keys is not None:
+            self._gate_keys.append(gate_keys, self._reserve)
+        self.encoded = encoded
+        return self
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise ValueError(f"length must be an int in [0, {self.length}], got {length!r}")
+        for buf in (self._keys, self._values, self._positions):
+            buf.length = length
+        self._gate_keys.length = min(self._gate_keys.length, length)
 
 
-def _cat(old, new, dim):
-    return new if old is None else torch.cat((old, new), dim=dim)
-
-
-@dataclass
 class KVCache:
-    """Per-layer caches, created empty; `append` grows one layer and returns the full tensors."""
+    """Per-layer caches, created empty; `append` grows one layer and returns it (views of the filled part).
 
-    num_layers: int
-    layers: list[LayerCache] = field(default_factory=list)
+    max_length: tokens to allocate for at the first append (e.g. prompt + new tokens); the cache still
+    grows past it by doubling if more arrive.
+    """
 
-    def __post_init__(self):
-        if not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise ValueError(f"num_layers must be a positive int, got {self.num_layers!r}")
-        self.layers = [LayerCache() for _ in range(self.num_layers)]
+    def __init__(self, num_layers: int, max_length: int | None = None):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        _check_length("max_length", max_length)
+        self.num_layers, self.max_length = num_layers, max_length
+        self.reset()
 
     def layer(self, idx: int) -> LayerCache:
-        if not 0 <= idx < self.num_layers:
-            raise ValueError(f"layer index must be in [0, {self.num_layers - 1}], got {idx}")
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < self.num_layers:
+            raise ValueError(f"layer index must be in [0, {self.num_layers - 1}], got {idx!r}")
         return self.layers[idx]
 
     @property
@@ -54,27 +139,17 @@ class KVCache:
     def next_position(self) -> int:
         """The position after the last cached one (0 for an empty cache)."""
         pos = self.layers[0].positions
-        return 0 if pos is None else int(pos.max()) + 1
+        return 0 if pos is None or pos.numel() == 0 else int(pos.max()) + 1
 
     def append(self, idx: int, keys, values, positions, gate_keys=None, encoded: bool = False) -> LayerCache:
-        c = self.layer(idx)
-        if c.keys is not None:
-            if c.encoded != encoded:
-                raise ValueError("a layer cache cannot mix raw and encoded keys")
-            if keys.shape[:2] != c.keys.shape[:2] or keys.shape[-1] != c.keys.shape[-1]:
-                raise ValueError(f"keys must have shape {tuple(c.keys.shape[:2])} + (T, {c.keys.shape[-1]}) to extend the cache, got {tuple(keys.shape)}")
-        positions = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        if c.positions is not None and positions.shape[0] != c.positions.shape[0]:
-            # mixing shared (1, T) and per-batch (B, T) positions: broadcast both to (B, T)
-            b = max(positions.shape[0], c.positions.shape[0])
-            c.positions = c.positions.expand(b, -1)
-            positions = positions.expand(b, -1)
-        c.keys, c.values = _cat(c.keys, keys, 2), _cat(c.values, values, 2)
-        c.positions = _cat(c.positions, positions, 1)
-        if gate_keys is not None:
-            c.gate_keys = _cat(c.gate_keys, gate_keys, 2)
-        c.encoded = encoded
-        return c
+        return self.layer(idx).append(keys, values, positions, gate_keys, encoded)
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens of every layer (a layer holding fewer keeps what it has)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise ValueError(f"length must be an int in [0, {self.length}], got {length!r}")
+        for layer in self.layers:
+            layer.crop(min(length, layer.length))
 
     def reset(self) -> None:
-        self.layers = [LayerCache() for _ in range(self.num_layers)]
+        self.layers = [LayerCache(self.max_length or _MIN_CAPACITY) for _ in range(self.num_layers)]

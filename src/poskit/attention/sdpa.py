@@ -12,11 +12,27 @@ import torch.nn.functional as F
 from .inputs import AttentionInputs
 
 
-def needs_explicit_mask(inp: AttentionInputs) -> bool:
-    """False when SDPA's own causal flag (top-left aligned) or no mask at all is exact."""
+def mask_plan(inp: AttentionInputs) -> str:
+    """How SDPA must mask: "none", "causal" (its own top-left aligned flag) or "explicit" (a bool mask).
+
+    Explicit positions that make the mask trivial are recognised on CPU, where the check is a cheap
+    O(T) pass and the saving is large: a decode step (its query at or after every cached key) needs no
+    mask, and identical strictly increasing q/k positions are SDPA's causal flag. A bool mask would cost
+    a (Tq, Tk) tensor per call and, for prefill, the slower masked kernel.
+    """
     if inp.key_padding_mask is not None:
-        return True
-    return inp.causal and not inp.default_positions
+        return "explicit"
+    if not inp.causal:
+        return "none"
+    if inp.default_positions:
+        return "causal"
+    qp, kp = inp.q_positions, inp.k_positions
+    if qp.device.type == "cpu" and qp.shape[0] == 1 and kp.shape[0] == 1 and kp.numel() and qp.numel():
+        if int(kp.max()) <= int(qp.min()):
+            return "none"
+        if qp.shape == kp.shape and torch.equal(qp, kp) and bool((kp[0, 1:] > kp[0, :-1]).all()):
+            return "causal"
+    return "explicit"
 
 
 def use_blocked(inp: AttentionInputs, enc) -> bool:
@@ -28,10 +44,19 @@ def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             prescaled: bool = False):
     """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads.
     prescaled: q already carries the attention scale."""
-    from .blocked import blocked_attention
+    from .blocked import DEFAULT_BLOCK, blocked_attention
     from .inputs import repeat_kv
 
-    return blocked_attention(q, repeat_kv(k, inp.groups), repeat_kv(v, inp.groups), scale=1.0 if prescaled else inp.scale,
+    scale = 1.0 if prescaled else inp.scale
+    g, (B, H, Tq, E) = inp.groups, q.shape
+    if g > 1 and bias_fn is None and g * Tq <= DEFAULT_BLOCK:
+        # few queries (decode) with grouped kv heads: stack the g query heads of each kv head along the query
+        # axis instead of copying the whole cache g times with repeat_kv; query head h = kv * g + j
+        qf = q.reshape(B, H // g, g * Tq, E)
+        out = blocked_attention(qf, k, v, scale=scale, q_positions=inp.q_positions.repeat(1, g),
+                                k_positions=inp.k_positions, causal=inp.causal, key_padding_mask=inp.key_padding_mask)
+        return out.reshape(B, H, Tq, v.shape[-1])
+    return blocked_attention(q, repeat_kv(k, g), repeat_kv(v, g), scale=scale,
                              q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
                              key_padding_mask=inp.key_padding_mask, bias_fn=bias_fn)
 
@@ -46,9 +71,9 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dv = v.shape[-1]
     if dv < q.shape[-1] and q.device.type == "cpu":
         v = F.pad(v, (0, q.shape[-1] - dv))
-    explicit = needs_explicit_mask(inp) or bias is not None
+    plan = "explicit" if bias is not None else mask_plan(inp)
     mask, is_causal, visible = None, False, None
-    if explicit:
+    if plan == "explicit":
         visible = inp.visible()  # (1|B, 1, Tq, Tk) bool
         if bias is not None:
             mask = bias.masked_fill(~visible, float("-inf"))
@@ -57,7 +82,7 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         else:
             mask = visible
     else:
-        is_causal = inp.causal
+        is_causal = plan == "causal"
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=inp.scale, enable_gqa=groups > 1
     )[..., :dv]
