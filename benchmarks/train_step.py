@@ -3,17 +3,20 @@
     python benchmarks/train_step.py                      # all encodings, CPU, one thread
     python benchmarks/train_step.py --encodings rope,pope,alibi --steps 30 --threads 2
     python benchmarks/train_step.py --device cuda        # peak memory from the CUDA allocator
+    python benchmarks/train_step.py --quick              # 2 steps x 1 round: checks that it runs
 
 One process measures every encoding in turn, interleaved over several rounds (so that drifting machine load
-hits all encodings alike); the step time is the median over rounds. A step is forward + backward + AdamW on
-the Shakespeare LM of `poskit demo` (2 layers, d_model 128, 4 heads, batch 32, context 64) fed random tokens.
-Peak memory is the highest allocator watermark during one step above the memory held before it (parameters,
-gradients and optimizer state excluded): on CUDA from torch.cuda.max_memory_allocated, on CPU from the
-profiler's memory events.
+hits all encodings alike); the step time is the median over rounds. A step is the trainer's own
+(`poskit.train.optimizer_step`: scheduled lr, forward, loss, backward, gradient clipping at 1.0, AdamW with
+the trainer's weight-decay groups) on the Shakespeare LM of `poskit demo` (its TrainConfig: 2 layers,
+d_model 128, 4 heads, batch 32, context 64) fed random tokens. Peak memory is the highest allocator watermark
+during one step above the memory held before it (parameters, gradients and optimizer state excluded): on
+CUDA from torch.cuda.max_memory_allocated, on CPU from the profiler's memory events.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -24,9 +27,10 @@ import torch
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
-from poskit.model import ModelConfig, Transformer
+from poskit.model import Transformer
 from poskit.report import markdown_table
-from poskit.tasks import lm_loss
+from poskit.tasks import Batch
+from poskit.train import TrainConfig, make_optimizer, optimizer_step
 
 VOCAB = 81  # the Shakespeare task's vocabulary size (80 characters + pad)
 
@@ -41,21 +45,23 @@ def encoding_options(name: str, context: int) -> dict:
     return {}
 
 
-def build(name: str, context: int, device: str):
-    torch.manual_seed(0)
-    cfg = ModelConfig(**{**LM_MODEL, "vocab_size": VOCAB, "encoding": name,
-                         "encoding_options": encoding_options(name, context)})
-    model = Transformer(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return model, opt
+class Run:
+    """One encoding's model, optimizer and config, stepped exactly as the trainer steps them."""
 
+    def __init__(self, name: str, batch_size: int, context: int, device: str):
+        cfg = dict(LM_TRAIN, batch_size=batch_size, task_options={"context": context}, device=device,
+                   model={**LM_MODEL, "encoding": name, "encoding_options": encoding_options(name, context)})
+        self.cfg = TrainConfig.from_dict(cfg)
+        torch.manual_seed(0)
+        self.model = Transformer(dataclasses.replace(self.cfg.model, vocab_size=VOCAB)).to(device)
+        self.optimizer = make_optimizer(self.model, self.cfg)
+        self.step_count = 0
 
-def step(model, opt, x, y):
-    loss = lm_loss(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss
+    def step(self, batch: Batch) -> float:
+        # past the warmup, so that the timed steps run at a real learning rate
+        loss = optimizer_step(self.model, self.optimizer, batch, self.cfg, self.cfg.warmup + self.step_count)
+        self.step_count += 1
+        return loss
 
 
 def sync(device: str):
@@ -63,29 +69,29 @@ def sync(device: str):
         torch.cuda.synchronize()
 
 
-def time_steps(model, opt, x, y, n: int, device: str) -> float:
+def time_steps(run: Run, batch: Batch, n: int, device: str) -> float:
     sync(device)
     t0 = time.perf_counter()
     for _ in range(n):
-        step(model, opt, x, y)
+        run.step(batch)
     sync(device)
     return (time.perf_counter() - t0) / n
 
 
-def peak_memory(model, opt, x, y, device: str) -> int:
+def peak_memory(run: Run, batch: Batch, device: str) -> int:
     """Bytes allocated at the peak of one training step above what was allocated before it."""
-    step(model, opt, x, y)  # optimizer state exists from here on, so it counts in the baseline
+    run.step(batch)  # optimizer state exists from here on, so it counts in the baseline
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        step(model, opt, x, y)
+        run.step(batch)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(model, opt, x, y)
+        run.step(batch)
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -113,7 +119,13 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the encodings")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", action="store_true", help="2 timed steps, 1 round, 1 warm-up step: a check that it runs")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 2, 1
+    for flag in ("batch_size", "context", "steps", "rounds", "threads"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
 
     names = [n for n in args.encodings.split(",") if n]
     unknown = [n for n in names if n not in poskit.available_encodings()]
@@ -123,23 +135,25 @@ def main(argv=None) -> None:
         names.insert(0, "rope")
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g).to(args.device)
-    y = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g).to(args.device)
-    models = {n: build(n, args.context, args.device) for n in names}
-    for n, (m, o) in models.items():  # warm up: tables, allocator, autotuning
-        time_steps(m, o, x, y, 2, args.device)
+    x = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g)
+    y = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g)
+    batch = Batch(x, y).to(args.device)
+    runs = {n: Run(n, args.batch_size, args.context, args.device) for n in names}
+    for run in runs.values():  # warm up: tables, allocator, autotuning
+        time_steps(run, batch, 1 if args.quick else 2, args.device)
     times = {n: [] for n in names}
     for _ in range(args.rounds):
-        for n, (m, o) in models.items():
-            times[n].append(time_steps(m, o, x, y, args.steps, args.device))
+        for n, run in runs.items():
+            times[n].append(time_steps(run, batch, args.steps, args.device))
     tokens = args.batch_size * args.context
     tps = {n: tokens / statistics.median(t) for n, t in times.items()}
-    mem = {n: peak_memory(m, o, x, y, args.device) for n, (m, o) in models.items()}
+    mem = {n: peak_memory(run, batch, args.device) for n, run in runs.items()}
     rows = [[n, f"{1e3 * statistics.median(times[n]):.1f}", f"{tps[n]:,.0f}", f"{tps[n] / tps['rope']:.2f}",
              f"{mem[n] / 2**20:.1f}", f"{mem[n] / mem['rope']:.2f}" if mem["rope"] else "n/a"] for n in names]
-    print(f"training step, LM {LM_MODEL['n_layers']} layers d_model {LM_MODEL['d_model']} {LM_MODEL['n_heads']} heads, "
-          f"batch {args.batch_size} x context {args.context}, {args.device}, {args.threads} thread(s), "
-          f"median of {args.rounds} rounds x {args.steps} steps\n")
+    print(f"training step (poskit.train.optimizer_step: clipping, AdamW decay groups), LM {LM_MODEL['n_layers']} "
+          f"layers d_model {LM_MODEL['d_model']} {LM_MODEL['n_heads']} heads, batch {args.batch_size} x context "
+          f"{args.context}, {args.device}, {args.threads} thread(s), median of {args.rounds} rounds x {args.steps} "
+          f"steps\n")
     print(markdown_table(["encoding", "ms/step", "tokens/s", "tokens/s vs rope", "peak MiB", "peak vs rope"], rows))
 
 

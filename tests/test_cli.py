@@ -53,6 +53,17 @@ def test_train_writes_a_run_directory_and_resumes(tmp_path, capsys):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4 + 2  # 4 loss lines, 2 evaluations
 
 
+@pytest.mark.parametrize("content,needle", [("[1, 2]", "--config must hold a JSON object of TrainConfig fields"),
+                                             ("{lr: 1}", "--config must be a JSON file"),
+                                             ('{"lr": "fast"}', "lr must be a number, got 'fast'")])
+def test_bad_config_file(content, needle, tmp_path, capsys):
+    (tmp_path / "c.json").write_text(content)
+    with pytest.raises(SystemExit):
+        main(["train", "--task", "flip-flop", "--encoding", "rope", "--config", str(tmp_path / "c.json"),
+              "--run-dir", str(tmp_path / "r")])
+    assert needle in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
 def test_config_file_and_overrides(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"lr": 1e-3, "model": {"d_model": 24, "mlp": "swiglu"}}))
@@ -65,9 +76,9 @@ def test_config_file_and_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["train", "--task", "sudoku", "--encoding", "rope"], "task must be one of"),
+    (["train", "--task", "sudoku", "--encoding", "rope"], "--task must be one of"),
     (["train", "--task", "flip-flop"], "--encoding is required"),
-    (["train", "--task", "flip-flop", "--encoding", "rotary"], "encoding must be one of"),
+    (["train", "--task", "flip-flop", "--encoding", "rotary"], "--encoding (model.encoding) must be one of"),
     (["train", "--task", "flip-flop", "--encoding", "rope", "model.width=3"], "unknown model config field"),
     (["train", "--task", "flip-flop", "--encoding", "rope", "oops"], "overrides must look like key=value"),
     (["compare", "--task", "flip-flop", "--encodings", "rope,rotary"], "encodings must name one of"),
@@ -75,12 +86,117 @@ def test_config_file_and_overrides(tmp_path):
     (["reproduce", "sorting"], "NAME must be one of"),
     (["extrapolate", "/nonexistent/run"], "runs must be"),
     (["extrapolate", "/nonexistent/run", "--rope-scaling", "cubic"], "rope scaling must be one of"),
+    (["extrapolate", "/nonexistent/run", "--split", "train"], "--split must be one of ['validation', 'test']"),
 ])
 def test_bad_input_exits_with_a_message_naming_the_argument(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+TRAIN = ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "4", "--run-dir", "{out}", "--quiet"]
+COMPARE = ["compare", "--task", "flip-flop", "--encodings", "rope,alibi", "--seeds", "0", "--steps", "2",
+           "--out", "{out}", "--quiet"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (TRAIN + ["lr=abc"], "lr must be a number, got 'abc'"),
+    (TRAIN + ["model.dropout=abc"], "model.dropout must be a number, got 'abc'"),
+    (TRAIN + ["bf16=maybe"], "bf16 must be true or false, got 'maybe'"),
+    (TRAIN + ["model.tie_embeddings=no"], "model.tie_embeddings must be true or false, got 'no'"),
+    (TRAIN + ["batch_size=2.5"], "batch_size must be an integer, got 2.5"),
+    (TRAIN + ["model.n_layers=two"], "model.n_layers must be an integer, got 'two'"),
+    (TRAIN + ["beta2=5"], "beta2 must be in [0, 1), got 5.0"),
+    (TRAIN + ["eval_split=train"], "eval_split must be one of the splits of task 'flip-flop': "
+                                   "['validation', 'test', 'ood_sparse', 'ood_dense'], got 'train'"),
+    (TRAIN + ["loss_on=first"], 'loss_on must be "task", "last" or a non-empty list of distinct target indices'),
+    (TRAIN + ["loss_on=[]"], "loss_on must be"),
+    (TRAIN + ["loss_on=[500]"], "loss_on=[500] keeps no target of this batch"),  # more reads than a row has
+    (TRAIN + ["task_options.lenght=8"], "task_options.lenght must be a parameter of task 'flip-flop'"),
+    (TRAIN + ["task_options.length=7"], "length must be even"),  # a task option's value: checked by building the task
+    (TRAIN + ["model.encoding_options.bogus=1"], "bogus"),  # an encoding option: checked by building the model
+    (TRAIN + ["device=gpu"], "device must be a torch device"),
+    (TRAIN + ["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (TRAIN + ["--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (TRAIN + ["--lr", "-1"], "--lr must be a positive number, got -1.0"),
+    (TRAIN + ["--stop-after", "0"], "--stop-after must be a positive integer, got 0"),
+    (TRAIN + ["--config", "{out}.json"], "--config must be an existing JSON file"),
+    (COMPARE + ["--split", "bogus"], "--split must be one of the splits of task 'flip-flop'"),
+    (COMPARE + ["--workers", "0"], "--workers must be a positive integer, got 0"),
+    (COMPARE + ["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (COMPARE + ["beta1=1"], "beta1 must be in [0, 1), got 1.0"),
+    (COMPARE + ["--seeds", "0,0"], "seeds must list at least one seed, none twice"),
+    (["reproduce", "counting", "--out", "{out}", "--variants", "2"],
+     "--variants must be a comma-separated subset of [1, 3, 5] (n_vars), got '2'"),
+    (["reproduce", "flip-flop", "--out", "{out}", "--variants", "1"], "--variants applies only to reproductions with variants"),
+    (["reproduce", "counting", "--out", "{out}", "task_options.n_vars=2"], "task_options.n_vars is what the counting "
+                                                                           "reproduction varies"),
+    (["reproduce", "counting", "--out", "{out}", "--workers", "0"], "--workers must be a positive integer"),
+    (["demo", "--out", "{out}", "--workers", "0"], "--workers must be a positive integer"),
+    (["demo", "--out", "{out}", "--lengths", "1x,abc"], "--lengths must be"),
+])
+def test_bad_input_stops_before_anything_is_created(argv, needle, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{out}", str(out)) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
+    assert not out.exists()  # stopped before any directory (or any training)
+
+
+def test_resume_applies_a_longer_steps_and_refuses_other_changes(tmp_path, capsys):
+    run = tmp_path / "run"
+    base = ["train", "--task", "flip-flop", "--encoding", "pope", "--steps", "8", "--run-dir", str(run), "--quiet",
+            *TINY, *FF]
+    assert main(base + ["--stop-after", "4"]) == 0
+    for extra, needle in ((["--lr", "0.5"], "where lr is 0.003; got 0.5"),
+                          (["model.d_model=32"], "where model.d_model is 16; got 32"),
+                          (["--encoding", "rope"], "where model.encoding is 'pope'; got 'rope'"),
+                          (["--steps", "6"], "where max_steps is 8; got 6"),
+                          (["bf16=true"], "where bf16 is False; got True")):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--resume", "--run-dir", str(run), "--quiet", *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and "only max_steps (--steps) may change" in err, err
+    assert not (run / "results.json").exists()  # nothing was trained by the refused resumes
+    # flags equal to the saved values are no change; --steps above the saved max_steps extends the run
+    assert main(["train", "--resume", "--run-dir", str(run), "--quiet", "--encoding", "pope", "--steps", "12"]) == 0
+    assert "12 steps" in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 12
+    assert json.loads((run / "results.json").read_text())["steps"] == 12
+    # a finished run resumed without changes reports its results and trains nothing
+    mtime = (run / "checkpoint.pt").stat().st_mtime_ns
+    assert main(["train", "--resume", "--run-dir", str(run), "--quiet"]) == 0
+    assert "12 steps" in capsys.readouterr().out and (run / "checkpoint.pt").stat().st_mtime_ns == mtime
+
+
+def test_resume_cannot_extend_a_time_budget_run(tmp_path, capsys):
+    run = tmp_path / "budget"
+    assert main(["train", "--task", "flip-flop", "--encoding", "rope", "--train-seconds", "0.5", "--stop-after", "2",
+                 "--run-dir", str(run), "--quiet", *TINY, *FF]) == 0
+    planned = json.loads((run / "config.json").read_text())["max_steps"]
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", "--run-dir", str(run), "--quiet", "--steps", str(planned + 10)])
+    assert "--steps cannot extend" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["max_steps"] == planned
+
+
+def test_resume_help_states_the_rule(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--steps N with N above the saved max_steps extends the run" in text
+    assert "any other flag or key=value that changes the saved config is an error" in text
+
+
+def test_loss_on_list_from_the_command_line(tmp_path):
+    run = tmp_path / "r"
+    assert main(["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--run-dir", str(run),
+                 "--quiet", "loss_on=[-2,-1]", *TINY, *FF]) == 0
+    assert json.loads((run / "config.json").read_text())["loss_on"] == [-2, -1]
 
 
 def test_compare_end_to_end(tmp_path, capsys):
@@ -102,6 +218,13 @@ def test_compare_end_to_end(tmp_path, capsys):
     mtime = (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns
     main(["compare", "--task", "flip-flop", "--encodings", "rope,pope:delta_init=uniform", "--seeds", "0,1",
           "--steps", "6", "--out", str(out), "--workers", "1", "--quiet", "--resume", *TINY, *FF])
+    assert (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns == mtime
+    # existing runs are neither overwritten without --resume nor resumed with other settings
+    for extra, needle in (([], "already holds runs"), (["--resume", "--lr", "0.5"], "where lr is 0.003; got 0.5")):
+        with pytest.raises(SystemExit):
+            main(["compare", "--task", "flip-flop", "--encodings", "rope,pope:delta_init=uniform", "--seeds", "0,1",
+                  "--steps", "6", "--out", str(out), "--workers", "1", "--quiet", *extra, *TINY, *FF])
+        assert needle in capsys.readouterr().err
     assert (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns == mtime
 
 
@@ -133,14 +256,48 @@ def test_extrapolate_end_to_end(tmp_path, capsys):
     assert "| rope+yarn |" in capsys.readouterr().out
 
 
-def test_reproduce_end_to_end_at_tiny_size(tmp_path):
+REPRO_TINY = ["--steps", "3", "--encodings", "relative,cope", "--workers", "1", "--quiet", "model.d_model=16",
+              "model.n_heads=2", "model.n_layers=1", "task_options.max_steps=8", "task_options.eval_size=16",
+              "eval_every=3", "batch_size=4"]
+
+
+def test_reproduce_counting_covers_1_3_and_5_variables(tmp_path, capsys):
+    from poskit.experiments.reproduce import REPRODUCTIONS
+
+    r = REPRODUCTIONS["counting"]
+    assert [v.value for v in r.variants] == [1, 3, 5] and "1 and 5 variables with 1 seed" in r.summary
     out = tmp_path / "rep"
-    main(["reproduce", "counting", "--steps", "3", "--out", str(out), "--encodings", "relative,cope", "--workers", "1",
-          "--quiet", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "task_options.max_steps=8",
-          "task_options.eval_size=16", "eval_every=3", "batch_size=4"])
+    assert main(["reproduce", "counting", "--out", str(out), "--seeds", "0", *REPRO_TINY]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["task"] == "counting" and set(results["encodings"]) == {"relative", "cope"}
-    assert set(results["encodings"]["cope"]["splits"]) == {"validation", "test", "ood_longer", "ood_shorter"}
+    assert results["task"] == "counting" and results["variant_field"] == "task_options.n_vars"
+    assert list(results["variants"]) == ["1", "3", "5"]
+    for n in (1, 3, 5):
+        v = results["variants"][str(n)]
+        assert set(v["encodings"]) == {"relative", "cope"} and v["config"]["task_options"]["n_vars"] == n
+        assert set(v["encodings"]["cope"]["splits"]) == {"validation", "test", "ood_longer", "ood_shorter"}
+        saved = json.loads((out / f"n_vars_{n}" / "cope" / "seed0" / "config.json").read_text())
+        assert saved["task_options"]["n_vars"] == n
+    table = (out / "results.md").read_text()
+    assert table == capsys.readouterr().out.split("wrote ")[0].rstrip("\n") + "\n"  # printed as written
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| n_vars | encoding |")
+    assert [line.split(" | ")[0:2] for line in lines[1:]] == [
+        ["| 1", "relative"], ["| 1", "cope"], ["| 3", "relative"], ["| 3", "cope"], ["| 5", "relative"], ["| 5", "cope"]]
+
+
+def test_reproduce_variants_option_and_default_seeds(tmp_path):
+    out = tmp_path / "rep"
+    assert main(["reproduce", "counting", "--out", str(out), "--variants", "5", *REPRO_TINY]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["variants"]) == ["5"] and not (out / "n_vars_1").exists()
+    assert results["variants"]["5"]["seeds"] == [0]  # 5 variables: one seed by default (3 variables: three)
+
+
+def test_reproduce_without_variants_at_tiny_size(tmp_path):
+    out = tmp_path / "ff"
+    assert main(["reproduce", "flip-flop", "--out", str(out), "--steps", "2", "--seeds", "0", "--encodings", "rope",
+                 "--workers", "1", "--quiet", *TINY, *FF]) == 0
+    assert set(json.loads((out / "results.json").read_text())["encodings"]) == {"rope"}
 
 
 def test_demo_end_to_end_at_tiny_budget(tmp_path, capsys):

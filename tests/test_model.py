@@ -163,6 +163,14 @@ def test_generate_restores_training_mode():
     ("d_model", 30, "divisible by n_heads"),
     ("dropout", 1.0, "dropout must be in"),
     ("n_layers", 0, "n_layers must be a positive int"),
+    # types, checked against the annotations before anything uses the value
+    ("dropout", "abc", "dropout must be a number, got 'abc'"),
+    ("tie_embeddings", "no", "tie_embeddings must be true or false, got 'no'"),
+    ("bias", 1, "bias must be true or false, got 1"),
+    ("n_heads", 4.0, "n_heads must be an integer, got 4.0"),
+    ("head_dim", "8", "head_dim must be an integer or null, got '8'"),
+    ("encoding_options", [], "encoding_options must be a JSON object"),
+    ("norm_eps", 0.0, "norm_eps must be > 0"),
 ])
 def test_bad_config_raises_value_error(field, value, needle):
     kw = dict(vocab_size=V, d_model=32, n_heads=4)

@@ -7,6 +7,7 @@ definition in the papers, and compares them with the batch's targets.
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
 from collections import Counter
@@ -23,10 +24,12 @@ from poskit.tasks import (
     Task,
     available_tasks,
     build_task,
+    collate,
     lm_loss,
     score_batch,
     summarize,
 )
+from poskit.tasks.base import rng_from_generator
 
 LETTERS = set(string.ascii_letters)
 
@@ -345,9 +348,10 @@ def test_flip_flop_ood_statistics():
 
 
 @settings(max_examples=20, deadline=None)
-@given(half=st.integers(2, 80), p=st.floats(0.0, 0.99), seed=st.integers(0, 2**31))
+@given(half=st.integers(4, 80), p=st.floats(0.0, 0.99), seed=st.integers(0, 2**31))
 def test_flip_flop_property(half, p, seed):
-    t = build_task("flip-flop", length=2 * half, p_ignore=p)
+    # eval_size 1: training excludes the evaluation splits, which must leave room in the shortest sequences
+    t = build_task("flip-flop", length=2 * half, p_ignore=p, eval_size=1)
     check_flip_flop(t, t.train_batch(8, gen(seed)), 2 * half)
 
 
@@ -467,6 +471,56 @@ def test_train_batches_deterministic(name):
     c1, c2 = t.train_batch(16, g), t.train_batch(16, g)  # the generator advances
     assert torch.equal(c1.inputs, b1.inputs) and not torch.equal(c1.inputs[:, :5], c2.inputs[:, :5])
     assert b1.inputs.dtype == torch.int64 and b1.inputs.shape[1] <= t.max_input_len
+
+
+# example spaces small enough that independent draws of the splits (and of training data) collide
+SMALL = {
+    "indirect-indexing": (dict(min_len=2, max_len=2, max_shift=1), 300),
+    "flip-flop": (dict(length=10), 3),
+    "selective-copy": (dict(n_tokens=2, n_blanks=2, ood_dense_blanks=2, ood_sparse_blanks=3, n_symbols=2), 6),
+    "counting": (dict(max_steps=6), 20),
+}
+
+
+def raw_keys(task, n, variant, seed=0):
+    """Rows the generator itself draws, without any exclusion."""
+    return row_keys([collate(task._generate(np.random.default_rng(seed), n, variant))])
+
+
+@pytest.mark.parametrize("name", SYNTH)
+@pytest.mark.parametrize("small", [False, True])
+def test_all_fixed_splits_pairwise_disjoint(name, small):
+    params, eval_size = SMALL[name] if small else ({}, 150)
+    t = build_task(name, eval_size=eval_size, **params)
+    keys = {s: row_keys(t.split(s)) for s in t.split_names}
+    if small:  # the generator alone repeats examples across splits: the exclusion is what the test checks
+        variants = {t.split_variants[s] for s in t.split_names}
+        assert any(raw_keys(t, 4 * eval_size, v, 0) & raw_keys(t, 4 * eval_size, v, 1) for v in variants)
+    for a, b in itertools.combinations(t.split_names, 2):
+        assert not (keys[a] & keys[b]), f"{name}: {a} overlaps {b}"
+    assert all(sum(len(b) for b in t.split(s)) == eval_size for s in t.split_names)
+
+
+@pytest.mark.parametrize("name", SYNTH)
+def test_training_examples_exclude_every_evaluation_split(name):
+    params, eval_size = SMALL[name]
+    t = build_task(name, eval_size=eval_size, **params)
+    held = set().union(*(row_keys(t.split(s)) for s in t.split_names))
+    assert raw_keys(t, 500, "train") & held  # unfiltered, training would see evaluation examples
+    drawn = row_keys([t.train_batch(64, gen(s)) for s in range(5)])
+    assert drawn and not (drawn & held)
+    pooled = build_task(name, eval_size=eval_size, train_size=30, **params)
+    assert not (row_keys([collate(pooled.train_pool())]) & held)
+
+
+@pytest.mark.parametrize("name", SYNTH)
+def test_training_stream_unchanged_where_nothing_collides(name):
+    # at the default sizes no training example equals an evaluation one, so the stream is the generator's own
+    # (reproductions trained before the exclusion existed see the same data)
+    t = build_task(name, eval_size=200)
+    expected = collate(t._generate(rng_from_generator(gen(3)), 32, "train"))
+    got = t.train_batch(32, gen(3))
+    assert torch.equal(got.inputs, expected.inputs) and torch.equal(got.targets, expected.targets)
 
 
 def test_dedupe_tops_up_and_reports_impossible():

@@ -19,7 +19,10 @@ from poskit.train import (
     load_run,
     lr_at,
     read_metrics,
+    restrict_targets,
     restrict_to_last,
+    rng_state,
+    set_rng_state,
     train,
 )
 
@@ -61,19 +64,84 @@ def test_restrict_to_last_keeps_one_target_per_row():
     assert out.tolist() == [[-100, -100, -100, 4, -100], [-100, -100, 7, -100, -100], [-100, -100, -100, -100, 9]]
 
 
+def test_restrict_targets_counts_like_python_indices():
+    t = torch.tensor([[-100, 3, -100, 4, 5], [6, -100, -100, -100, -100], [-100, -100, -100, -100, -100]])
+    keep = lambda pos: restrict_targets(t, pos).tolist()  # noqa: E731
+    assert keep([0]) == [[-100, 3, -100, -100, -100], [6, -100, -100, -100, -100], [-100] * 5]
+    assert keep([-2, -1]) == [[-100, -100, -100, 4, 5], [6, -100, -100, -100, -100], [-100] * 5]
+    assert keep([1]) == [[-100, -100, -100, 4, -100], [-100] * 5, [-100] * 5]  # a row without a second target
+    assert keep([-3, 0]) == [[-100, 3, -100, -100, -100], [6, -100, -100, -100, -100], [-100] * 5]
+    assert torch.equal(restrict_to_last(t), restrict_targets(t, [-1]))
+
+
 @pytest.mark.parametrize("kw,needle", [
     ({"task": "sudoku"}, "task must be one of"),
-    ({"loss_on": "first"}, "loss_on must be one of"),
-    ({"max_steps": 0}, "max_steps must be a positive int"),
+    ({"loss_on": "first"}, "loss_on must be \"task\", \"last\" or a non-empty list"),
+    ({"loss_on": []}, "loss_on must be"),
+    ({"loss_on": [0, 0]}, "loss_on must be"),
+    ({"loss_on": [1.5]}, "loss_on must be"),
+    ({"loss_on": [True]}, "loss_on must be"),
+    ({"max_steps": 0}, "max_steps must be a positive int, got 0"),
     ({"min_lr": 1.0}, "min_lr must be in"),
     ({"warmup_fraction": 1.5}, "warmup_fraction must be in"),
     ({"train_seconds": -1}, "train_seconds must be > 0"),
+    # types checked against the annotations: the field and what it accepts, never a TypeError
+    ({"lr": "abc"}, "lr must be a number, got 'abc'"),
+    ({"min_lr": "x"}, "min_lr must be a number or null, got 'x'"),
+    ({"bf16": "maybe"}, "bf16 must be true or false, got 'maybe'"),
+    ({"bf16": 1}, "bf16 must be true or false, got 1"),
+    ({"batch_size": 2.5}, "batch_size must be an integer, got 2.5"),
+    ({"max_steps": True}, "max_steps must be an integer, got True"),
+    ({"eval_batches": "all"}, "eval_batches must be an integer or null"),
+    ({"task_options": [1]}, "task_options must be a JSON object"),
+    ({"device": 0}, "device must be a string"),
+    ({"lr": float("nan")}, "lr must be a number, got nan"),
+    ({"model": {"dropout": "abc"}}, "model.dropout must be a number, got 'abc'"),
+    ({"model": {"tie_embeddings": "no"}}, "model.tie_embeddings must be true or false, got 'no'"),
+    ({"model": {"n_heads": "4"}}, "model.n_heads must be an integer, got '4'"),
+    ({"model": {"dropout": 1.0}}, "model.dropout must be in \\[0, 1\\)"),
+    ({"model": 3}, "model must be a JSON object of ModelConfig fields, got 3"),
+    ({"beta2": 5}, "beta2 must be in \\[0, 1\\), got 5.0"),
+    ({"beta1": -0.1}, "beta1 must be in \\[0, 1\\)"),
+    ({"eval_split": "train"}, "eval_split must be one of the splits of task 'shakespeare': \\['validation', 'test'\\]"),
+    ({"task": "flip-flop", "eval_split": "ood_longer"}, "eval_split must be one of the splits of task 'flip-flop'"),
+    ({"preset": "huge"}, "preset must be one of \\['default', 'paper'\\]"),
+    ({"task_options": {"lenght": 8}}, "task_options.lenght must be a parameter of task 'shakespeare'"),
+    ({"device": "gpu"}, "device must be a torch device"),
 ])
 def test_bad_train_config_raises_value_error(kw, needle):
     with pytest.raises(ValueError, match=needle):
-        TrainConfig(**kw)
+        TrainConfig.from_dict(kw)
+
+
+def test_config_types_are_normalised():
+    cfg = TrainConfig.from_dict({"lr": 1, "beta2": 0, "loss_on": [-2, -1], "model": {"dropout": 0}})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and isinstance(cfg.beta2, float)
+    assert cfg == TrainConfig.from_dict({"lr": 1.0, "beta2": 0.0, "loss_on": [-2, -1], "model": {"dropout": 0.0}})
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown train config field"):
         TrainConfig.from_dict({"epochs": 3})
+
+
+def _fields_without_docstrings(path: Path, cls_name: str) -> list[str]:
+    import ast
+
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls_name]
+    body, missing = cls.body, []
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            nxt = body[i + 1] if i + 1 < len(body) else None
+            if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                missing.append(node.target.id)
+    return missing
+
+
+def test_every_config_field_is_documented():
+    import poskit.model
+    import poskit.train
+
+    assert _fields_without_docstrings(Path(poskit.train.__file__), "TrainConfig") == []
+    assert _fields_without_docstrings(Path(poskit.model.__file__), "ModelConfig") == []
 
 
 def test_training_smoke_loss_goes_down(tmp_path):
@@ -106,6 +174,24 @@ def test_loss_on_last_uses_only_the_final_target(tmp_path):
     assert expected != pytest.approx(full)
 
 
+def test_loss_on_chosen_target_positions(tmp_path):
+    from poskit.tasks import lm_loss
+    from poskit.train import Trainer
+
+    tr = Trainer(tiny(loss_on=[0, -1]), None, quiet=True)
+    batch = tr.task.train_batch(8, torch.Generator().manual_seed(0))
+    assert (batch.target_mask.sum(1) > 2).any()  # rows with reads that [0, -1] leaves out
+    with torch.no_grad():
+        expected = lm_loss(tr.model(batch.inputs), restrict_targets(batch.targets, [0, -1])).item()
+        last = lm_loss(tr.model(batch.inputs), restrict_to_last(batch.targets)).item()
+    assert tr.train_step(batch) == pytest.approx(expected, rel=1e-6)
+    assert expected != pytest.approx(last)
+    # asking for more targets than any row has would be a NaN loss: an error naming loss_on instead
+    tr = Trainer(tiny(loss_on=[40]), None, quiet=True)
+    with pytest.raises(ValueError, match="loss_on=\\[40\\] keeps no target of this batch"):
+        tr.train_step(batch)
+
+
 def _state(run_dir):
     return torch.load(Path(run_dir) / CHECKPOINT_FILE, weights_only=True)
 
@@ -125,6 +211,40 @@ def test_stop_and_resume_is_exact(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_keeps_the_saved_config_except_a_longer_max_steps(tmp_path):
+    cfg = tiny()
+    assert train(cfg, tmp_path / "r", stop_after=8, quiet=True) is None
+    for change, field in (({"lr": 1e-3}, "lr"), ({"model": {**TINY_MODEL, "encoding": "pope"}}, "model.encoding"),
+                          ({"max_steps": 16}, "max_steps"), ({"task_options": {"length": 18, "eval_size": 64, "eval_batch_size": 64}}, "task_options.length")):
+        with pytest.raises(ValueError, match=f"where {field} is .*only max_steps"):
+            train(tiny(**change), tmp_path / "r", resume=True, quiet=True)
+    assert _state(tmp_path / "r")["step"] == 8  # refused before training
+    # None continues with the saved config; a larger max_steps extends a finished run
+    done = train(None, tmp_path / "r", resume=True, quiet=True)
+    assert done["steps"] == 24
+    mtime = (tmp_path / "r" / CHECKPOINT_FILE).stat().st_mtime_ns
+    assert train(cfg, tmp_path / "r", resume=True, quiet=True) == done  # finished: saved results, no training
+    assert (tmp_path / "r" / CHECKPOINT_FILE).stat().st_mtime_ns == mtime
+    longer = train(tiny(max_steps=32), tmp_path / "r", resume=True, quiet=True)
+    assert longer["steps"] == 32 and json.loads((tmp_path / "r" / CONFIG_FILE).read_text())["max_steps"] == 32
+    steps = [m["step"] for m in read_metrics(tmp_path / "r") if "train_loss" in m]
+    assert steps == list(range(4, 33, 4))
+
+
+def test_cuda_rng_state_is_saved_and_restored_when_cuda_is_in_use(monkeypatch):
+    assert "cuda" not in rng_state()  # a CPU run does not touch CUDA
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.tensor([7, 8], dtype=torch.uint8)])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device: restored.update({device: s.tolist()}))
+    state = rng_state()
+    assert state["cuda"][0].tolist() == [7, 8]
+    set_rng_state(state)
+    assert restored == {0: [7, 8]}
+
+
 def _strip_elapsed(ref, got):
     # wall-clock fields differ between runs; everything else must match
     return [{**r, "elapsed": g["elapsed"]} if "elapsed" in r else r for r, g in zip(ref, got)]
@@ -142,27 +262,37 @@ def test_checkpoint_contents_and_no_temp_files(tmp_path):
 
 
 def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path):
-    cfg = tiny(max_steps=200, checkpoint_every=10, eval_every=100, log_every=10)
-    ref = train(cfg, tmp_path / "ref", quiet=True)
+    # the CLI end to end: `poskit train` killed (SIGKILL) right after its first checkpoint, then
+    # `poskit train --resume --run-dir D`, against an uninterrupted run of the same command
+    from poskit.cli import main
+
+    args = ["--task", "flip-flop", "--encoding", "rope", "--steps", "200", "--batch-size", "8", "--quiet",
+            "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.dropout=0.1",
+            "task_options.length=16", "task_options.eval_size=64", "task_options.eval_batch_size=64",
+            "checkpoint_every=10", "eval_every=50", "log_every=10", "warmup_steps=10"]
+    assert main(["train", *args, "--run-dir", str(tmp_path / "ref")]) == 0
+    ref = json.loads((tmp_path / "ref" / RESULTS_FILE).read_text())
     run = tmp_path / "killed"
-    run.mkdir()
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-    code = ("import json, sys, torch; torch.set_num_threads(1); from poskit.train import TrainConfig, train; "
-            "train(TrainConfig.from_dict(json.load(open(sys.argv[1]))), sys.argv[2], quiet=True)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cfg.json"), str(run)])
+    # one thread, as in this process (the fixture), so that both runs do the same arithmetic
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "poskit.cli", "train", *args, "--run-dir", str(run)], env=env)
     try:
         deadline = time.time() + 60
         while not (run / CHECKPOINT_FILE).exists() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.02)
+            time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     assert not (run / RESULTS_FILE).exists(), "the run finished before it could be killed"
     killed_at = _state(run)["step"]
     assert 0 < killed_at < 200
-    resumed = train(cfg, run, resume=True, quiet=True)
-    assert resumed["final_train_loss"] == ref["final_train_loss"]
-    assert resumed["splits"]["test"] == ref["splits"]["test"]
+    # the resume runs in this process: the same command, without a second interpreter start-up (seconds here)
+    assert main(["train", "--resume", "--run-dir", str(run), "--quiet"]) == 0
+    got = json.loads((run / RESULTS_FILE).read_text())
+    assert got["final_train_loss"] == ref["final_train_loss"] and got["steps"] == 200
+    assert got["splits"] == ref["splits"]  # every metric of every split, exactly
+    assert read_metrics(run) == _strip_elapsed(read_metrics(tmp_path / "ref"), read_metrics(run))
     steps = [m["step"] for m in read_metrics(run) if "train_loss" in m]
     assert steps == list(range(10, 201, 10))  # the log has no gap and no duplicate around the kill
 
@@ -191,3 +321,28 @@ def test_time_budget_stops_training_even_before_max_steps(tmp_path):
     # the cut-off step still gets its loss line, an evaluation and a checkpoint
     assert [m["step"] for m in log] == [trainer.step, trainer.step] and "split" in log[1]
     assert _state(tmp_path)["step"] == trainer.step
+
+
+def test_benchmark_times_the_trainers_own_step(monkeypatch, capsys):
+    import importlib.util
+
+    import poskit.train
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
+    spec = importlib.util.spec_from_file_location("bench_train_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.optimizer_step is poskit.train.optimizer_step
+    seen = []
+
+    def counting_step(model, optimizer, batch, cfg, step):
+        seen.append((cfg.grad_clip, [g["weight_decay"] for g in optimizer.param_groups]))
+        return poskit.train.optimizer_step(model, optimizer, batch, cfg, step)
+
+    monkeypatch.setattr(bench, "optimizer_step", counting_step)
+    bench.main(["--quick", "--encodings", "alibi", "--batch-size", "2", "--context", "8"])
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"encoding", "rope", "alibi"} and rows["rope"][3] == "1.00"  # ratios to rope
+    # every timed step is the trainer's: clipping at the config's 1.0, decay on one group only
+    assert seen and all(clip == 1.0 and decays == [0.01, 0.0] for clip, decays in seen)

@@ -6,39 +6,81 @@ the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
 
 EPILOG_OVERRIDES = ("overrides: trailing key=value pairs set any TrainConfig field (see poskit.train.TrainConfig), "
                     "dotted for nested ones: model.d_model=64 model.n_layers=4 lr=1e-3 batch_size=64 "
-                    "task_options.length=64 model.encoding_options.base=500 loss_on=last bf16=true")
+                    "task_options.length=64 model.encoding_options.base=500 loss_on=last loss_on=[-2,-1] "
+                    "bf16=true. Values are JSON where they parse; each is checked against the field's type "
+                    "(booleans are true/false, integers integers, floats numbers).")
+EPILOG_RESUME = ("resume: --resume --run-dir D continues D from its checkpoint with the config saved in "
+                 "D/config.json, so the result equals an uninterrupted run's. --steps N with N above the saved "
+                 "max_steps extends the run (the cosine schedule is recomputed for the new length from the "
+                 "checkpoint on; a time-budget run cannot be extended); any other flag or key=value that "
+                 "changes the saved config is an error naming the field. Task and encoding may be omitted.")
+
+# flags that set a TrainConfig field: (argparse attribute, field, flag as typed)
+CONFIG_FLAGS = (("steps", "max_steps", "--steps"), ("train_seconds", "train_seconds", "--train-seconds"),
+                ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"))
 
 
-def _base_config(args, encoding: str | None):
-    """Task defaults <- --config file <- flags <- key=value overrides, as a validated TrainConfig."""
+def _check_positive(args, *attrs: str) -> None:
+    """Numeric flags that must be > 0, checked before any work (argparse has already checked their type)."""
+    for attr in attrs:
+        value = getattr(args, attr, None)
+        if value is not None and not value > 0:
+            kind = "integer" if isinstance(value, int) else "number"
+            raise ValueError(f"--{attr.replace('_', '-')} must be a positive {kind}, got {value!r}")
+
+
+def _base_config(args, encoding: str | None, saved: dict | None = None):
+    """Task defaults (resuming: the saved config) <- --config file <- flags <- key=value overrides, as a
+    validated TrainConfig. An error about a field a flag set names the flag, as the user typed it."""
+    from poskit.config_check import ConfigError
     from poskit.experiments.defaults import task_defaults
     from poskit.experiments.specs import apply_overrides
+    from poskit.tasks import available_tasks
     from poskit.train import TrainConfig
 
-    cfg = task_defaults(args.task)
+    if args.task is not None and args.task not in available_tasks():
+        raise ValueError(f"--task must be one of {available_tasks()}, got {args.task!r}")
+    cfg = copy.deepcopy(saved) if saved is not None else task_defaults(args.task)
     if args.config:
         path = Path(args.config)
-        if not path.exists():
+        if not path.is_file():
             raise ValueError(f"--config must be an existing JSON file, got {args.config!r}")
-        _merge(cfg, json.loads(path.read_text()))
-    cfg["task"] = args.task
+        try:
+            loaded = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config must be a JSON file, {args.config!r} is not: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--config must hold a JSON object of TrainConfig fields, {args.config!r} holds "
+                             f"a {type(loaded).__name__}")
+        _merge(cfg, loaded)
+    if args.task is not None:
+        cfg["task"] = args.task
     if args.preset is not None:
         cfg["preset"] = args.preset
+    flags = {}  # field -> (flag, value) of the flags given
     if encoding is not None:
         cfg.setdefault("model", {})["encoding"] = encoding
-    for flag, key in (("steps", "max_steps"), ("train_seconds", "train_seconds"), ("lr", "lr"),
-                      ("batch_size", "batch_size"), ("seed", "seed")):
-        value = getattr(args, flag, None)
+        flags["model.encoding"] = ("--encoding", encoding)
+    for attr, key, flag in CONFIG_FLAGS:
+        value = getattr(args, attr, None)
         if value is not None:
             cfg[key] = value
+            flags[key] = (flag, value)
     apply_overrides(cfg, args.overrides)
-    return TrainConfig.from_dict(cfg)
+    try:
+        return TrainConfig.from_dict(cfg)
+    except ConfigError as e:
+        flag, value = flags.get(e.field, (None, None))
+        if flag is not None and e.value == value:  # the flag's value, not one a later key=value put there
+            raise e.renamed(f"{flag} ({e.field})") from None
+        raise
 
 
 def _merge(dst: dict, src: dict) -> None:
@@ -53,11 +95,17 @@ def _merge(dst: dict, src: dict) -> None:
 
 
 def cmd_train(args) -> int:
-    from poskit.train import CONFIG_FILE, TrainConfig, train
+    from poskit.train import CONFIG_FILE, load_config, train
 
-    if args.resume and args.run_dir and (Path(args.run_dir) / CONFIG_FILE).exists():
-        # the run directory's own config wins; task and encoding flags are not needed
-        cfg = TrainConfig.from_dict(json.loads((Path(args.run_dir) / CONFIG_FILE).read_text()))
+    _check_positive(args, "steps", "train_seconds", "lr", "batch_size", "stop_after")
+    saved_at = Path(args.run_dir) / CONFIG_FILE if args.run_dir else None
+    if args.resume and saved_at is not None and saved_at.exists():
+        # the saved config is the base: flags and overrides may only extend max_steps (train.resume_config)
+        saved = load_config(args.run_dir)
+        if args.steps is not None and saved.train_seconds is not None:
+            raise ValueError(f"--steps cannot extend {args.run_dir!r}: it trains for a time budget "
+                             f"(train_seconds={saved.train_seconds:g}) that planned its max_steps")
+        cfg = _base_config(args, args.encoding, saved=saved.to_dict())
     else:
         for flag in ("task", "encoding"):
             if getattr(args, flag) is None:
@@ -81,10 +129,15 @@ def cmd_train(args) -> int:
 def cmd_compare(args) -> int:
     from poskit.experiments.compare import run_compare
     from poskit.experiments.specs import parse_encodings, parse_ints
+    from poskit.tasks import task_split_names
 
+    _check_positive(args, "steps", "train_seconds", "lr", "batch_size", "workers")
     base = _base_config(args, None)
     encodings = parse_encodings(args.encodings)
     seeds = parse_ints(args.seeds, "--seeds")
+    splits = task_split_names(base.task)
+    if args.split not in splits:
+        raise ValueError(f"--split must be one of the splits of task {base.task!r}: {list(splits)}, got {args.split!r}")
     out = Path(args.out or f"runs/compare-{base.task}")
     results = run_compare(base, encodings, seeds, out, workers=args.workers, resume=args.resume, quiet=args.quiet,
                           split=args.split)
@@ -96,23 +149,40 @@ def cmd_compare(args) -> int:
 def cmd_extrapolate(args) -> int:
     from poskit.experiments.extrapolate import run_extrapolate
 
+    _check_positive(args, "n_chars", "workers")
     scalings = tuple(s for s in (args.rope_scaling or "").split(",") if s)
-    report = run_extrapolate(args.runs, args.lengths, scalings=scalings, out_dir=args.out, split=args.split,
-                             n_chars=args.n_chars, workers=args.workers, quiet=args.quiet)
+    try:
+        report = run_extrapolate(args.runs, args.lengths, scalings=scalings, out_dir=args.out, split=args.split,
+                                 n_chars=args.n_chars, workers=args.workers, quiet=args.quiet)
+    except ValueError as e:
+        # run_extrapolate names its parameters; on the command line they are flags
+        raise ValueError(_as_flag(str(e), ("split", "n_chars", "workers", "lengths"))) from None
     print(report["table"])
     out = Path(args.out) if args.out else Path(args.runs[0]).parent
     print(f"wrote {out / 'extrapolation.json'}, {out / 'extrapolation.md'}, {out / 'extrapolation.png'}")
     return 0
 
 
+def _as_flag(message: str, names: tuple[str, ...]) -> str:
+    """A library message that starts with a parameter name, with the name written as the CLI flag."""
+    for name in names:
+        if message.startswith(f"{name} "):
+            return f"--{name.replace('_', '-')}" + message[len(name):]
+    return message
+
+
 def cmd_demo(args) -> int:
     from poskit.experiments.demo import run_demo
     from poskit.experiments.specs import parse_encodings
 
-    run_demo(out_dir=args.out, encodings=[s[1] for s in parse_encodings(args.encodings)],
-             train_seconds=args.train_seconds, context=args.context, lengths=args.lengths, n_chars=args.n_chars,
-             diagnostic=not args.no_diagnostic, diagnostic_steps=args.diagnostic_steps, workers=args.workers,
-             seed=args.seed, quiet=args.quiet)
+    _check_positive(args, "train_seconds", "context", "n_chars", "diagnostic_steps", "workers")
+    encodings = [s[1] for s in parse_encodings(args.encodings)]
+    try:
+        run_demo(out_dir=args.out, encodings=encodings, train_seconds=args.train_seconds, context=args.context,
+                 lengths=args.lengths, n_chars=args.n_chars, diagnostic=not args.no_diagnostic,
+                 diagnostic_steps=args.diagnostic_steps, workers=args.workers, seed=args.seed, quiet=args.quiet)
+    except ValueError as e:
+        raise ValueError(_as_flag(str(e), ("lengths", "train_seconds", "context", "n_chars", "workers"))) from None
     return 0
 
 
@@ -122,9 +192,14 @@ def cmd_reproduce(args) -> int:
 
     if args.name not in REPRODUCTIONS:
         raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS)}, got {args.name!r}")
-    run_reproduction(args.name, out_dir=args.out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
+    _check_positive(args, "steps", "workers")
+    out = Path(args.out or f"runs/reproduce-{args.name}")
+    run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
                      encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
-                     workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+                     workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
+                     variants=args.variants)
+    print((out / "results.md").read_text())
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}")
     return 0
 
 
@@ -142,6 +217,13 @@ def cmd_list(args) -> int:
 
 
 # ----------------------------------------------------------------------------- parser
+
+
+class _Wrapped(argparse.HelpFormatter):
+    """Wraps the epilog's paragraphs separately (the default formatter joins them into one)."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n\n".join(super(_Wrapped, self)._fill_text(p, width, indent) for p in text.split("\n\n"))
 
 
 def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True) -> None:
@@ -163,12 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("train", help="train one model, writing a run directory", epilog=EPILOG_OVERRIDES)
+    p = sub.add_parser("train", help="train one model, writing a run directory",
+                       epilog=EPILOG_OVERRIDES + "\n\n" + EPILOG_RESUME, formatter_class=_Wrapped)
     _add_common_training(p, task_required=False)
     p.add_argument("--encoding", help="positional encoding name (see `poskit list`); required unless resuming")
     p.add_argument("--seed", type=int, help="seed of initialisation, dropout and data")
     p.add_argument("--run-dir", help="output directory (default runs/<task>-<encoding>-seed<seed>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its checkpoint with its saved config; only --steps "
+                        "may change it, upwards, to extend the run (see below)")
     p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps of this invocation")
     p.set_defaults(func=cmd_train)
 
@@ -180,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default runs/compare-<task>)")
     p.add_argument("--split", default="test", help="split of the headline metric (default test)")
     p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
-    p.add_argument("--resume", action="store_true", help="reuse finished runs, continue interrupted ones")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse finished runs, continue interrupted ones (their saved configs must match; "
+                        "--steps may extend them)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("extrapolate", help="evaluate trained LMs on windows longer than their context")
@@ -220,7 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default runs/reproduce-<NAME>)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
-    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
+    p.add_argument("--variants",
+                   help="for reproductions with variants, the ones to run, comma-separated (counting: n_vars "
+                        "from 1,3,5; default all)")
     p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
     p.add_argument("--resume", action="store_true", help="reuse finished runs, continue interrupted ones")
     p.add_argument("--quiet", action="store_true", help="no status lines")

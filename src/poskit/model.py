@@ -23,6 +23,7 @@ from torch import nn
 
 import poskit
 from poskit.attention.kv_cache import KVCache
+from poskit.config_check import ConfigError, check_field_types
 
 # the attention package (poskit.attention is the function; its module holds cached_attention)
 _engine = importlib.import_module("poskit.attention")
@@ -66,29 +67,32 @@ class ModelConfig:
     """Standard deviation of the normal initialisation of weights; output projections are scaled by 1/sqrt(2 n_layers)."""
 
     def __post_init__(self):
+        check_field_types(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "a positive int", getattr(self, name))
         if self.mlp not in MLP_KINDS:
-            raise ValueError(f"mlp must be one of {list(MLP_KINDS)}, got {self.mlp!r}")
+            raise ConfigError("mlp", f"one of {list(MLP_KINDS)}", self.mlp)
         if self.encoding not in poskit.available_encodings():
-            raise ValueError(f"encoding must be one of {poskit.available_encodings()}, got {self.encoding!r}")
+            raise ConfigError("encoding", f"one of {poskit.available_encodings()}", self.encoding)
         if self.head_dim is None:
             if self.d_model % self.n_heads:
-                raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} (or set head_dim)")
-        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
-            raise ValueError(f"head_dim must be a positive int or None, got {self.head_dim!r}")
+                raise ConfigError("d_model", f"divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
+        elif self.head_dim < 1:
+            raise ConfigError("head_dim", "a positive int or null", self.head_dim)
         kv = self.kv_heads
-        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_heads % kv:
+        if kv < 1 or self.n_heads % kv:
             allowed = [d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]
-            raise ValueError(f"n_kv_heads must be one of {allowed} (divisors of n_heads={self.n_heads}) or None, got {self.n_kv_heads!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not float(self.mlp_ratio) > 0:
-            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio!r}")
-        if not isinstance(self.encoding_options, dict):
-            raise ValueError(f"encoding_options must be a dict, got {type(self.encoding_options).__name__}")
+            raise ConfigError("n_kv_heads", f"one of {allowed} (divisors of n_heads={self.n_heads}) or null",
+                              self.n_kv_heads)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout", "in [0, 1)", self.dropout)
+        if not self.mlp_ratio > 0:
+            raise ConfigError("mlp_ratio", "> 0", self.mlp_ratio)
+        if not self.norm_eps > 0:
+            raise ConfigError("norm_eps", "> 0", self.norm_eps)
+        if not self.init_std > 0:
+            raise ConfigError("init_std", "> 0", self.init_std)
 
     @property
     def kv_heads(self) -> int:

@@ -5,12 +5,14 @@ One run lives in one directory:
     config.json     the full TrainConfig (with max_steps resolved when a time budget was given)
     metrics.jsonl   one JSON object per line: {"step", "train_loss", "lr", "elapsed"} every log_every steps,
                     {"step", "split", <metrics>} after every evaluation
-    checkpoint.pt   model, optimizer, step, torch/numpy/python RNG states, data-generator state (atomic)
+    checkpoint.pt   model, optimizer, step, torch/numpy/python (and, once CUDA is in use, CUDA) RNG states,
+                    data-generator state (atomic)
     results.json    the final evaluation on every split of the task
 
 Exact resume: everything random (initialisation, dropout, data) flows from `seed` through RNG states that are
 saved in the checkpoint, evaluation draws no random numbers, and the metrics log is cut back to the
 checkpoint's step on resume; a run killed and resumed ends with the same numbers as an uninterrupted one.
+A resumed run keeps its saved config; the only change allowed is a larger max_steps (`resume_config`).
 """
 from __future__ import annotations
 
@@ -28,12 +30,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from poskit.config_check import ConfigError, check_field_types
 from poskit.model import ModelConfig, Transformer
-from poskit.tasks import IGNORE_INDEX, available_tasks, build_task, evaluate_batches, lm_loss
+from poskit.tasks import (
+    IGNORE_INDEX,
+    PRESETS,
+    available_tasks,
+    build_task,
+    evaluate_batches,
+    lm_loss,
+    task_parameters,
+    task_split_names,
+)
 from poskit.tasks.base import Batch
 
 CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.pt", "results.json"
-LOSS_ON = ("task", "last")
+# loss_on's forms, in the words of its error message
+LOSS_ON_ALLOWED = '"task", "last" or a non-empty list of distinct target indices such as [-1] or [0, -2]'
 
 
 @dataclass
@@ -51,6 +64,7 @@ class TrainConfig:
     seed: int = 0
     """Seeds initialisation, dropout and the training data stream."""
     batch_size: int = 32
+    """Training examples per optimizer step (evaluation batches are the task's own, see eval_batch_size)."""
     max_steps: int = 1000
     """Optimizer steps (also the end of the cosine decay)."""
     train_seconds: float | None = None
@@ -61,21 +75,27 @@ class TrainConfig:
     min_lr: float | None = None
     """Learning rate at the end of the cosine decay; None = lr / 10 (the papers' ratio)."""
     warmup_steps: int = 100
+    """Steps of linear warmup from lr / warmup_steps to lr (0: start at the peak); see warmup_fraction."""
     warmup_fraction: float | None = None
     """If set, the warmup is this fraction of max_steps (overrides warmup_steps)."""
     weight_decay: float = 0.01
     """AdamW decoupled weight decay, on weight matrices and embeddings (not norms, biases, positional parameters)."""
     beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean, in [0, 1)."""
     beta2: float = 0.98
+    """AdamW's decay rate of the squared gradient's running mean, in [0, 1) (0.98: the papers' transformers)."""
     grad_clip: float = 1.0
     """Max global gradient norm; 0 disables clipping."""
     bf16: bool = False
     """bfloat16 autocast for the forward pass (loss and optimizer stay fp32)."""
-    loss_on: str = "task"
-    """"task": the task's target positions; "last": only the last target of each example (PoPE diagnostic)."""
+    loss_on: str | list[int] = "task"
+    """Which targets the training loss uses: "task" all of the task's target positions; "last" only the last
+    target of each example (the PoPE diagnostic); a list of indices among each example's targets, counted like
+    Python indices ([-1] = "last", [0] the first, [-2, -1] the last two). Evaluation always scores every target."""
     eval_every: int = 250
     """Evaluate on eval_split every this many steps (and at the end)."""
     eval_split: str = "validation"
+    """Split of the periodic evaluations (one of the task's splits; the final evaluation covers all of them)."""
     eval_batches: int | None = None
     """Evaluate periodic checks on at most this many batches of the split (None = all)."""
     final_eval_batches: int | None = None
@@ -85,34 +105,55 @@ class TrainConfig:
     checkpoint_every: int = 250
     """Write a checkpoint every this many steps (and at the end)."""
     device: str = "cpu"
+    """Torch device of the model and batches ("cpu", "cuda", "cuda:1", ...)."""
 
     def __post_init__(self):
         if isinstance(self.model, dict):
-            self.model = ModelConfig.from_dict(self.model)
+            try:
+                self.model = ModelConfig.from_dict(self.model)
+            except ConfigError as e:
+                raise e.renamed(f"model.{e.field}") from None
+        check_field_types(self)
         if self.task not in available_tasks():
-            raise ValueError(f"task must be one of {available_tasks()}, got {self.task!r}")
-        if self.loss_on not in LOSS_ON:
-            raise ValueError(f"loss_on must be one of {list(LOSS_ON)}, got {self.loss_on!r}")
+            raise ConfigError("task", f"one of {available_tasks()}", self.task)
+        if self.preset not in PRESETS:
+            raise ConfigError("preset", f"one of {list(PRESETS)}", self.preset)
+        allowed_options = task_parameters(self.task)
+        for key in self.task_options:
+            if key not in allowed_options:
+                raise ConfigError(f"task_options.{key}", f"a parameter of task {self.task!r}: one of {allowed_options}",
+                                  self.task_options[key])
+        loss_positions(self.loss_on)  # validates
         for name in ("batch_size", "max_steps", "eval_every", "log_every", "checkpoint_every"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "a positive int", getattr(self, name))
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps", "a non-negative int", self.warmup_steps)
         if self.warmup_fraction is not None and not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"warmup_fraction must be in [0, 1) or None, got {self.warmup_fraction!r}")
+            raise ConfigError("warmup_fraction", "in [0, 1) or null", self.warmup_fraction)
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            raise ConfigError("lr", "> 0", self.lr)
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr={self.lr}] or None, got {self.min_lr!r}")
+            raise ConfigError("min_lr", f"in [0, lr={self.lr}] or null", self.min_lr)
         if self.train_seconds is not None and not self.train_seconds > 0:
-            raise ValueError(f"train_seconds must be > 0 or None, got {self.train_seconds!r}")
+            raise ConfigError("train_seconds", "> 0 or null", self.train_seconds)
         for name in ("eval_batches", "final_eval_batches"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
-        if not self.grad_clip >= 0 or not self.weight_decay >= 0:
-            raise ValueError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip!r}, {self.weight_decay!r}")
+            if v is not None and v < 1:
+                raise ConfigError(name, "a positive int or null", v)
+        for name in ("grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, ">= 0", getattr(self, name))
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(name, "in [0, 1)", getattr(self, name))
+        splits = task_split_names(self.task)
+        if self.eval_split not in splits:
+            raise ConfigError("eval_split", f"one of the splits of task {self.task!r}: {list(splits)}", self.eval_split)
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError("device", 'a torch device such as "cpu", "cuda" or "cuda:1"', self.device) from None
 
     @property
     def final_lr(self) -> float:
@@ -133,10 +174,55 @@ class TrainConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown train config field(s) {unknown}; allowed: {sorted(names)}")
-        d = dict(d)
-        if isinstance(d.get("model"), dict):
-            d["model"] = ModelConfig.from_dict(d["model"])
         return cls(**d)
+
+
+def loss_positions(loss_on) -> list[int] | None:
+    """The target indices `loss_on` keeps (None: all of them); raises ConfigError for anything else."""
+    if loss_on == "task":
+        return None
+    if loss_on == "last":
+        return [-1]
+    ok = (isinstance(loss_on, list) and loss_on and len(set(loss_on)) == len(loss_on)
+          and all(isinstance(p, int) and not isinstance(p, bool) for p in loss_on))
+    if not ok:
+        raise ConfigError("loss_on", LOSS_ON_ALLOWED, loss_on)
+    return list(loss_on)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str = "the run directory") -> TrainConfig:
+    """The config a resumed run continues with. A resumed run keeps its saved config, so that it ends as an
+    uninterrupted run would; the one allowed change is a larger max_steps, which extends the run (the cosine
+    schedule is then recomputed for the new length from the checkpoint on, so the result is not that of a
+    run planned that long from the start). Any other difference raises, naming the field.
+
+    `requested` = None means "whatever was saved". A time-budget run (train_seconds) planned its max_steps
+    from the budget, so a requested config with the same budget takes the saved max_steps and cannot extend."""
+    if requested is None:
+        return saved
+    if saved.train_seconds is not None and requested.train_seconds == saved.train_seconds:
+        requested = dataclasses.replace(requested, max_steps=saved.max_steps)
+    old, new = _flatten(saved.to_dict()), _flatten(requested.to_dict())
+    missing = object()
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a == b or (key == "max_steps" and b > a):
+            continue
+        a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
+        raise ValueError(
+            f"--resume continues the run saved in {where}, where {key} is {a}; got {b}. A resumed run "
+            f"keeps its saved config; only max_steps (--steps) may change, and only upwards (to extend the run)")
+    return requested
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -180,12 +266,55 @@ def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
+def restrict_targets(targets: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Keep only the targets at `positions` among each row's targets, counted like Python indices (0 = a row's
+    first target, -1 its last); every other target becomes IGNORE_INDEX. (B, T) -> (B, T)."""
+    mask = targets != IGNORE_INDEX
+    rank = mask.cumsum(1) - 1  # (B, T): index of each target among its row's targets
+    from_end = rank - mask.sum(1, keepdim=True)  # the same counted from the row's end: -1 = last target
+    keep = torch.zeros_like(mask)
+    for p in positions:
+        keep |= (rank == p) if p >= 0 else (from_end == p)
+    return torch.where(keep & mask, targets, torch.full_like(targets, IGNORE_INDEX))
+
+
 def restrict_to_last(targets: torch.Tensor) -> torch.Tensor:
     """Keep only the last target of each row: (B, T) -> (B, T) with every earlier target set to -100."""
-    mask = targets != IGNORE_INDEX
-    idx = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
-    last = torch.where(mask, idx, -1).max(dim=1, keepdim=True).values
-    return torch.where(idx == last, targets, torch.full_like(targets, IGNORE_INDEX))
+    return restrict_targets(targets, [-1])
+
+
+def loss_targets(targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """The targets the training loss uses: those `cfg.loss_on` keeps. (B, T) -> (B, T)."""
+    positions = loss_positions(cfg.loss_on)
+    if positions is None:
+        return targets
+    kept = restrict_targets(targets, positions)
+    # a loss over no target is NaN; say why instead (loss_on asks for more targets than the task's rows have)
+    if not bool((kept != IGNORE_INDEX).any()):
+        most = int((targets != IGNORE_INDEX).sum(1).max())
+        raise ValueError(f"loss_on={cfg.loss_on!r} keeps no target of this batch: the rows of task {cfg.task!r} "
+                         f"have at most {most} target(s); loss_on must be {LOSS_ON_ALLOWED}")
+    return kept
+
+
+def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig,
+                   step: int) -> float:
+    """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
+    the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
+    `cfg.loss_on` keeps, backward, global-norm gradient clipping and the AdamW update. Returns the loss."""
+    lr = lr_at(step, cfg)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    targets = loss_targets(batch.targets.to(cfg.device), cfg)
+    with _autocast(cfg.bf16, cfg.device):
+        logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
+    loss = lm_loss(logits.float(), targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return loss.item()
 
 
 def seed_everything(seed: int) -> None:
@@ -197,15 +326,24 @@ def seed_everything(seed: int) -> None:
 def rng_state() -> dict:
     np_state = np.random.get_state()
     # numpy's state as plain lists so the checkpoint loads with torch.load(weights_only=True)
-    return {"torch": torch.get_rng_state(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+             "python": random.getstate()}
+    # dropout on a GPU draws from that device's own generator; saved once CUDA is in use (a CPU run neither
+    # needs it nor should initialise CUDA to ask)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    # checkpoints load with map_location=<run device>, but RNG states must be CPU byte tensors
+    torch.set_rng_state(state["torch"].cpu())
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     random.setstate(_tuples(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        for device, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), device)
 
 
 def _tuples(x):
@@ -280,23 +418,9 @@ class Trainer:
 
     # -- one step
     def train_step(self, batch: Batch) -> float:
-        cfg = self.cfg
-        lr = lr_at(self.step, cfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        targets = batch.targets.to(cfg.device)
-        if cfg.loss_on == "last":
-            targets = restrict_to_last(targets)
-        with _autocast(cfg.bf16, cfg.device):
-            logits = self.model(batch.inputs.to(cfg.device))  # (B, T, V)
-        loss = lm_loss(logits.float(), targets)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.optimizer.step()
+        loss = optimizer_step(self.model, self.optimizer, batch, self.cfg, self.step)
         self.step += 1
-        return loss.item()
+        return loss
 
     # -- state
     def state_dict(self) -> dict:
@@ -310,7 +434,7 @@ class Trainer:
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.loss_sum, self.loss_count = float(state["loss_acc"][0]), int(state["loss_acc"][1])
         set_rng_state(state["rng"])
-        self.data_gen.set_state(state["data_generator"])
+        self.data_gen.set_state(state["data_generator"].cpu())
 
     def save_checkpoint(self) -> None:
         state = self.state_dict()
@@ -398,11 +522,34 @@ def steps_for_budget(cfg: TrainConfig, seconds: float, timed_steps: int = 12, wa
 # ----------------------------------------------------------------------------- entry point
 
 
-def train(cfg: TrainConfig, run_dir, *, resume: bool = False, stop_after: int | None = None,
+def preflight(cfg: TrainConfig) -> None:
+    """Build what a run needs once, so that bad input (a task option's value, an example space too small for
+    disjoint splits, an encoding option, a device that is not here) stops with its message before any
+    directory is created or any step is taken. The task is cached, so its splits are not built twice in this
+    process; the model is built on the CPU under a forked RNG, leaving the caller's random state as it was."""
+    if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", '"cpu" (CUDA is not available on this machine)', cfg.device)
+    task = build_task_for(cfg)
+    for split in task.split_names:
+        task.split(split)
+    loss_targets(task.train_batch(cfg.batch_size, torch.Generator().manual_seed(0)).targets, cfg)
+    with torch.random.fork_rng(devices=[]):
+        Transformer(dataclasses.replace(cfg.model, vocab_size=len(task.vocab)))
+
+
+def load_config(run_dir) -> TrainConfig:
+    """The config saved in a run directory."""
+    return TrainConfig.from_dict(json.loads((Path(run_dir) / CONFIG_FILE).read_text()))
+
+
+def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after: int | None = None,
           quiet: bool = False) -> dict | None:
     """Train `cfg` in `run_dir`; returns the final results (also written to results.json), or None when
-    `stop_after` ended this invocation early. With `resume`, a checkpoint in `run_dir` is continued with the
-    config saved beside it; a directory that already holds a run is refused without `resume`."""
+    `stop_after` ended this invocation early. A directory that already holds a run is refused without `resume`.
+
+    With `resume`, a checkpoint in `run_dir` is continued with the config saved beside it: `cfg` (None: the
+    saved one) must equal it except for a larger max_steps, which extends the run (see `resume_config`). A
+    finished run resumed with the same config returns its saved results without training or evaluating."""
     run_dir = Path(run_dir)
     ckpt = run_dir / CHECKPOINT_FILE
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
@@ -410,15 +557,27 @@ def train(cfg: TrainConfig, run_dir, *, resume: bool = False, stop_after: int | 
     if ckpt.exists() and not resume:
         raise ValueError(f"run_dir {str(run_dir)!r} already holds a run; pass resume=True (--resume) or choose another directory")
     if resume and ckpt.exists():
-        cfg = TrainConfig.from_dict(json.loads((run_dir / CONFIG_FILE).read_text()))
+        saved = load_config(run_dir)
+        cfg = resume_config(saved, cfg, str(run_dir / CONFIG_FILE))
+        preflight(cfg)
+        if cfg != saved:
+            # extended: the old results no longer describe the run (and must not be returned after a kill)
+            (run_dir / RESULTS_FILE).unlink(missing_ok=True)
+            atomic_write_json(run_dir / CONFIG_FILE, cfg.to_dict())
+        elif (run_dir / RESULTS_FILE).exists():
+            return json.loads((run_dir / RESULTS_FILE).read_text())
         trainer = Trainer(cfg, run_dir, quiet=quiet)
         trainer.load_checkpoint()
     else:
+        if cfg is None:
+            raise ValueError(f"cfg is needed to start a run: run_dir {str(run_dir)!r} holds no checkpoint to resume")
+        preflight(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train_seconds is not None:
             steps, per_step = steps_for_budget(cfg, cfg.train_seconds)
             cfg = dataclasses.replace(cfg, max_steps=steps)
         (run_dir / METRICS_FILE).unlink(missing_ok=True)
+        (run_dir / RESULTS_FILE).unlink(missing_ok=True)
         atomic_write_json(run_dir / CONFIG_FILE, cfg.to_dict())
         trainer = Trainer(cfg, run_dir, quiet=quiet)
     if not trainer.run(stop_after):
@@ -433,8 +592,7 @@ def load_run(run_dir, device: str = "cpu"):
     run_dir = Path(run_dir)
     if not (run_dir / CHECKPOINT_FILE).exists() or not (run_dir / CONFIG_FILE).exists():
         raise ValueError(f"run_dir {str(run_dir)!r} must contain {CONFIG_FILE} and {CHECKPOINT_FILE} (a `poskit train` run)")
-    cfg = TrainConfig.from_dict(json.loads((run_dir / CONFIG_FILE).read_text()))
-    cfg = dataclasses.replace(cfg, device=device)
+    cfg = dataclasses.replace(load_config(run_dir), device=device)
     task = build_task_for(cfg)
     model = build_model(cfg, task)
     state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=True)

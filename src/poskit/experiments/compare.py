@@ -3,14 +3,84 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
-from poskit.train import TrainConfig, atomic_write_json
+from poskit.tasks import task_split_names
+from poskit.train import CHECKPOINT_FILE, CONFIG_FILE, TrainConfig, atomic_write_json, load_config, preflight, resume_config
 
 from .jobs import train_job
-from .parallel import run_parallel
+from .parallel import check_workers, run_parallel
 from .specs import safe_label
+
+
+@dataclass
+class ComparePlan:
+    """The runs of one compare, laid out and checked but not started."""
+
+    base: TrainConfig
+    out_dir: Path
+    split: str
+    seeds: list[int]
+    jobs: list[dict]
+    labels: list[str]
+    dirs: dict[str, list[Path]]
+
+
+def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seeds: list[int], out_dir, *,
+                 workers: int | None = None, resume: bool = False, split: str = "test") -> ComparePlan:
+    """Check everything a compare needs and lay out its runs, touching nothing on disk: a bad split, worker
+    count, encoding option, task option, an existing run without `resume` or a resumed run whose saved config
+    differs all stop here, before any directory exists or any model trains."""
+    check_workers(workers)
+    splits = task_split_names(base.task)
+    if split not in splits:
+        raise ValueError(f"split must be one of the splits of task {base.task!r}: {list(splits)}, got {split!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must list at least one seed, none twice (one run directory each), got {list(seeds)}")
+    out_dir = Path(out_dir)
+    jobs, labels, dirs = [], [], {}
+    for label, name, options in encodings:
+        for i, seed in enumerate(seeds):
+            cfg = copy.deepcopy(base)
+            cfg.model.encoding, cfg.model.encoding_options, cfg.seed = name, dict(options), seed
+            cfg = TrainConfig.from_dict(cfg.to_dict())  # re-validate with the new encoding
+            if i == 0:
+                preflight(cfg)  # the model does not depend on the seed: once per encoding
+            run_dir = out_dir / safe_label(label) / f"seed{seed}"
+            if (run_dir / CHECKPOINT_FILE).exists():
+                if not resume:
+                    raise ValueError(f"out {str(out_dir)!r} already holds runs (e.g. {str(run_dir)!r}); "
+                                     "resume them (--resume) or choose another output directory (--out)")
+                resume_config(load_config(run_dir), cfg, str(run_dir / CONFIG_FILE))
+            dirs.setdefault(label, []).append(run_dir)
+            jobs.append({"config": cfg.to_dict(), "run_dir": str(run_dir), "resume": resume, "quiet": True})
+            labels.append(f"{label} seed {seed}")
+    return ComparePlan(base, out_dir, split, list(seeds), jobs, labels, dirs)
+
+
+def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: bool = False,
+                    title: str | None = None) -> dict:
+    """Train the planned runs in parallel single-thread processes; write out_dir/{results.json, results.md,
+    compare.png}. Returns the results dict."""
+    out_dir, dirs = plan.out_dir, plan.dirs
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(f"compare: {plan.base.task}, {len(plan.jobs)} runs ({len(dirs)} encodings x {len(plan.seeds)} "
+              f"seeds) -> {out_dir}", file=sys.stderr, flush=True)
+    run_parallel(train_job, plan.jobs, workers=workers, labels=plan.labels, quiet=quiet)
+    results = aggregate_compare(dirs, split=plan.split)
+    results["seeds"] = plan.seeds
+    results["config"] = plan.base.to_dict()
+    results["runs"] = {label: [str(d) for d in ds] for label, ds in dirs.items()}
+    eval_metric = results["metric"]
+    curves = {label: learning_curves(ds, eval_metric) for label, ds in dirs.items()}
+    atomic_write_json(out_dir / "results.json", results)
+    table = compare_table(results)
+    (out_dir / "results.md").write_text(f"# {title or 'compare: ' + results['task']}\n\n{table}\n")
+    plot_compare(results, curves, out_dir / "compare.png", title=title)
+    return results
 
 
 def run_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seeds: list[int], out_dir, *,
@@ -20,31 +90,7 @@ def run_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seeds
     processes; write out_dir/{results.json, results.md, compare.png}. Returns the results dict.
 
     The run of encoding `label` and seed s lives in out_dir/<label>/seed<s>; with `resume`, finished runs are
-    reused and interrupted ones continue from their checkpoints."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jobs, labels, dirs = [], [], {}
-    for label, name, options in encodings:
-        for seed in seeds:
-            cfg = copy.deepcopy(base)
-            cfg.model.encoding, cfg.model.encoding_options, cfg.seed = name, dict(options), seed
-            cfg = TrainConfig.from_dict(cfg.to_dict())  # re-validate with the new encoding
-            run_dir = out_dir / safe_label(label) / f"seed{seed}"
-            dirs.setdefault(label, []).append(run_dir)
-            jobs.append({"config": cfg.to_dict(), "run_dir": str(run_dir), "resume": resume, "quiet": True})
-            labels.append(f"{label} seed {seed}")
-    if not quiet:
-        print(f"compare: {base.task}, {len(jobs)} runs ({len(encodings)} encodings x {len(seeds)} seeds) "
-              f"-> {out_dir}", file=sys.stderr, flush=True)
-    run_parallel(train_job, jobs, workers=workers, labels=labels, quiet=quiet)
-    results = aggregate_compare(dirs, split=split)
-    results["seeds"] = list(seeds)
-    results["config"] = base.to_dict()
-    results["runs"] = {label: [str(d) for d in ds] for label, ds in dirs.items()}
-    eval_metric = results["metric"]
-    curves = {label: learning_curves(ds, eval_metric) for label, ds in dirs.items()}
-    atomic_write_json(out_dir / "results.json", results)
-    table = compare_table(results)
-    (out_dir / "results.md").write_text(f"# {title or 'compare: ' + results['task']}\n\n{table}\n")
-    plot_compare(results, curves, out_dir / "compare.png", title=title)
-    return results
+    reused and interrupted ones continue from their checkpoints (their saved configs must match, see
+    `poskit.train.resume_config`). Everything is checked before anything is written (`plan_compare`)."""
+    plan = plan_compare(base, encodings, seeds, out_dir, workers=workers, resume=resume, split=split)
+    return execute_compare(plan, workers=workers, quiet=quiet, title=title)

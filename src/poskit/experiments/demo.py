@@ -24,7 +24,7 @@ from poskit.train import TrainConfig, atomic_write_json
 from .compare import run_compare
 from .defaults import LM_TRAIN
 from .jobs import train_job
-from .parallel import run_parallel
+from .parallel import check_workers, run_parallel
 
 DEMO_DEFAULTS = {
     "out_dir": "runs/demo",
@@ -71,9 +71,16 @@ def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["en
              workers: int = DEMO_DEFAULTS["workers"], seed: int = 0, quiet: bool = False) -> dict:
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
+    # every argument is checked before the rmtree below and before the first model trains
     if not train_seconds > 0:
         raise ValueError(f"train_seconds must be > 0, got {train_seconds!r}")
+    check_workers(workers)
+    for name, value in (("context", context), ("diagnostic_steps", diagnostic_steps), ("n_chars", n_chars)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     windows = parse_lengths(lengths, context)
+    configs = {e: lm_config(e, context, train_seconds, seed) for e in encodings}
+    diagnostic_base = TrainConfig.from_dict(dict(DIAGNOSTIC["config"], max_steps=diagnostic_steps))
     # the demo always starts fresh: remove only what an earlier demo wrote here
     for sub in ("lm", "diagnostic"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
@@ -81,7 +88,7 @@ def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["en
 
     _say(f"poskit demo: {len(encodings)} character-level Shakespeare LMs (context {context}, "
          f"{train_seconds:g} s each, {workers} at a time), evaluated at {', '.join(f'{w}' for w in windows)} tokens", quiet)
-    jobs = [{"config": lm_config(e, context, train_seconds, seed).to_dict(), "run_dir": str(out_dir / "lm" / e),
+    jobs = [{"config": configs[e].to_dict(), "run_dir": str(out_dir / "lm" / e),
              "extrapolation": {"lengths": windows, "split": "test", "n_chars": n_chars}} for e in encodings]
     outs = run_parallel(train_job, jobs, workers=workers, labels=list(encodings), quiet=quiet)
     sweeps = {e: o["sweep"] for e, o in zip(encodings, outs)}
@@ -103,7 +110,7 @@ def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["en
           f"{train_seconds:g} s each; perplexity per character on held-out plays.\n\n{lm_table}\n\n![](extrapolation.png)\n"]
     if diagnostic:
         d = DIAGNOSTIC
-        base = TrainConfig.from_dict(dict(d["config"], max_steps=diagnostic_steps))
+        base = diagnostic_base
         specs = [(e, e, {}) for e in encodings]
         _say(f"\ndiagnostic: {d['what']}; {', '.join(encodings)}, {diagnostic_steps} steps each", quiet)
         res = run_compare(base, specs, [seed], out_dir / "diagnostic", workers=workers, quiet=quiet,

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from poskit.evaluate import ROPE_SCALINGS, parse_lengths
 from poskit.report import extrapolation_table, plot_extrapolation
+from poskit.tasks import task_split_names
 from poskit.train import CONFIG_FILE, TrainConfig, atomic_write_json, build_task_for
 
 from .jobs import extrapolation_job
-from .parallel import run_parallel
+from .parallel import check_workers, run_parallel
 
 
 def _context_of(run_dir: Path) -> int:
@@ -39,6 +40,11 @@ def run_extrapolate(run_dirs: list, lengths: str = "1x,2x,4x,8x", *, scalings: t
     extrapolation.{json,md,png} to out_dir (default: the first run's parent directory)."""
     if not run_dirs:
         raise ValueError("runs must list at least one run directory")
+    check_workers(workers)
+    if split not in task_split_names("shakespeare"):
+        raise ValueError(f"split must be one of {list(task_split_names('shakespeare'))}, got {split!r}")
+    if n_chars is not None and (isinstance(n_chars, bool) or not isinstance(n_chars, int) or n_chars < 2):
+        raise ValueError(f"n_chars must be an int >= 2 or unset (all), got {n_chars!r}")
     for s in scalings:
         if s not in ROPE_SCALINGS:
             raise ValueError(f"rope scaling must be one of {list(ROPE_SCALINGS)}, got {s!r}")

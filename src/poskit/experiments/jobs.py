@@ -9,15 +9,11 @@ from poskit.train import RESULTS_FILE, TrainConfig, load_run, train
 
 def train_job(config: dict, run_dir: str, resume: bool = False, quiet: bool = True,
               extrapolation: dict | None = None) -> dict:
-    """Train one run (or reuse its results.json when resuming a finished run); optionally follow with a
+    """Train one run (or reuse its results when resuming a finished run); optionally follow with a
     length-extrapolation sweep `extrapolation` = {"lengths": [...], "split", "n_chars", "last_fraction"}.
     Returns {"results": ..., "sweep": [...] or None, "run_dir": ...}."""
-    run_dir = Path(run_dir)
-    done = run_dir / RESULTS_FILE
-    if resume and done.exists():
-        results = json.loads(done.read_text())
-    else:
-        results = train(TrainConfig.from_dict(config), run_dir, resume=resume, quiet=quiet)
+    # resuming a finished run with the same config returns its saved results without retraining (train())
+    results = train(TrainConfig.from_dict(config), run_dir, resume=resume, quiet=quiet)
     sweep = None
     if extrapolation is not None:
         sweep = extrapolation_job(str(run_dir), **extrapolation)["sweeps"]["as-is"]

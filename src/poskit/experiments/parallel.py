@@ -25,13 +25,18 @@ def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def check_workers(workers, name: str = "workers") -> None:
+    """Callers check `workers` before they create directories; run_parallel checks again for direct use."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"{name} must be a positive int (or unset: the CPU count), got {workers!r}")
+
+
 def run_parallel(fn: Callable, jobs: list[dict], workers: int | None = None, labels: list[str] | None = None,
                  quiet: bool = False) -> list:
     """Call `fn(**job)` for every job, at most `workers` at a time, each in its own single-thread process;
     results in job order. With workers == 1 the jobs run in this process (still single-threaded)."""
+    check_workers(workers)
     workers = default_workers() if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int, got {workers!r}")
     labels = labels or [str(i) for i in range(len(jobs))]
     results: list = [None] * len(jobs)
     t0 = time.perf_counter()

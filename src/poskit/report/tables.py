@@ -19,24 +19,42 @@ def _pm(entry: dict, percent: bool) -> str:
     return f"{entry['mean'] * k:.2f} ± {entry['std'] * k:.2f}"
 
 
-def compare_table(results: dict) -> str:
-    """One row per encoding: the headline split, then every other split, as mean ± std over seeds
-    (accuracies in percent), then steps trained."""
+def _compare_rows(results: dict, per_seed: bool) -> tuple[list[str], list[list]]:
     metric = results["metric"]
     percent = metric == "accuracy"
     encs = results["encodings"]
     first = next(iter(encs.values()))
     others = [s for s in first["splits"] if s != results["split"]]
     unit = " (%)" if percent else ""
-    several = len(first["per_seed"]) > 1
     headers = (["encoding", f"{results['split']} {metric}{unit}"] + [f"{s}{unit}" for s in others]
-               + (["per seed"] if several else []) + ["steps"])
+               + (["per seed"] if per_seed else []) + ["steps"])
     rows = []
     for name, e in encs.items():
-        per_seed = ", ".join(f"{v * (100 if percent else 1):.2f}" for v in e["per_seed"])
+        seeds = ", ".join(f"{v * (100 if percent else 1):.2f}" for v in e["per_seed"])
         steps = "/".join(str(s) for s in sorted(set(e["steps"])))
         rows.append([name, _pm(e, percent)] + [_pm(e["splits"][s], percent) for s in others]
-                    + ([per_seed] if several else []) + [steps])
+                    + ([seeds] if per_seed else []) + [steps])
+    return headers, rows
+
+
+def compare_table(results: dict) -> str:
+    """One row per encoding: the headline split, then every other split, as mean ± std over seeds
+    (accuracies in percent), then steps trained."""
+    several = len(next(iter(results["encodings"].values()))["per_seed"]) > 1
+    return markdown_table(*_compare_rows(results, per_seed=several))
+
+
+def variants_table(name: str, results: dict) -> str:
+    """Several compares of one task in one table (e.g. counting with 1, 3 and 5 variables): the first column
+    (`name`) says which variant a row belongs to (the keys of `results`), and the per-seed column is always
+    there, because variants may have different numbers of seeds."""
+    headers, rows = None, []
+    for value, res in results.items():
+        h, rs = _compare_rows(res, per_seed=True)
+        headers = headers or [name] + h
+        rows += [[value] + row for row in rs]
+    if headers is None:
+        raise ValueError("results must hold at least one variant")
     return markdown_table(headers, rows)
 
 

@@ -62,6 +62,13 @@ def task_parameters(name: str) -> list[str]:
     return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
 
 
+def task_split_names(name: str) -> tuple[str, ...]:
+    """The evaluation splits of a task, known without building it (configs check their eval split with it)."""
+    cls = _lookup(name)
+    variants = getattr(cls, "split_variants", None)
+    return tuple(variants) if variants else tuple(cls.split_names)
+
+
 def _lookup(name: str) -> type:
     if name not in _REGISTRY:
         raise ValueError(f"unknown task name {name!r}; available tasks: {available_tasks()}")
@@ -111,4 +118,5 @@ __all__ = [
     "available_tasks",
     "build_task",
     "task_parameters",
+    "task_split_names",
 ]

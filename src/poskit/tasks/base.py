@@ -10,14 +10,20 @@ Conventions shared by every task
   is the training loss (see :func:`lm_loss`).
 * ``task.train_batch(batch_size, generator)`` draws fresh training examples; the
   only randomness used is one 62-bit integer drawn from ``generator``, so the
-  batch is a deterministic function of the generator's state.
+  batch is a deterministic function of the generator's state.  Training examples
+  that equal an example of any evaluation split are dropped and replaced by the
+  next ones of the same stream, so no model is ever trained on an example it is
+  scored on (this matters where the example space is small: short counting
+  programs recur often; for long flip-flop or copy sequences it never triggers
+  and the stream is the generator's own).
 * ``task.split(name, batch_size)`` returns the fixed evaluation split ``name`` (one
   of ``task.split_names``) as a list of batches.  Split examples come from numpy
   generators seeded with ``(eval_seed, crc32(task name), crc32(split name))``, a
-  seed path distinct from the training path.  Every split other than
-  ``"validation"`` drops the examples that also occur in ``"validation"`` and tops
-  itself up from the same stream, so splits keep their documented size and are
-  disjoint from validation.
+  seed path distinct from the training path.  Splits are made in the order of
+  ``split_names`` (validation first); each drops the examples that occur in an
+  earlier split and tops itself up from its own stream, so every split keeps its
+  documented size and all splits are pairwise disjoint.  A task whose example
+  space is too small for that raises ValueError.
 * ``task.evaluate(model, split)`` runs ``model(inputs) -> logits (B, T, V)`` over a
   split and returns the metrics of :func:`summarize`.
 
@@ -363,6 +369,7 @@ class SyntheticTask:
         self.train_size = None if train_size is None else check_int("train_size", train_size, 1)
         self._split_cache: dict[str, list[Example]] = {}
         self._pool: list[Example] | None = None
+        self._eval_keys: set[bytes] | None = None
 
     # -- to implement
     def _generate(self, rng: np.random.Generator, n: int, variant: str) -> list[Example]:
@@ -389,11 +396,14 @@ class SyntheticTask:
         return np.random.default_rng([self.eval_seed, _stable_hash(self.name), _stable_hash(split)])
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """``batch_size`` training examples, a deterministic function of ``generator``'s state."""
+        """``batch_size`` training examples, a deterministic function of ``generator``'s state, none of
+        them an example of an evaluation split."""
         batch_size = check_int("batch_size", batch_size, 1)
         if self.train_size is None:
             rng = rng_from_generator(generator)
-            return collate(self._generate(rng, batch_size, "train"), self.vocab.pad_id)
+            examples = self._fill(rng, batch_size, "train", self.eval_keys(),
+                                  "training examples disjoint from the evaluation splits")
+            return collate(examples, self.vocab.pad_id)
         pool = self.train_pool()
         idx = torch.randint(0, len(pool), (batch_size,), generator=generator).tolist()
         return collate([pool[i] for i in idx], self.vocab.pad_id)
@@ -403,13 +413,19 @@ class SyntheticTask:
         if self.train_size is None:
             raise ValueError("train_pool() needs train_size to be set (train_size=None generates fresh data)")
         if self._pool is None:
-            exclude = set()
-            for s in self.split_names:
-                exclude.update(e.tokens.tobytes() for e in self.examples(s))
-            self._pool = self._fill(self._split_rng("train-pool"), self.train_size, "train", exclude)
+            self._pool = self._fill(self._split_rng("train-pool"), self.train_size, "train", self.eval_keys(),
+                                    "training examples disjoint from the evaluation splits")
         return self._pool
 
-    def _fill(self, rng: np.random.Generator, n: int, variant: str, exclude: set[bytes]) -> list[Example]:
+    def eval_keys(self) -> set[bytes]:
+        """The token sequences of every evaluation split (what training examples must not be)."""
+        if self._eval_keys is None:
+            self._eval_keys = {e.tokens.tobytes() for s in self.split_names for e in self.examples(s)}
+        return self._eval_keys
+
+    def _fill(self, rng: np.random.Generator, n: int, variant: str, exclude: set[bytes], what: str) -> list[Example]:
+        """``n`` examples of ``variant`` from ``rng`` whose tokens are not in ``exclude``; the first batch drawn
+        is the generator's own output, so nothing changes where nothing collides."""
         out: list[Example] = []
         for _ in range(100):
             need = n - len(out)
@@ -419,24 +435,19 @@ class SyntheticTask:
             out.extend(e for e in batch if e.tokens.tobytes() not in exclude)
         if len(out) < n:
             raise ValueError(
-                f"{self.name}: could not generate {n} examples disjoint from the validation split; "
-                f"the example space is too small for eval_size={self.eval_size} (use larger sizes/lengths "
-                f"or a smaller eval_size)"
+                f"{self.name}: could not generate {n} {what}; the example space "
+                f"is too small for eval_size={self.eval_size} (use larger sizes/lengths or a smaller eval_size)"
             )
         return out[:n]
 
     def examples(self, split: str) -> list[Example]:
-        """The examples of evaluation split ``split`` (cached)."""
+        """The examples of evaluation split ``split`` (cached); disjoint from every earlier split."""
         check_choice("split", split, self.split_names)
         if split not in self._split_cache:
-            rng = self._split_rng(split)
-            variant = self.split_variants[split]
-            if split == "validation":
-                ex = self._generate(rng, self.eval_size, variant)
-            else:
-                exclude = {e.tokens.tobytes() for e in self.examples("validation")}
-                ex = self._fill(rng, self.eval_size, variant, exclude)
-            self._split_cache[split] = ex
+            earlier = self.split_names[: self.split_names.index(split)]
+            exclude = {e.tokens.tobytes() for s in earlier for e in self.examples(s)}
+            self._split_cache[split] = self._fill(self._split_rng(split), self.eval_size, self.split_variants[split],
+                                                  exclude, f"examples of split {split!r} disjoint from {list(earlier)}")
         return self._split_cache[split]
 
     def split(self, name: str, batch_size: int | None = None) -> list[Batch]:
