@@ -12,11 +12,12 @@ from poskit.attention.sdpa import mask_plan
 from conftest import build, make_qkv
 
 
-def _plan(qp, kp, causal=True, pad=None):
-    q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=len(qp), Tk=len(kp))
+def _plan(qp, kp, causal=True, pad=None, batch=1):
+    qp, kp = torch.tensor(qp), torch.tensor(kp)
+    q, k, v = make_qkv(B=batch, H=4, Hkv=4, Tq=qp.shape[-1], Tk=kp.shape[-1])
     enc = build("rope")
-    return mask_plan(prepare(q, k, v, enc, causal=causal, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp),
-                             scale=None, key_padding_mask=pad))
+    return mask_plan(prepare(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, scale=None,
+                             key_padding_mask=pad))
 
 
 def test_mask_plan_recognises_trivial_masks_and_nothing_else():
@@ -27,6 +28,9 @@ def test_mask_plan_recognises_trivial_masks_and_nothing_else():
     assert _plan([3, 3], [3, 3]) == "none"  # equal positions see each other
     assert _plan([2], [0, 1, 2], causal=False) == "none"
     assert _plan([2], [0, 1, 2], pad=torch.tensor([[True, False, True]])) == "explicit"
+    # per-sequence positions: each decode query after its own keys
+    assert _plan([[5], [9]], [[0, 1, 5], [7, 8, 9]], batch=2) == "none"
+    assert _plan([[5], [8]], [[0, 1, 5], [7, 8, 9]], batch=2) == "explicit"
 
 
 @pytest.mark.parametrize("name", ["rope", "rope-yarn", "pope", "alibi", "none"])
@@ -122,3 +126,21 @@ def test_gate_keys_must_be_given_at_every_append():
     cached_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2], enc, cache, 0, torch.arange(2), gate_keys=k[:, :, :2])
     with pytest.raises(ValueError, match="gate_keys must be given at every append or never"):
         cache.append(0, k[:, :, 2:], v[:, :, 2:], torch.arange(2, 4))
+
+
+@pytest.mark.parametrize("name", ["pope", "rope", "alibi", "cope", "relative"])
+def test_backpropagating_through_several_decode_steps_equals_the_full_forward(name):
+    # the cache grows out of place while autograd needs the views earlier steps attended to
+    enc = build(name)
+    q, k, v = make_qkv(B=1, H=4, Hkv=2, Tq=6, Tk=6, requires_grad=True)
+    cache, outs = KVCache(num_layers=1), []
+    for a, b in [(0, 2), (2, 3), (3, 4), (4, 6)]:
+        outs.append(cached_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], enc, cache, 0, torch.arange(a, b)))
+    params = [p for p in enc.parameters() if p.requires_grad]
+    out = torch.cat(outs, 2)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, *params))
+    ref = poskit.attention(q, k, v, enc, backend="reference")
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, *params))
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)

@@ -46,7 +46,10 @@ def test_static_rotary_encodings_cache_encoded_keys(name):
     cached_attention(q, k, v, enc, cache, 0, torch.arange(3))
     layer = cache.layer(0)
     assert layer.encoded
-    assert layer.keys.shape[-1] == (32 if name == "pope" else 16)  # pope caches the 2d-wide Cartesian key
+    if name == "pope":  # pope caches the key magnitude softplus(k), d wide
+        torch.testing.assert_close(layer.keys, torch.nn.functional.softplus(k))
+    else:  # rope caches the rotated key
+        torch.testing.assert_close(layer.keys, enc.encode_k(k, torch.arange(3)[None]))
 
 
 def test_dynamic_rope_and_cope_cache_raw_keys():

@@ -292,7 +292,8 @@ class Transformer(nn.Module):
         self.eval()
         try:
             out = prompt
-            cache = KVCache(len(self.blocks)) if use_cache else None
+            # allocated once for the whole generation: no step copies the cache
+            cache = KVCache(len(self.blocks), max_length=prompt.shape[1] + max_new_tokens) if use_cache else None
             step_input = prompt
             for _ in range(max_new_tokens):
                 logits = self(step_input, cache=cache) if use_cache else self(out)

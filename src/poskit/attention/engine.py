@@ -86,23 +86,11 @@ def _run_sdpa(inp, enc, gate_keys):
 
 def _run_triton(inp, enc, gate_keys):
     if enc.name == "pope":
-        from ..encodings.pope import DELTA_MAX, DELTA_MIN
-        from .triton_pope import pope_attention_triton
+        from .triton_pope import pope_attention_for
 
-        # positions are (1|B, T), so the tables are (1|B, T, d); the kernel broadcasts a leading 1
-        qc, qs = enc.cos_sin(inp.q_positions, torch.float32)
-        kc, ks = enc.cos_sin(inp.k_positions, torch.float32)
-        # delta stays fp32 for half inputs: clamped in fp32, phases in fp32, and its gradient reaches the
-        # parameter without a round trip through half precision
-        if enc.delta is None:
-            delta = torch.zeros(enc.num_heads, enc.head_dim, device=inp.q.device, dtype=torch.float32)
-        else:
-            delta = enc.delta.float().clamp(DELTA_MIN, DELTA_MAX)
-        return pope_attention_triton(
-            inp.q, inp.k, inp.v, delta, qc, qs, kc, ks,
-            causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
-            softplus=enc.softplus, key_padding_mask=inp.key_padding_mask,
-        )
+        return pope_attention_for(enc, inp.q, inp.k, inp.v, q_positions=inp.q_positions, k_positions=inp.k_positions,
+                                  scale=inp.scale, causal=inp.causal, softplus=enc.softplus,
+                                  key_padding_mask=inp.key_padding_mask)
     from .triton_cope import cope_attention_triton
 
     source = enc.gate_source(inp.k, inp.v, gate_keys)
@@ -169,13 +157,19 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
     queries to everything cached, causally by position. Equals the corresponding rows of a full forward.
 
     q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens; q_positions (Tn,) or (B, Tn).
-    Rope (static frequencies) and pope cache the *encoded* key, so a decode step encodes only the new token;
-    every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
+    Rope (static frequencies) caches the rotated key and pope the key magnitude softplus(k)
+    (attention/pope_decode.py), so a decode step encodes only the new token; every other encoding caches
+    raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
     """
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tn, Dv), got None")
     inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
-    encoded = enc.kind == "qk" and getattr(enc, "caches_encoded_keys", False) and backend in ("auto", "sdpa")
+    chosen = choose_backend(enc, q, backend)
+    if getattr(enc, "cache_form", None) == "magnitude" and chosen != "reference":
+        from .pope_decode import cached_pope_attention
+
+        return cached_pope_attention(enc, inp, cache.layer(layer_idx), use_triton=chosen == "triton")
+    encoded = enc.kind == "qk" and getattr(enc, "caches_encoded_keys", False) and chosen == "sdpa"
     if not encoded:
         layer = cache.append(layer_idx, k, v, inp.k_positions, gate_keys=gate_keys)
         return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,

@@ -9,7 +9,8 @@ instead, which saves re-encoding the whole cache at every step.
 Storage is preallocated and grows by doubling, so appending one token copies one token (amortised), not
 the whole cache as `torch.cat` would: with `cat`, a decode step at 8k cached keys spent most of its time
 copying the cache. Pass `max_length` to allocate once. `keys`, `values`, `positions` are views of the
-filled part.
+filled part. Tensors that require grad are appended out of place instead, so backpropagating through
+several decode steps stays correct.
 """
 from __future__ import annotations
 
@@ -32,7 +33,12 @@ class _Buffer:
     def view(self) -> torch.Tensor | None:
         return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
 
-    def append(self, new: torch.Tensor, reserve: int) -> None:
+    def append(self, new: torch.Tensor, reserve: int, out_of_place: bool = False) -> None:
+        if out_of_place:
+            old = self.view()
+            self.data = new if old is None else torch.cat((old, new), self.dim)
+            self.length = self.data.shape[self.dim]
+            return
         n = new.shape[self.dim]
         end = self.length + n
         if self.data is None or end > self.data.shape[self.dim]:
@@ -58,6 +64,7 @@ class LayerCache:
         self._reserve = reserve
         self._keys, self._values, self._gate_keys = _Buffer(2), _Buffer(2), _Buffer(2)
         self._positions = _Buffer(1)
+        self._angles = _Buffer(1)  # per-position tables an encoding keeps beside its cached keys (pope)
         self.encoded = False
 
     @property
@@ -77,10 +84,14 @@ class LayerCache:
         return self._gate_keys.view()
 
     @property
+    def angles(self) -> torch.Tensor | None:  # (1|B, T, E): e.g. pope's cos and sin of each cached position
+        return self._angles.view()
+
+    @property
     def length(self) -> int:
         return self._keys.length
 
-    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False) -> "LayerCache":
+    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
         if self.length:
             if self.encoded != encoded:
                 raise ValueError("a layer cache cannot mix raw and encoded keys")
@@ -90,17 +101,28 @@ class LayerCache:
                                  f"cache, got {tuple(keys.shape)}")
             if (gate_keys is None) != (self._gate_keys.length == 0):
                 raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
+            if (angles is None) != (self._angles.length == 0):
+                raise ValueError("angles must be given at every append or never")
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
         if self.length and positions.shape[0] != self.positions.shape[0]:
             b = max(positions.shape[0], self.positions.shape[0])
             self._positions.expand_batch(b)
+            self._angles.expand_batch(b)
             positions = positions.expand(b, -1)
-        self._keys.append(keys, self._reserve)
-        self._values.append(values, self._reserve)
-        self._positions.append(positions, self._reserve)
+        # autograd keeps the views that earlier steps attended to (positions included): an in-place write
+        # would invalidate them, so differentiable decoding grows out of place (a copy per step, like cat)
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (keys, values, gate_keys, self.keys, self.values, self.gate_keys))
+        self._keys.append(keys, self._reserve, grad)
+        self._values.append(values, self._reserve, grad)
+        self._positions.append(positions, self._reserve, grad)
         if gate_keys is not None:
-            self._gate_keys.append(gate_keys, self._reserve)
+            self._gate_keys.append(gate_keys, self._reserve, grad)
+        if angles is not None:
+            if angles.shape[0] != self.positions.shape[0]:
+                angles = angles.expand(self.positions.shape[0], *angles.shape[1:])
+            self._angles.append(angles, self._reserve, grad)
         self.encoded = encoded
         return self
 
@@ -110,6 +132,7 @@ class LayerCache:
             raise ValueError(f"length must be an int in [0, {self.length}], got {length!r}")
         for buf in (self._keys, self._values, self._positions):
             buf.length = length
+        self._angles.length = min(self._angles.length, length)
         self._gate_keys.length = min(self._gate_keys.length, length)
 
 
@@ -141,8 +164,9 @@ class KVCache:
         pos = self.layers[0].positions
         return 0 if pos is None or pos.numel() == 0 else int(pos.max()) + 1
 
-    def append(self, idx: int, keys, values, positions, gate_keys=None, encoded: bool = False) -> LayerCache:
-        return self.layer(idx).append(keys, values, positions, gate_keys, encoded)
+    def append(self, idx: int, keys, values, positions, gate_keys=None, encoded: bool = False,
+               angles=None) -> LayerCache:
+        return self.layer(idx).append(keys, values, positions, gate_keys, encoded, angles)
 
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens of every layer (a layer holding fewer keeps what it has)."""

@@ -27,10 +27,10 @@ def mask_plan(inp: AttentionInputs) -> str:
     if inp.default_positions:
         return "causal"
     qp, kp = inp.q_positions, inp.k_positions
-    if qp.device.type == "cpu" and qp.shape[0] == 1 and kp.shape[0] == 1 and kp.numel() and qp.numel():
-        if int(kp.max()) <= int(qp.min()):
+    if qp.device.type == "cpu" and kp.numel() and qp.numel():
+        if bool((kp.amax(-1) <= qp.amin(-1)).all()):  # per sequence: every key at or before every query
             return "none"
-        if qp.shape == kp.shape and torch.equal(qp, kp) and bool((kp[0, 1:] > kp[0, :-1]).all()):
+        if qp.shape == kp.shape and qp.shape[0] == 1 and torch.equal(qp, kp) and bool((kp[0, 1:] > kp[0, :-1]).all()):
             return "causal"
     return "explicit"
 

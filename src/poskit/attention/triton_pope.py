@@ -970,3 +970,17 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
     out, _ = _pope_attn_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
                             key_padding_mask, bool(causal), float(scale), bool(softplus))
     return out
+
+
+def pope_attention_for(enc, q, k, v, *, q_positions, k_positions, scale: float, causal: bool,
+                       softplus: bool, key_padding_mask=None) -> torch.Tensor:
+    """`pope_attention_triton` with the tables and the fp32 phase bias taken from a pope encoding.
+
+    positions are (1|B, T), so the tables are (1|B, T, d); the kernel broadcasts a leading 1.
+    softplus=False feeds magnitudes (a KV cache of softplus(k)) straight to the kernel.
+    """
+    qc, qs = enc.cos_sin(q_positions, torch.float32)
+    kc, ks = enc.cos_sin(k_positions, torch.float32)
+    return pope_attention_triton(q, k, v, enc.clamped_delta_fp32(q.device), qc, qs, kc, ks, causal=causal,
+                                 scale=scale, q_positions=q_positions, k_positions=k_positions, softplus=softplus,
+                                 key_padding_mask=key_padding_mask)

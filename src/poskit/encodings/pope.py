@@ -65,6 +65,13 @@ class PolarEncoding(PositionalEncoding):
             return torch.zeros(self.num_heads, self.head_dim, device=like.device, dtype=like.dtype)
         return self.delta.clamp(DELTA_MIN, DELTA_MAX).to(like.dtype)
 
+    def clamped_delta_fp32(self, device) -> torch.Tensor:
+        """The phase bias in fp32 whatever the inputs' dtype: the fused kernels keep phases (and delta's
+        gradient) in fp32 so that half-precision inputs do not round delta."""
+        if self.delta is None:
+            return torch.zeros(self.num_heads, self.head_dim, device=device, dtype=torch.float32)
+        return self.delta.float().clamp(DELTA_MIN, DELTA_MAX)
+
     def magnitude(self, x: torch.Tensor) -> torch.Tensor:
         return F.softplus(x) if self.softplus else x
 
@@ -96,7 +103,7 @@ class PolarEncoding(PositionalEncoding):
         cos, sin = self.cos_sin(k_positions, _table_dtype(k))
         return polar_pair(k, cos.unsqueeze(1).to(k.dtype), sin.unsqueeze(1).to(k.dtype), self.softplus)
 
-    caches_encoded_keys = True  # the Cartesian key does not depend on the query: cache it, 2d wide
+    cache_form = "magnitude"  # the KV cache holds softplus(k), d wide (attention/pope_decode.py says why)
 
     qk_width = 2  # encoded q/k are twice head_dim wide: on CPU the engine prefers its blocked path
 

@@ -1,0 +1,106 @@
+"""PoPE attention against a KV cache that holds key *magnitudes* mu_k = softplus(k), d wide.
+
+Decoding is memory-bound: every step reads the whole cache. The Cartesian key mu_k [cos(s theta), sin(s theta)]
+is 2d wide, so a Cartesian cache reads 3d numbers per token (keys + values) against RoPE's 2d, and measured
+0.3-0.5x RoPE's decode speed (benchmarks/attention.py). The magnitude cache reads d + d like RoPE; the
+angles cos(s theta), sin(s theta) are tables shared by every batch row and head, small enough to stay in
+cache. The logits need them multiplied in per element,
+
+    logit[r, s] = sum_c mu_k[s, c] * (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)),
+    [a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)]   (the Cartesian query, eq. 6-9),
+
+which no GEMM expresses: eager PyTorch would write a (rows, L, d) temporary. So the sum is one fused loop:
+a `torch.compile`d kernel on CPU (compiled once per process, shapes dynamic), the fused Triton PoPE kernel
+(fed magnitudes with its softplus off) on CUDA. Where neither applies (float64, gradients, a causal mask
+inside the cached block, no compiler), the Cartesian keys are rebuilt from the magnitudes: exact, slower.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+
+from .inputs import AttentionInputs
+from .sdpa import blocked, mask_plan, sdpa, use_blocked
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_fused_failed = False  # set when compilation failed once: never retried in this process
+
+
+def fused_decode_enabled() -> bool:
+    """The compiled CPU kernel is used unless POSKIT_FUSED_DECODE=0 (or it failed to compile here)."""
+    return os.environ.get("POSKIT_FUSED_DECODE", "1") != "0" and not _fused_failed
+
+
+def _magnitude_logits(mu_k, a, b, cos, sin):
+    # mu_k (B, Hkv, L, d); a, b (B, Hkv, R, d); cos, sin (1|B, 1, 1, L, d) -> (B, Hkv, R, L) in fp32
+    mu = mu_k.float()[:, :, None]
+    return (mu * (a.float()[:, :, :, None] * cos + b.float()[:, :, :, None] * sin)).sum(-1)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_logits():
+    return torch.compile(_magnitude_logits, dynamic=True, fullgraph=True)
+
+
+def _fused_logits(mu_k, a, b, cos, sin):
+    """The compiled kernel, or None when it cannot run here (then the caller takes the exact fallback)."""
+    global _fused_failed
+    try:
+        return _compiled_logits()(mu_k, a, b, cos, sin)
+    except Exception as err:  # no C++ compiler, an unsupported platform: warn once, fall back for good
+        _fused_failed = True
+        warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
+                      "falling back to rebuilding Cartesian keys, which is exact but slower", RuntimeWarning)
+        return None
+
+
+def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
+    return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
+            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and mask_plan(inp) == "none")
+
+
+def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
+    """Append the new tokens of `inp` (k = v positions = q positions) to `layer` as magnitudes, with the
+    cos/sin of their positions, then attend the new queries to the whole layer. Returns (B, H, Tn, Dv)."""
+    table_dtype = torch.float64 if inp.q.dtype == torch.float64 else torch.float32
+    kcos, ksin = enc.cos_sin(inp.k_positions, table_dtype)  # (1|B, Tn, d): looked up once per token, kept
+    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=torch.cat((kcos, ksin), -1))
+    return attend_magnitudes(enc, inp.q, layer.keys, layer.values, inp.q_positions, layer.positions, layer.angles,
+                             inp.scale, use_triton)
+
+
+def attend_magnitudes(enc, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+                      k_positions: torch.Tensor, k_angles: torch.Tensor, scale: float, use_triton: bool) -> torch.Tensor:
+    """softmax(PoPE logits of q against cached magnitudes) @ v; causal by position.
+
+    q (B, H, Tq, d) raw queries; mu_k (B, Hkv, L, d) = enc.magnitude(k); v (B, Hkv, L, Dv);
+    q_positions (1|B, Tq), k_positions (1|B, L); k_angles (1|B, L, 2d) = [cos | sin] of k_positions * theta.
+    Returns (B, H, Tq, Dv).
+    """
+    inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, None, False)
+    if use_triton:
+        from .triton_pope import pope_attention_for
+
+        # the kernel takes magnitudes when its softplus is off
+        return pope_attention_for(enc, enc.magnitude(q), mu_k, v, q_positions=q_positions, k_positions=k_positions,
+                                  scale=scale, causal=True, softplus=False)
+    d = mu_k.shape[-1]
+    q2 = enc.encode_q(q, q_positions, scale=scale)  # (B, H, Tq, 2d) = [a | b], the scale folded in
+    kcos, ksin = k_angles[..., :d], k_angles[..., d:]  # (1|B, L, d)
+    if _can_fuse(inp, q2, mu_k):
+        B, H, Tq, _ = q.shape
+        rows = q2.reshape(B, mu_k.shape[1], -1, 2 * d)  # (B, Hkv, groups * Tq, 2d): head h = kv * groups + j
+        logits = _fused_logits(mu_k, rows[..., :d], rows[..., d:], kcos[:, None, None], ksin[:, None, None])
+        if logits is not None:
+            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v  # (B, Hkv, rows, Dv)
+            return out.reshape(B, H, Tq, v.shape[-1])
+    from ..encodings.polar_pair import polar_pair
+
+    k2 = polar_pair(mu_k, kcos[:, None].to(mu_k.dtype), ksin[:, None].to(mu_k.dtype), False)  # (B, Hkv, L, 2d)
+    if use_blocked(inp, enc):
+        return blocked(inp, q2, k2, v, prescaled=True)
+    return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, None, False), q2, k2, v)

@@ -1,0 +1,104 @@
+"""PoPE decoding against the magnitude KV cache: the fused CPU kernel, its fallbacks and the Triton path
+all equal the float64 reference."""
+import warnings
+
+import pytest
+import torch
+
+import poskit
+from poskit.attention import KVCache, cached_attention, pope_decode
+from conftest import build, make_qkv
+
+
+def _decode(enc, q, k, v, positions, prefill, backend="auto", cache=None):
+    """Prefill `prefill` tokens, then one token at a time; returns the concatenated outputs."""
+    cache = cache or KVCache(num_layers=1)
+    outs = [cached_attention(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill], enc, cache, 0,
+                             positions[..., :prefill], backend=backend)]
+    for t in range(prefill, q.shape[2]):
+        outs.append(cached_attention(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], enc, cache, 0,
+                                     positions[..., t:t + 1], backend=backend))
+    return torch.cat(outs, 2)
+
+
+def _reference(enc, q, k, v, positions):
+    enc64 = build("pope", head_dim=enc.head_dim, num_heads=enc.num_heads)
+    enc64.load_state_dict(enc.state_dict())
+    return poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference",
+                            q_positions=positions, k_positions=positions)
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_fused_cpu_decode_equals_reference_and_is_used(per_batch):
+    enc = build("pope", num_heads=8, dtype=torch.float32)
+    q, k, v = make_qkv(B=2, H=8, Hkv=2, Tq=21, Tk=21, dtype=torch.float32)
+    positions = torch.arange(10**6, 10**6 + 21)
+    if per_batch:  # each sequence at its own offset
+        positions = torch.stack((positions, positions + 1234))
+    before = pope_decode._compiled_logits.cache_info().hits + pope_decode._compiled_logits.cache_info().misses
+    with torch.no_grad():
+        out = _decode(enc, q, k, v, positions, prefill=5)
+    calls = pope_decode._compiled_logits.cache_info().hits + pope_decode._compiled_logits.cache_info().misses
+    assert calls - before == 16  # every single-token step took the fused kernel, the prefill did not
+    torch.testing.assert_close(out.double(), _reference(enc, q, k, v, positions), atol=2e-6, rtol=1e-5)
+
+
+def test_fused_cpu_decode_in_bfloat16_stays_close():
+    enc = build("pope", dtype=torch.float32)
+    q, k, v = make_qkv(B=2, H=4, Hkv=4, Tq=12, Tk=12, dtype=torch.float32)
+    positions = torch.arange(12)
+    ref = _reference(enc, q, k, v, positions)
+    with torch.no_grad():
+        out = _decode(enc.to(torch.bfloat16), *(t.bfloat16() for t in (q, k, v)), positions, prefill=4)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
+    enc = build("pope", dtype=torch.float32)
+    q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=9, Tk=9, dtype=torch.float32)
+    positions = torch.arange(9)
+    ref = _reference(enc, q, k, v, positions)
+
+    monkeypatch.setenv("POSKIT_FUSED_DECODE", "0")
+    with torch.no_grad():
+        torch.testing.assert_close(_decode(enc, q, k, v, positions, 3).double(), ref, atol=2e-6, rtol=1e-5)
+    monkeypatch.delenv("POSKIT_FUSED_DECODE")
+
+    def broken():
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(pope_decode, "_compiled_logits", lambda: broken)
+    monkeypatch.setattr(pope_decode, "_fused_failed", False)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _decode(enc, q, k, v, positions, 3)
+    assert any("could not be compiled" in str(w.message) for w in caught)
+    assert not pope_decode.fused_decode_enabled()  # not retried in this process
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
+def test_cache_holds_magnitudes_and_angles_of_each_position():
+    enc = build("pope")
+    q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=5, Tk=5)
+    cache = KVCache(num_layers=1)
+    positions = torch.tensor([3, 9, 27, 81, 243])
+    cached_attention(q, k, v, enc, cache, 0, positions)
+    layer = cache.layer(0)
+    torch.testing.assert_close(layer.keys, torch.nn.functional.softplus(k))
+    angles = positions[:, None].double() * enc.inv_freq  # theta_c = base^(-c/d), computed here in float64
+    torch.testing.assert_close(layer.angles[0], torch.cat((angles.cos(), angles.sin()), -1))
+
+
+def test_triton_decode_reads_the_magnitude_cache():
+    pytest.importorskip("triton", reason="the fused PoPE kernel needs triton")
+    from conftest import HAS_CUDA
+
+    device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run in the Triton interpreter
+    enc = build("pope", num_heads=4, dtype=torch.float32).to(device)
+    q, k, v = (t.to(device) for t in make_qkv(B=2, H=4, Hkv=2, Tq=7, Tk=7, dtype=torch.float32))
+    positions = torch.arange(7, device=device)
+    with torch.no_grad():
+        out = _decode(enc, q, k, v, positions, prefill=3, backend="triton")
+    torch.testing.assert_close(out.double().cpu(), _reference(enc.cpu(), q.cpu(), k.cpu(), v.cpu(), positions.cpu()),
+                               atol=1e-5, rtol=1e-4)
