@@ -144,3 +144,29 @@ def test_backpropagating_through_several_decode_steps_equals_the_full_forward(na
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("budget", [0, None])  # recomputed probabilities / kept from the forward
+@pytest.mark.parametrize("name", ["pope", "alibi"])
+def test_blocked_backward_is_exact_whether_probabilities_are_kept_or_recomputed(name, budget, monkeypatch):
+    from poskit.attention import blocked as blocked_module
+
+    if budget is not None:
+        monkeypatch.setattr(blocked_module, "SAVE_PROBS_BYTES", budget)
+    calls = []
+    original = blocked_module._block_probs
+    monkeypatch.setattr(blocked_module, "_block_probs", lambda *a: calls.append(1) or original(*a))
+    enc = build(name)
+    q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=70, Tk=70, requires_grad=True)  # two query blocks
+    params = [p for p in enc.parameters() if p.requires_grad]
+    out = poskit.attention(q, k, v, enc)
+    assert route(enc, q) == "blocked" and len(calls) == 2
+    upstream = torch.randn_like(out)
+    first = torch.autograd.grad(out, (q, k, v, *params), upstream, retain_graph=True)
+    assert len(calls) == (4 if budget == 0 else 2)  # the backward recomputed both blocks, or reused them
+    second = torch.autograd.grad(out, (q, k, v, *params), upstream)  # kept probabilities are not consumed
+    ref = poskit.attention(q, k, v, enc, backend="reference")
+    ref_grads = torch.autograd.grad(ref, (q, k, v, *params), upstream)
+    for a, b, r in zip(first, second, ref_grads):
+        torch.testing.assert_close(a, r)
+        torch.testing.assert_close(b, r)
