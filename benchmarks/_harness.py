@@ -1,50 +1,51 @@
 """Timing and peak-memory helpers shared by the benchmark scripts.
 
-Times are medians over repeats (these machines are noisy); peak memory is the growth of the process's
-resident set during the call, sampled by a background thread (torch ops release the GIL), which is what
-a CPU user actually pays. Every script prints ratios against a baseline measured in the same process.
+Times are medians over repeats (these machines are noisy). Peak memory is the allocator's high-water mark
+during one call above what was allocated before it: on CUDA from torch.cuda.max_memory_allocated, on CPU
+from the profiler's memory events (the resident set is no measure there: freed pages are kept or returned
+at the allocator's whim). Every script prints ratios against a baseline measured in the same process.
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
-import threading
+import tempfile
 import time
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+import torch
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
+def allocator_peak_bytes(fn, device: str = "cpu") -> int:
+    """Bytes allocated at the peak of one call of fn() above what was allocated when it started."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
 
-
-class PeakRSS:
-    """Context manager: .peak_mb is the largest RSS growth seen while the block ran."""
-
-    def __init__(self, interval: float = 0.0005):
-        self.interval, self.peak_mb = interval, 0.0
-
-    def __enter__(self):
-        gc.collect()
-        self.base = rss_bytes()
-        self.peak = self.base
-        self.running = True
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self):
-        while self.running:
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, rss_bytes())
-        self.peak_mb = (self.peak - self.base) / 2**20
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    # "[memory]" instant events carry the allocator's running total; its rise above the first value is the peak
+    mem = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in events
+                 if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {}))
+    if not mem:
+        return 0
+    base = mem[0][1] - mem[0][2]
+    return max(total for _, total, _ in mem) - base
 
 
 def median_ms(fn, repeats: int = 3, warmup: int = 1) -> float:
@@ -59,11 +60,9 @@ def median_ms(fn, repeats: int = 3, warmup: int = 1) -> float:
 
 
 def measure(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, float]:
-    """(median ms, peak MB of one call)."""
+    """(median ms, peak MB allocated by one call)."""
     ms = median_ms(fn, repeats, warmup)
-    with PeakRSS() as peak:
-        fn()
-    return ms, peak.peak_mb
+    return ms, allocator_peak_bytes(fn) / 2**20
 
 
 def table(rows: list[dict], columns: list[str]) -> str:

@@ -30,13 +30,16 @@ OPTIONS = {
     "rope-linear": dict(factor=4.0), "rope-ntk": dict(factor=4.0),
     "rope-dynamic": dict(factor=4.0, original_max_positions=1024),
     "rope-yarn": dict(factor=4.0, original_max_positions=1024),
-    "relative": dict(max_distance=8192), "relative-capped": dict(max_distance=256), "learned": dict(max_positions=8192),
+    "relative-capped": dict(max_distance=256), "learned": dict(max_positions=8192),
     "cope": dict(p_max=64),
 }
 
 
-def build(name, H, D, dtype):
-    return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **OPTIONS.get(name, {})).to(dtype)
+def build(name, H, D, dtype, T=None):
+    options = dict(OPTIONS.get(name, {}))
+    if name == "relative" and T:
+        options["max_distance"] = T  # every offset of the sequence has its embedding
+    return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **options).to(dtype)
 
 
 def inputs(B, H, T, D, dtype, grad):
@@ -128,12 +131,13 @@ def bench_grid(args):
                                  peak_MB=f"{base_mb:.0f}"))
                 cases, times = [], {}
                 for name in names:
-                    enc = build(name, H, D, dtype)
+                    enc = build(name, H, D, dtype, T)
                     path = route(enc, q)
                     label = f"{name} [{path}]"
                     absolute = enc.kind == "absolute"
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc))(enc)
-                    heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
+                    # the reference path and the relative bias (q . e for every offset: B x H x T x 2T) are O(T^2)
+                    heavy = (path == "reference" or enc.name.startswith("relative")) and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy, absolute))
                 if "pope" in names:
                     pope = build("pope", H, D, dtype)

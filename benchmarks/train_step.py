@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import statistics
-import tempfile
 import time
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import allocator_peak_bytes  # noqa: E402
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
@@ -81,32 +84,7 @@ def time_steps(run: Run, batch: Batch, n: int, device: str) -> float:
 def peak_memory(run: Run, batch: Batch, device: str) -> int:
     """Bytes allocated at the peak of one training step above what was allocated before it."""
     run.step(batch)  # optimizer state exists from here on, so it counts in the baseline
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        run.step(batch)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run.step(batch)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    # "[memory]" instant events carry the allocator's running total; its rise above the first value is the peak
-    mem = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in events
-                 if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {}))
-    if not mem:
-        return 0
-    base = mem[0][1] - mem[0][2]
-    return max(total for _, total, _ in mem) - base
+    return allocator_peak_bytes(lambda: run.step(batch), device)
 
 
 def main(argv=None) -> None:
