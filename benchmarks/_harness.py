@@ -59,6 +59,21 @@ def median_ms(fn, repeats: int = 3, warmup: int = 1) -> float:
     return 1000 * statistics.median(times)
 
 
+def interleaved_medians(fns: dict, rounds: int = 3, warmup: int = 1) -> dict:
+    """{label: median ms}, timing every fn once per round, round after round, so that a drift in the
+    machine's speed (other tenants, clocks) hits all of them alike and their ratios stay meaningful."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - t)
+    return {label: 1000 * statistics.median(ts) for label, ts in times.items()}
+
+
 def measure(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, float]:
     """(median ms, peak MB allocated by one call)."""
     ms = median_ms(fn, repeats, warmup)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import measure, table  # noqa: E402
+from _harness import allocator_peak_bytes, interleaved_medians, table  # noqa: E402
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
@@ -119,41 +119,38 @@ def bench_grid(args):
     B, H, D = args.B, args.H, args.D
     rows, peers = [], []  # peers: poskit's pope against the other PoPE implementations, same inputs
     names = poskit.available_encodings() if args.encodings == "all" else args.encodings.split(",")
+    baseline = "RoPE+SDPA (baseline)"
     for T in args.T:
         for dname in args.dtypes:
             dtype = DTYPES[dname]
             for mode in args.modes:
                 grad = mode == "fwdbwd"
                 q, k, v = inputs(B, H, T, D, dtype, grad)
-                rope = build("rope", H, D, dtype)
-                base_ms, base_mb = measure(runner(rope_sdpa_baseline(rope), q, k, v, mode), args.repeats)
-                rows.append(dict(T=T, dtype=dname, mode=mode, path="RoPE+SDPA (baseline)", ms=f"{base_ms:.1f}", ratio="1.00",
-                                 peak_MB=f"{base_mb:.0f}"))
-                cases, times = [], {}
+                cases = [(baseline, rope_sdpa_baseline(build("rope", H, D, dtype)), False)]
                 for name in names:
                     enc = build(name, H, D, dtype, T)
-                    path = route(enc, q)
-                    label = f"{name} [{path}]"
-                    absolute = enc.kind == "absolute"
+                    path = route(enc, q, k)
+                    label = f"{name} [{path}]" + (" (= none in attention)" if enc.kind == "absolute" else "")
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc))(enc)
                     # the reference path and the relative bias (q . e for every offset: B x H x T x 2T) are O(T^2)
                     heavy = (path == "reference" or enc.name.startswith("relative")) and est_reference_gb(B, H, T) > args.max_gb
-                    cases.append((label, fn, heavy, absolute))
+                    cases.append((label, fn, heavy))
                 if "pope" in names:
                     pope = build("pope", H, D, dtype)
                     cases += [
-                        ("pope: padded-v SDPA", pope_padded_sdpa(pope), False, False),
-                        ("pope: PoPE-pytorch style", pope_pytorch_style(pope), est_reference_gb(B, H, T) / 3 > args.max_gb, False),
-                        ("pope: naive complex", pope_naive_complex(pope), est_reference_gb(B, H, T) > args.max_gb, False),
+                        ("pope: padded-v SDPA", pope_padded_sdpa(pope), False),
+                        ("pope: PoPE-pytorch style", pope_pytorch_style(pope), est_reference_gb(B, H, T) / 3 > args.max_gb),
+                        ("pope: naive complex", pope_naive_complex(pope), est_reference_gb(B, H, T) > args.max_gb),
                     ]
-                for label, fn, heavy, absolute in cases:
+                runs = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
+                times = interleaved_medians(runs, rounds=args.repeats)
+                for label, fn, heavy in cases:
                     if heavy:
                         rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)"))
                         continue
-                    ms, mb = measure(runner(fn, q, k, v, mode), args.repeats)
-                    times[label] = ms
-                    rows.append(dict(T=T, dtype=dname, mode=mode, path=label + (" (= none in attention)" if absolute else ""),
-                                     ms=f"{ms:.1f}", ratio=f"{ms / base_ms:.2f}", peak_MB=f"{mb:.0f}"))
+                    mb = allocator_peak_bytes(runs[label]) / 2**20
+                    rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms=f"{times[label]:.1f}",
+                                     ratio=f"{times[label] / times[baseline]:.2f}", peak_MB=f"{mb:.0f}"))
                     print(rows[-1], file=sys.stderr, flush=True)
                 pope_ms = next((ms for label, ms in times.items() if label.startswith("pope [")), None)
                 for label in PEERS:
@@ -180,38 +177,43 @@ class CartesianCacheDecode:
                                  k_positions=layer.positions, causal=True)
 
 
+def decode_step(label, enc, q, k, v):
+    """A function running one decode step at position L against L cached keys, rolled back after."""
+    L = k.shape[2]
+    q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
+    new_position = torch.tensor([L])
+    if label.endswith("Cartesian cache"):
+        decode = CartesianCacheDecode(enc, k, v, torch.arange(L), L + 1)
+
+        def step():
+            decode(q1, k1, v1, new_position)
+            decode.cache.crop(L)
+        return step
+    cache = KVCache(num_layers=1, max_length=L + 1)
+    cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
+
+    def step():
+        cached_attention(q1, k1, v1, enc, cache, 0, new_position)
+        cache.crop(L)  # roll back so that every timed step sees L cached keys
+    return step
+
+
 def bench_decode(args):
     """One decode step (one new token per sequence) against a cache of L keys: append + attend."""
     B, H, D = args.B, args.H, args.D
     rows = []
+    forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"))
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:
-            results = {}
-            for label, name in (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope")):
-                enc = build(name, H, D, dtype)
-                with torch.no_grad():
-                    q, k, v = inputs(B, H, L, D, dtype, False)
-                    q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
-                    new_position = torch.tensor([L])
-                    if label.endswith("Cartesian cache"):
-                        decode = CartesianCacheDecode(enc, k, v, torch.arange(L), L + 1)
-
-                        def step():
-                            decode(q1, k1, v1, new_position)
-                            decode.cache.crop(L)
-                    else:
-                        cache = KVCache(num_layers=1, max_length=L + 1)
-                        cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
-
-                        def step():
-                            cached_attention(q1, k1, v1, enc, cache, 0, new_position)
-                            cache.crop(L)  # roll back so that every timed step sees L cached keys
-
-                    ms, _ = measure(step, repeats=args.repeats * 5, warmup=3)
-                results[label] = ms
+            q, k, v = inputs(B, H, L, D, dtype, False)
+            with torch.no_grad():
+                steps = {label: decode_step(label, build(name, H, D, dtype), q, k, v) for label, name in forms}
+                times = interleaved_medians(steps, rounds=args.repeats * 5, warmup=3)
+            for label, _ in forms:
+                ms = times[label]
                 rows.append(dict(dtype=dname, cache=L, encoding=label, ms_per_step=f"{ms:.3f}",
-                                 tokens_per_s=f"{B / ms * 1000:.0f}", vs_rope=f"{results['rope'] / ms:.2f}x"))
+                                 tokens_per_s=f"{B / ms * 1000:.0f}", vs_rope=f"{times['rope'] / ms:.2f}x"))
     return rows
 
 

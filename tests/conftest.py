@@ -27,6 +27,17 @@ if not HAS_CUDA:
 TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
+BF16_NEEDS_CUDA = pytest.mark.skipif(
+    not HAS_CUDA, reason="bf16 is tested on CUDA only: the Triton interpreter's bf16 tl.dot is wrong")
+
+
+def require_runnable_kernels(interpreted: bool, module: str) -> None:
+    """Skip a kernel test module that can run neither on a GPU nor in the interpreter."""
+    if not HAS_CUDA and not interpreted:
+        pytest.skip(f"no GPU, and {module} was imported before TRITON_INTERPRET=1 was set, so its kernels "
+                    "cannot run on CPU", allow_module_level=True)
+
+
 @pytest.fixture
 def triton_device() -> str:
     """The device the Triton kernel tests put their tensors on."""

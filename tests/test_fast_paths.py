@@ -75,6 +75,25 @@ def test_route_names_the_path_taken():
     assert route(build("relative"), q) == "sdpa"
     assert route(build("cope"), q) == "reference"
     assert route(build("rope"), q, backend="reference") == "reference"
+    long_keys = torch.zeros(1, 4, 4096, 16)
+    assert route(build("pope"), long_keys, long_keys) == "sdpa"  # padded flash kernel beyond BLOCKED_MAX_KEYS
+    assert route(build("pope"), q, long_keys) == "blocked"  # a few queries (decode) stay blocked
+
+
+def test_long_pope_sequences_take_padded_sdpa_exactly(monkeypatch):
+    from poskit.attention import sdpa as sdpa_module
+
+    monkeypatch.setattr(sdpa_module, "BLOCKED_MAX_KEYS", 8)  # so that a small test takes the long-sequence path
+    enc = build("pope")
+    q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=70, Tk=70, requires_grad=True)
+    assert route(enc, q, k) == "sdpa"
+    out = poskit.attention(q, k, v, enc)
+    ref = poskit.attention(q, k, v, enc, backend="reference")
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, enc.delta))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, enc.delta))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
 
 
 def test_cache_grows_past_its_allocation_and_keeps_every_token():
@@ -170,3 +189,28 @@ def test_blocked_backward_is_exact_whether_probabilities_are_kept_or_recomputed(
     for a, b, r in zip(first, second, ref_grads):
         torch.testing.assert_close(a, r)
         torch.testing.assert_close(b, r)
+
+
+@pytest.mark.parametrize("name", ["pope", "alibi"])
+def test_blocked_path_in_chunks_of_batch_rows_is_exact(name, monkeypatch):
+    # one batch row per chunk, with per-sequence positions, key padding and GQA: every slice must line up
+    from poskit.attention import blocked as blocked_module
+
+    monkeypatch.setattr(blocked_module, "CHUNK_BYTES", 1)
+    enc = build(name)
+    q, k, v = make_qkv(B=3, H=4, Hkv=2, Tq=40, Tk=70, requires_grad=True)
+    kp = torch.stack([torch.arange(70), torch.arange(70) + 5, torch.arange(70) * 2])
+    qp = kp[:, 30:]
+    pad = torch.ones(3, 70, dtype=torch.bool)
+    pad[1, :7] = False
+    kw = dict(q_positions=qp, k_positions=kp, key_padding_mask=pad)
+    params = [p for p in enc.parameters() if p.requires_grad]
+    out = poskit.attention(q, k, v, enc, **kw)
+    ref = poskit.attention(q, k, v, enc, backend="reference", **kw)
+    torch.testing.assert_close(out, ref)
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, *params), upstream)
+    ref_grads = torch.autograd.grad(ref, (q, k, v, *params), upstream)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    assert len(blocked_module._batch_chunks(3, 4, 64, 70, 8)) == 3

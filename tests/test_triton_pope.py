@@ -12,17 +12,11 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
 
-from conftest import HAS_CUDA  # noqa: E402  (NVML-based: no CUDA context at collection time)
+from conftest import BF16_NEEDS_CUDA, require_runnable_kernels  # noqa: E402
 
 from poskit.attention.triton_pope import kernels_interpreted, pope_attention_triton  # noqa: E402
 
-if not HAS_CUDA and not kernels_interpreted():
-    pytest.skip("no GPU, and poskit.attention.triton_pope was imported before TRITON_INTERPRET=1 "
-                "was set, so its kernels cannot run on CPU", allow_module_level=True)
-
-BF16_NEEDS_CUDA = pytest.mark.skipif(
-    not HAS_CUDA,
-    reason="bf16 is tested on CUDA only: the Triton interpreter's bf16 tl.dot is wrong")
+require_runnable_kernels(kernels_interpreted(), "poskit.attention.triton_pope")
 
 
 # ---------------------------------------------------------------------------

@@ -127,12 +127,17 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
     return backend
 
 
-def route(enc: PositionalEncoding, q: torch.Tensor, backend: str = "auto") -> str:
-    """The path `attention` takes: "reference", "sdpa", "blocked" (the exact CPU path of attention/blocked.py,
-    taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias) or "triton"."""
+def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = None, backend: str = "auto") -> str:
+    """The path `attention(q, k, ...)` takes: "reference", "sdpa", "blocked" (the exact CPU path of
+    attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias)
+    or "triton". k defaults to q's length."""
     chosen = choose_backend(enc, q, backend)
-    if chosen == "sdpa" and q.device.type == "cpu" and (getattr(enc, "qk_width", 1) != 1 or _is_static_bias(enc)):
-        return "blocked"
+    if chosen == "sdpa" and q.device.type == "cpu":
+        if _is_static_bias(enc):
+            return "blocked"
+        inp = AttentionInputs(q, q if k is None else k, None, None, None, 1.0, True, None)
+        if use_blocked(inp, enc):
+            return "blocked"
     return chosen
 
 

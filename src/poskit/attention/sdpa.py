@@ -35,9 +35,20 @@ def mask_plan(inp: AttentionInputs) -> str:
     return "explicit"
 
 
+# Beyond this many keys a training-size PoPE call is faster through SDPA's flash kernel with v zero-padded
+# to 2d (its key tiles stay in cache; the blocked path's full key rows do not), measured at B=8, H=8, d=64:
+# even at 2048 keys, blocked 1.4-1.5x faster at 1024 (benchmarks/attention.py).
+BLOCKED_MAX_KEYS = 2048
+
+
 def use_blocked(inp: AttentionInputs, enc) -> bool:
-    """On CPU, q/k wider than v (PoPE) run faster through the blocked path than through padded SDPA."""
-    return inp.q.device.type == "cpu" and getattr(enc, "qk_width", 1) != 1
+    """On CPU, q/k wider than v (PoPE) run faster through the blocked path than through padded SDPA,
+    up to BLOCKED_MAX_KEYS keys, and always for a few queries (decode)."""
+    from .blocked import DEFAULT_BLOCK
+
+    if inp.q.device.type != "cpu" or getattr(enc, "qk_width", 1) == 1:
+        return False
+    return inp.k.shape[2] <= BLOCKED_MAX_KEYS or inp.q.shape[2] <= DEFAULT_BLOCK
 
 
 def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None,
