@@ -43,6 +43,19 @@ def test_fused_cpu_decode_equals_reference_and_is_used(per_batch):
     torch.testing.assert_close(out.double(), _reference(enc, q, k, v, positions), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("options", [dict(softplus=False), dict(phase_bias=False)])
+def test_fused_cpu_decode_of_the_ablations(options):
+    enc = build("pope", dtype=torch.float32, **options)
+    q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=9, Tk=9, dtype=torch.float32)
+    positions = torch.arange(9)
+    enc64 = build("pope", **options)
+    enc64.load_state_dict(enc.state_dict())
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference")
+    with torch.no_grad():
+        out = _decode(enc, q, k, v, positions, prefill=3)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
 def test_fused_cpu_decode_in_bfloat16_stays_close():
     enc = build("pope", dtype=torch.float32)
     q, k, v = make_qkv(B=2, H=4, Hkv=4, Tq=12, Tk=12, dtype=torch.float32)

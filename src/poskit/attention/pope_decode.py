@@ -21,6 +21,7 @@ import os
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 from .inputs import AttentionInputs
 from .sdpa import blocked, mask_plan, sdpa, use_blocked
@@ -34,22 +35,34 @@ def fused_decode_enabled() -> bool:
     return os.environ.get("POSKIT_FUSED_DECODE", "1") != "0" and not _fused_failed
 
 
-def _magnitude_logits(mu_k, a, b, cos, sin):
-    # mu_k (B, Hkv, L, d); a, b (B, Hkv, R, d); cos, sin (1|B, 1, 1, L, d) -> (B, Hkv, R, L) in fp32
-    mu = mu_k.float()[:, :, None]
-    return (mu * (a.float()[:, :, :, None] * cos + b.float()[:, :, :, None] * sin)).sum(-1)
+def _decode_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
+    """(B, Hkv, groups * Tq, L) fp32 logits of raw queries against cached key magnitudes, in one graph.
+
+    q (B, H, Tq, d); q_angles (1|B, Tq, 2d) = [cos | sin] of the query positions * theta; delta (H, d) fp32;
+    mu_k (B, Hkv, L, d); k_angles (1|B, L, 2d). Query head h = kv * groups + j, as repeat_kv orders them.
+    """
+    B, H, Tq, d = q.shape
+    qf = q.float()
+    mu_q = F.softplus(qf) if softplus else qf
+    qc, qs = q_angles[:, None, :, :d], q_angles[:, None, :, d:]  # (1|B, 1, Tq, d)
+    cd, sd = delta.cos()[:, None], delta.sin()[:, None]  # (H, 1, d)
+    # [a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)]: PoPE's Cartesian query (eq. 6-9)
+    a = (scale * mu_q * (qc * cd + qs * sd)).reshape(B, mu_k.shape[1], -1, d)
+    b = (scale * mu_q * (qs * cd - qc * sd)).reshape(B, mu_k.shape[1], -1, d)
+    kc, ks = k_angles[:, None, None, :, :d], k_angles[:, None, None, :, d:]  # (1|B, 1, 1, L, d)
+    return (mu_k.float()[:, :, None] * (a[..., None, :] * kc + b[..., None, :] * ks)).sum(-1)
 
 
 @functools.lru_cache(maxsize=1)
 def _compiled_logits():
-    return torch.compile(_magnitude_logits, dynamic=True, fullgraph=True)
+    return torch.compile(_decode_logits, dynamic=True, fullgraph=True)
 
 
-def _fused_logits(mu_k, a, b, cos, sin):
+def _fused_logits(*args):
     """The compiled kernel, or None when it cannot run here (then the caller takes the exact fallback)."""
     global _fused_failed
     try:
-        return _compiled_logits()(mu_k, a, b, cos, sin)
+        return _compiled_logits()(*args)
     except Exception as err:  # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
@@ -68,18 +81,20 @@ def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) ->
     cos/sin of their positions, then attend the new queries to the whole layer. Returns (B, H, Tn, Dv)."""
     table_dtype = torch.float64 if inp.q.dtype == torch.float64 else torch.float32
     kcos, ksin = enc.cos_sin(inp.k_positions, table_dtype)  # (1|B, Tn, d): looked up once per token, kept
-    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=torch.cat((kcos, ksin), -1))
-    return attend_magnitudes(enc, inp.q, layer.keys, layer.values, inp.q_positions, layer.positions, layer.angles,
-                             inp.scale, use_triton)
+    angles = torch.cat((kcos, ksin), -1)
+    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles)
+    return attend_magnitudes(enc, inp.q, angles, layer.keys, layer.values, inp.q_positions, layer.positions,
+                             layer.angles, inp.scale, use_triton)
 
 
-def attend_magnitudes(enc, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                      k_positions: torch.Tensor, k_angles: torch.Tensor, scale: float, use_triton: bool) -> torch.Tensor:
+def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor,
+                      q_positions: torch.Tensor, k_positions: torch.Tensor, k_angles: torch.Tensor, scale: float,
+                      use_triton: bool) -> torch.Tensor:
     """softmax(PoPE logits of q against cached magnitudes) @ v; causal by position.
 
-    q (B, H, Tq, d) raw queries; mu_k (B, Hkv, L, d) = enc.magnitude(k); v (B, Hkv, L, Dv);
-    q_positions (1|B, Tq), k_positions (1|B, L); k_angles (1|B, L, 2d) = [cos | sin] of k_positions * theta.
-    Returns (B, H, Tq, Dv).
+    q (B, H, Tq, d) raw queries; q_angles (1|B, Tq, 2d) = [cos | sin] of q_positions * theta;
+    mu_k (B, Hkv, L, d) = enc.magnitude(k); v (B, Hkv, L, Dv); q_positions (1|B, Tq), k_positions (1|B, L);
+    k_angles (1|B, L, 2d) likewise. Returns (B, H, Tq, Dv).
     """
     inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, None, False)
     if use_triton:
@@ -89,18 +104,17 @@ def attend_magnitudes(enc, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor,
         return pope_attention_for(enc, enc.magnitude(q), mu_k, v, q_positions=q_positions, k_positions=k_positions,
                                   scale=scale, causal=True, softplus=False)
     d = mu_k.shape[-1]
-    q2 = enc.encode_q(q, q_positions, scale=scale)  # (B, H, Tq, 2d) = [a | b], the scale folded in
-    kcos, ksin = k_angles[..., :d], k_angles[..., d:]  # (1|B, L, d)
-    if _can_fuse(inp, q2, mu_k):
-        B, H, Tq, _ = q.shape
-        rows = q2.reshape(B, mu_k.shape[1], -1, 2 * d)  # (B, Hkv, groups * Tq, 2d): head h = kv * groups + j
-        logits = _fused_logits(mu_k, rows[..., :d], rows[..., d:], kcos[:, None, None], ksin[:, None, None])
+    if _can_fuse(inp, q, mu_k):
+        logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
+                               scale, enc.softplus)
         if logits is not None:
-            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v  # (B, Hkv, rows, Dv)
-            return out.reshape(B, H, Tq, v.shape[-1])
+            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
+            return out.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     from ..encodings.polar_pair import polar_pair
 
-    k2 = polar_pair(mu_k, kcos[:, None].to(mu_k.dtype), ksin[:, None].to(mu_k.dtype), False)  # (B, Hkv, L, 2d)
+    q2 = enc.encode_q(q, q_positions, scale=scale)  # (B, H, Tq, 2d), the scale folded in
+    kcos, ksin = k_angles[:, None, :, :d].to(mu_k.dtype), k_angles[:, None, :, d:].to(mu_k.dtype)
+    k2 = polar_pair(mu_k, kcos, ksin, False)  # (B, Hkv, L, 2d)
     if use_blocked(inp, enc):
         return blocked(inp, q2, k2, v, prescaled=True)
     return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, None, False), q2, k2, v)
