@@ -35,10 +35,10 @@ def test_fused_cpu_decode_equals_reference_and_is_used(per_batch):
     positions = torch.arange(10**6, 10**6 + 21)
     if per_batch:  # each sequence at its own offset
         positions = torch.stack((positions, positions + 1234))
-    before = pope_decode._compiled_logits.cache_info().hits + pope_decode._compiled_logits.cache_info().misses
+    before = pope_decode._compiled.cache_info().hits + pope_decode._compiled.cache_info().misses
     with torch.no_grad():
         out = _decode(enc, q, k, v, positions, prefill=5)
-    calls = pope_decode._compiled_logits.cache_info().hits + pope_decode._compiled_logits.cache_info().misses
+    calls = pope_decode._compiled.cache_info().hits + pope_decode._compiled.cache_info().misses
     assert calls - before == 16  # every single-token step took the fused kernel, the prefill did not
     torch.testing.assert_close(out.double(), _reference(enc, q, k, v, positions), atol=2e-6, rtol=1e-5)
 
@@ -81,7 +81,7 @@ def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
     def broken():
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(pope_decode, "_compiled_logits", lambda: broken)
+    monkeypatch.setattr(pope_decode, "_compiled", lambda: (broken, broken))
     monkeypatch.setattr(pope_decode, "_fused_failed", False)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -35,34 +35,48 @@ def fused_decode_enabled() -> bool:
     return os.environ.get("POSKIT_FUSED_DECODE", "1") != "0" and not _fused_failed
 
 
-def _decode_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
-    """(B, Hkv, groups * Tq, L) fp32 logits of raw queries against cached key magnitudes, in one graph.
+def _query_rows(q, q_angles, delta, scale: float, softplus: bool, kv_heads: int):
+    """[a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)], PoPE's Cartesian query (eq. 6-9),
+    as (B, Hkv, groups * Tq, d) fp32 each: query head h = kv * groups + j, as repeat_kv orders them.
 
-    q (B, H, Tq, d); q_angles (1|B, Tq, 2d) = [cos | sin] of the query positions * theta; delta (H, d) fp32;
-    mu_k (B, Hkv, L, d); k_angles (1|B, L, 2d). Query head h = kv * groups + j, as repeat_kv orders them.
+    q (B, H, Tq, d); q_angles (1|B, Tq, 2d) = [cos | sin] of the query positions * theta; delta (H, d) fp32.
     """
     B, H, Tq, d = q.shape
     qf = q.float()
     mu_q = F.softplus(qf) if softplus else qf
     qc, qs = q_angles[:, None, :, :d], q_angles[:, None, :, d:]  # (1|B, 1, Tq, d)
     cd, sd = delta.cos()[:, None], delta.sin()[:, None]  # (H, 1, d)
-    # [a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)]: PoPE's Cartesian query (eq. 6-9)
-    a = (scale * mu_q * (qc * cd + qs * sd)).reshape(B, mu_k.shape[1], -1, d)
-    b = (scale * mu_q * (qs * cd - qc * sd)).reshape(B, mu_k.shape[1], -1, d)
+    a = (scale * mu_q * (qc * cd + qs * sd)).reshape(B, kv_heads, -1, d)
+    b = (scale * mu_q * (qs * cd - qc * sd)).reshape(B, kv_heads, -1, d)
+    return a, b
+
+
+def _magnitude_logits(mu_k, a, b, k_angles):
+    """(B, Hkv, R, L) fp32: sum_c mu_k[s, c] (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)).
+
+    mu_k (B, Hkv, L, d); a, b (B, Hkv, R, d); k_angles (1|B, L, 2d) = [cos | sin] of the key positions.
+    Compiled apart from _query_rows: in one graph the compiler inlines the query's softplus, cos and sin into
+    this loop and recomputes them for every key (measured 2x slower).
+    """
+    d = mu_k.shape[-1]
     kc, ks = k_angles[:, None, None, :, :d], k_angles[:, None, None, :, d:]  # (1|B, 1, 1, L, d)
     return (mu_k.float()[:, :, None] * (a[..., None, :] * kc + b[..., None, :] * ks)).sum(-1)
 
 
 @functools.lru_cache(maxsize=1)
-def _compiled_logits():
-    return torch.compile(_decode_logits, dynamic=True, fullgraph=True)
+def _compiled():
+    compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True)
+    return compile_(_query_rows), compile_(_magnitude_logits)
 
 
-def _fused_logits(*args):
-    """The compiled kernel, or None when it cannot run here (then the caller takes the exact fallback)."""
+def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
+    """(B, Hkv, groups * Tq, L) fp32 logits by the compiled kernels, or None when they cannot run here (then
+    the caller takes the exact fallback)."""
     global _fused_failed
     try:
-        return _compiled_logits()(*args)
+        query_rows, magnitude_logits = _compiled()
+        a, b = query_rows(q, q_angles, delta, scale, softplus, mu_k.shape[1])
+        return magnitude_logits(mu_k, a, b, k_angles)
     except Exception as err:  # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
