@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import allocator_peak_bytes, interleaved_medians, table  # noqa: E402
+from _harness import allocator_peak_bytes, interleaved_medians, keep_freed_memory, table  # noqa: E402
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
@@ -235,7 +235,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "
+          f"threads; medians of {args.repeats} interleaved rounds; glibc keeps freed memory (benchmarks/_harness.py)\n")
     if not args.skip_grid:
         rows, peers = bench_grid(args)
         print(table(rows, ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB"]))
@@ -249,4 +250,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    keep_freed_memory()
     main()

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import allocator_peak_bytes  # noqa: E402
+from _harness import allocator_peak_bytes, keep_freed_memory  # noqa: E402
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
@@ -136,4 +136,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()
     main()
