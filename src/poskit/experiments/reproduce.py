@@ -3,9 +3,8 @@
 Each reproduction is a `compare` with fixed settings: the paper's task scaled down until one model trains on
 one CPU core in minutes to hours. A reproduction with variants (counting: 1, 3 and 5 variables, as the CoPE
 paper's Table 3) runs one compare per variant under <out>/<field>_<value>/ and writes one results.json and one
-table with a column naming the variant of each row. Run times in the summaries are wall-clock on a 2-core CPU
-with two single-thread workers, measured while the machine was shared; the outcomes are in
-docs/reproductions.md.
+table with a column naming the variant of each row. Run times in the summaries are wall-clock on an idle 2-core
+CPU with two single-thread workers; the outcomes are in docs/reproductions.md.
 """
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ _COMMON = {"beta1": 0.9, "weight_decay": 0.01, "grad_clip": 1.0, "log_every": 50
 REPRODUCTIONS: dict[str, Reproduction] = {
     "indirect-indexing": Reproduction(
         paper="PoPE paper, Table 1 (App. B: 8 layers, d 512, lr 2e-4 -> 2e-5, warmup 4k, 100k steps, batch 64)",
-        summary="rope vs pope, 2 layers d 64, 100k steps: about 2 h per model on an idle core",
+        summary="rope vs pope, 2 layers d 64, 100k steps: about 2 h for both on 2 idle cores (75 and 58 ms per step)",
         config={"task": "indirect-indexing", "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "encoding": "rope"},
                 "batch_size": 64, "max_steps": 100_000, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 4000,
                 "beta2": 0.99, "eval_every": 2000, "checkpoint_every": 2000, **_COMMON},
@@ -67,7 +66,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     ),
     "flip-flop": Reproduction(
         paper="CoPE paper, Table 2 left (4 layers, d 256, 10k steps, lr 3e-4; length 512)",
-        summary="none, rope, pope, alibi, cope at length 64, 2 layers d 64, 1000 steps, 3 seeds: 16 min",
+        summary="none, rope, pope, alibi, cope at length 64, 2 layers d 64, 1000 steps, 3 seeds: 8 min on 2 idle cores",
         config={"task": "flip-flop", "task_options": {"length": 64, "eval_size": 1000},
                 "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "encoding": "rope"},
                 "batch_size": 32, "max_steps": 1000, "lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.05,
@@ -78,7 +77,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "selective-copy": Reproduction(
         paper="CoPE paper, Table 2 right (2 layers, d 64, 2 heads, 100k steps; 256 tokens, 256 blanks)",
         summary="rope, pope, relative, cope; 16 tokens, 16 blanks (OOD 8 / 32), 2 layers d 64, 1000 steps, "
-                "3 seeds: 13 min",
+                "3 seeds: 4.5 min on 2 idle cores",
         config={"task": "selective-copy", "task_options": {"n_tokens": 16, "n_blanks": 16, "ood_dense_blanks": 8,
                                                            "ood_sparse_blanks": 32},
                 "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "encoding": "rope"},
@@ -90,8 +89,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "counting": Reproduction(
         paper="CoPE paper, Tables 3-4 (relative PE vs CoPE; 512 operations, 1/3/5 variables)",
         summary="relative, rope, pope, cope; up to 64 operations, 2 layers d 64, 1000 steps; 3 variables with 3 "
-                "seeds (23 min), 1 and 5 variables with 1 seed each to keep the time down: about 38 min in all "
-                "(estimated from the 3-variable time)",
+                "seeds, 1 and 5 variables with 1 seed each to keep the time down: 19 min on 2 idle cores",
         config={"task": "counting", "task_options": {"max_steps": 64, "n_vars": 3},
                 "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "encoding": "rope"},
                 "batch_size": 32, "max_steps": 1000, "lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.05,
