@@ -407,6 +407,13 @@ def _dot_config(dtype: torch.dtype, device: torch.device):
     return dot, "ieee" if dtype == torch.float32 else None
 
 
+def _stand_ins(k, gk, z, slopes, kpm, lse, kv_end):
+    """Pointer arguments for the inputs a launch does not have: the constexpr flags switch their loads off,
+    so any valid tensor of the same kind will do. Returns (gate keys, z, slopes, key padding mask)."""
+    return (gk if gk is not None else k, z if z is not None else lse,
+            slopes if slopes is not None else lse, kpm if kpm is not None else kv_end)
+
+
 def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, causal, scale, p_max, blocks, num_warps):
     _check_device(q)
     B, H, Tq, D = q.shape
@@ -417,11 +424,7 @@ def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, causal, scale
     o = torch.empty(B, H, Tq, DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
     gtot = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    gk_ = gk if sep else k
-    # unused pointer arguments (the constexpr flags switch their loads off) get any valid tensor
-    z_ = z if z is not None else lse
-    slopes_ = slopes if alibi else lse
-    kpm_ = kpm if kpm is not None else kv_end_f
+    gk_, z_, slopes_, kpm_ = _stand_ins(k, gk, z, slopes, kpm, lse, kv_end_f)
     dot_dtype, precision = _dot_config(q.dtype, q.device)
     nqb = triton.cdiv(Tq, bm)
     _cope_fwd_kernel[(nqb, B * H)](
@@ -456,10 +459,7 @@ def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot,
     dgk = torch.zeros(B, Hkv, Tk, D, **f32) if sep else dk
     dz = torch.zeros(B, H, Tq, p_max, **f32) if not alibi else dq
     dsl = torch.zeros(H, **f32) if alibi else dq
-    gk_ = gk if sep else k
-    z_ = z if z is not None else lse
-    slopes_ = slopes if alibi else lse
-    kpm_ = kpm if kpm is not None else kv_end_b
+    gk_, z_, slopes_, kpm_ = _stand_ins(k, gk, z, slopes, kpm, lse, kv_end_b)
     dot_dtype, precision = _dot_config(q.dtype, q.device)
     nqb = triton.cdiv(Tq, bm)
     _cope_bwd_kernel[(nqb, B * H)](
