@@ -214,3 +214,15 @@ def test_blocked_path_in_chunks_of_batch_rows_is_exact(name, monkeypatch):
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
     assert len(blocked_module._batch_chunks(3, 4, 64, 70, 8)) == 3
+
+
+def test_cache_append_rejects_mismatched_tensors():
+    cache = KVCache(num_layers=1)
+    k = torch.zeros(2, 2, 3, 16)
+    with pytest.raises(ValueError, match="keys and values must be"):
+        cache.append(0, k, torch.zeros(2, 2, 4, 16), torch.arange(3))
+    with pytest.raises(ValueError, match=r"positions must be \(T,\) or \(1\|B, T\) with T=3"):
+        cache.append(0, k, torch.zeros(2, 2, 3, 16), torch.arange(4))
+    with pytest.raises(ValueError, match="positions must be"):
+        cache.append(0, k, torch.zeros(2, 2, 3, 16), torch.zeros(3, 3, dtype=torch.long))
+    assert cache.length == 0  # nothing was half-appended

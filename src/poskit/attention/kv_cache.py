@@ -92,6 +92,13 @@ class LayerCache:
         return self._keys.length
 
     def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+        if keys.dim() != 4 or values.dim() != 4 or values.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"keys and values must be (B, H_kv, T, .) tensors with the same B, H_kv and T, got "
+                             f"{tuple(keys.shape)} and {tuple(values.shape)}")
+        if positions.dim() not in (1, 2) or positions.shape[-1] != keys.shape[2] or (
+                positions.dim() == 2 and positions.shape[0] not in (1, keys.shape[0])):
+            raise ValueError(f"positions must be (T,) or (1|B, T) with T={keys.shape[2]} and B={keys.shape[0]}, "
+                             f"got {tuple(positions.shape)}")
         if self.length:
             if self.encoded != encoded:
                 raise ValueError("a layer cache cannot mix raw and encoded keys")
