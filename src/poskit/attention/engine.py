@@ -10,7 +10,6 @@ backend="auto":      triton for pope/cope on CUDA when triton is importable, els
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 

@@ -91,6 +91,73 @@ def _next_pow2(n: int, lo: int = 16) -> int:
 if _HAS_TRITON:
 
     @triton.jit
+    def _tile_logits_and_gates(q, k_base, g_base, KPOS_b, KPM_b, qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
+                               skt, skd, sgt, sgd, scale,
+                               CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
+                               PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        """For one key tile: its keys (and gate keys), the content logits q.k * scale, which entries are
+        visible (causal by position, key padding, ragged tail) and the gates sigmoid(gate logit), 0 where
+        not visible."""
+        kd_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd, mask=kd_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        vis = m_ok[:, None] & n_ok[None, :]
+        if CAUSAL:
+            kpos = tl.load(KPOS_b + offs_s, mask=n_ok, other=0)
+            vis = vis & (kpos[None, :] <= qpos[:, None])
+        if HAS_KPM:
+            kpm = tl.load(KPM_b + offs_s, mask=n_ok, other=0)
+            vis = vis & (kpm != 0)[None, :]
+        if SEP_GATES:
+            gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd, mask=kd_mask,
+                         other=0.0).to(DOT_DTYPE)
+            gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
+        else:
+            gk = k
+            gl = s
+        g = 1.0 / (1.0 + tl.exp(-gl))
+        g = tl.where(vis, g, 0.0)
+        return k, gk, s, vis, g
+
+    @triton.jit
+    def _query_positions(QPOS_b, offs_m, m_ok, CAUSAL: tl.constexpr):
+        # without causal masking positions are never read (QPOS is then a stand-in pointer)
+        if CAUSAL:
+            qpos = tl.load(QPOS_b + offs_m, mask=m_ok, other=0)
+        else:
+            qpos = offs_m
+        return qpos
+
+    @triton.jit
+    def _head_slope(SLOPES, h, ALIBI: tl.constexpr):
+        # SLOPES is a stand-in pointer unless ALIBI
+        if ALIBI:
+            slope = tl.load(SLOPES + h).to(tl.float32)
+        else:
+            slope = 0.0
+        return slope
+
+    @triton.jit
+    def _position_bias(p, z_row, vis, slope, P, ALIBI: tl.constexpr):
+        """The bias of contextual positions p clamped to P - 1: -slope * p (cope-alibi) or z interpolated
+        between its floor and ceiling entries of the query's row of z. Returns it with the clamped p, the
+        two z values, the interpolation weight and the two indices (the backward needs them)."""
+        pc = tl.minimum(p, P - 1.0)
+        fl = tl.floor(pc)
+        w = pc - fl
+        fl_i = fl.to(tl.int32)
+        ce_i = tl.ceil(pc).to(tl.int32)
+        if ALIBI:
+            zf = w
+            zc = w
+            bias = -slope * pc
+        else:
+            zf = tl.load(z_row[:, None] + fl_i, mask=vis, other=0.0)
+            zc = tl.load(z_row[:, None] + ce_i, mask=vis, other=0.0)
+            bias = zc * w + zf * (1.0 - w)
+        return bias, pc, zf, zc, w, fl_i, ce_i
+
+    @triton.jit
     def _cope_fwd_kernel(
         Q, K, V, GK, Z, SLOPES, QPOS, KPOS, KPM, KV_END,
         O, LSE, GTOT,
@@ -122,11 +189,9 @@ if _HAS_TRITON:
 
         q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                     mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
-        if CAUSAL:
-            qpos = tl.load(QPOS + b * s_qpos_b + offs_m, mask=m_ok, other=0)
+        qpos = _query_positions(QPOS + b * s_qpos_b, offs_m, m_ok, CAUSAL)
         z_row = Z + (pid_bh.to(tl.int64) * Tq + offs_m) * P
-        if ALIBI:
-            slope = tl.load(SLOPES + h).to(tl.float32)
+        slope = _head_slope(SLOPES, h, ALIBI)
 
         k_base = K + b * skb + hk * skh
         v_base = V + b * svb + hk * svh
@@ -144,35 +209,13 @@ if _HAS_TRITON:
             start_n = (n_blocks - 1 - jb) * BLOCK_N  # walk backwards
             offs_s = start_n + offs_n
             n_ok = offs_s < kv_end
-            k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd,
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            vis = m_ok[:, None] & n_ok[None, :]
-            if CAUSAL:
-                kpos = tl.load(KPOS + b * s_kpos_b + offs_s, mask=n_ok, other=0)
-                vis = vis & (kpos[None, :] <= qpos[:, None])
-            if HAS_KPM:
-                kpm = tl.load(KPM + b * s_kpm_b + offs_s, mask=n_ok, other=0)
-                vis = vis & (kpm != 0)[None, :]
-            if SEP_GATES:
-                gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd,
-                             mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
-                gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
-            else:
-                gl = s
-            g = 1.0 / (1.0 + tl.exp(-gl))
-            g = tl.where(vis, g, 0.0)
+            _, _, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS + b * s_kpos_b, KPM + b * s_kpm_b,
+                                                     qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
+                                                     skt, skd, sgt, sgd, scale,
+                                                     CAUSAL, HAS_KPM, SEP_GATES, PRECISION, DOT_DTYPE)
             p = carry[:, None] + tl.cumsum(g, axis=1, reverse=True)
             carry += tl.sum(g, axis=1)
-            pc = tl.minimum(p, P - 1.0)
-            if ALIBI:
-                bias = -slope * pc
-            else:
-                fl = tl.floor(pc)
-                w = pc - fl
-                zf = tl.load(z_row[:, None] + fl.to(tl.int32), mask=vis, other=0.0)
-                zc = tl.load(z_row[:, None] + tl.ceil(pc).to(tl.int32), mask=vis, other=0.0)
-                bias = zc * w + zf * (1.0 - w)
+            bias, _, _, _, _, _, _ = _position_bias(p, z_row, vis, slope, P, ALIBI)
             logits = tl.where(vis, s + bias, float("-inf"))
 
             m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -236,13 +279,11 @@ if _HAS_TRITON:
         lse = tl.load(LSE + row, mask=m_ok, other=0.0)
         gtot = tl.load(GTOT + row, mask=m_ok, other=0.0)
         delta = tl.load(DELTA + row, mask=m_ok, other=0.0)
-        if CAUSAL:
-            qpos = tl.load(QPOS + b * s_qpos_b + offs_m, mask=m_ok, other=0)
+        qpos = _query_positions(QPOS + b * s_qpos_b, offs_m, m_ok, CAUSAL)
         z_row = Z + row * P
         dz_row = DZ + row * P
-        if ALIBI:
-            slope = tl.load(SLOPES + h).to(tl.float32)
-            dslope = tl.zeros([BLOCK_M], tl.float32)
+        slope = _head_slope(SLOPES, h, ALIBI)
+        dslope = tl.zeros([BLOCK_M], tl.float32)
 
         k_base = K + b * skb + hk * skh
         v_base = V + b * svb + hk * svh
@@ -264,42 +305,19 @@ if _HAS_TRITON:
             offs_s = start_n + offs_n
             n_ok = offs_s < kv_end
             kd_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd, mask=kd_mask, other=0.0).to(DOT_DTYPE)
+            k, gk, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS + b * s_kpos_b, KPM + b * s_kpm_b,
+                                                      qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
+                                                      skt, skd, sgt, sgd, scale,
+                                                      CAUSAL, HAS_KPM, SEP_GATES, PRECISION, DOT_DTYPE)
             v = tl.load(v_base + offs_s[:, None] * svt + offs_dv[None, :] * svd,
                         mask=n_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            vis = m_ok[:, None] & n_ok[None, :]
-            if CAUSAL:
-                kpos = tl.load(KPOS + b * s_kpos_b + offs_s, mask=n_ok, other=0)
-                vis = vis & (kpos[None, :] <= qpos[:, None])
-            if HAS_KPM:
-                kpm = tl.load(KPM + b * s_kpm_b + offs_s, mask=n_ok, other=0)
-                vis = vis & (kpm != 0)[None, :]
-            if SEP_GATES:
-                gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd, mask=kd_mask,
-                             other=0.0).to(DOT_DTYPE)
-                gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
-            else:
-                gl = s
-            g = 1.0 / (1.0 + tl.exp(-gl))
-            g = tl.where(vis, g, 0.0)
             tile_sum = tl.sum(g, axis=1)
             # suffix sum = (gates after this tile) + in-tile reverse cumsum
             p = (gtot - carry_g - tile_sum)[:, None] + tl.cumsum(g, axis=1, reverse=True)
             p = tl.maximum(p, 0.0)
             carry_g += tile_sum
             clamp_ok = p <= P - 1.0
-            pc = tl.minimum(p, P - 1.0)
-            if ALIBI:
-                bias = -slope * pc
-            else:
-                fl = tl.floor(pc)
-                w = pc - fl
-                fl_i = fl.to(tl.int32)
-                ce_i = tl.ceil(pc).to(tl.int32)
-                zf = tl.load(z_row[:, None] + fl_i, mask=vis, other=0.0)
-                zc = tl.load(z_row[:, None] + ce_i, mask=vis, other=0.0)
-                bias = zc * w + zf * (1.0 - w)
+            bias, pc, zf, zc, w, fl_i, ce_i = _position_bias(p, z_row, vis, slope, P, ALIBI)
             logits = tl.where(vis, s + bias, float("-inf"))
             pr = tl.exp(logits - lse[:, None])  # attention probabilities (0 where masked)
 

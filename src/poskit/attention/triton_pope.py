@@ -112,6 +112,67 @@ if HAS_TRITON:
         return x, mu, c, s
 
     @triton.jit
+    def _load_delta(DCOS, DSIN, h, offs_d, HEAD_D: tl.constexpr):
+        """cos and sin of head h's phase bias delta (fp32, one per channel)."""
+        d_mask = offs_d < HEAD_D
+        dc = tl.load(DCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
+        ds = tl.load(DSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
+        return dc, ds
+
+    @triton.jit
+    def _load_query(Q, QC, QS, dc, ds, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
+                    HEAD_D: tl.constexpr, SOFTPLUS: tl.constexpr):
+        """Raw q, its magnitude and cos/sin of its angle minus the phase bias: the query's polar form."""
+        q_raw, mu_q, qc, qs = _load_polar(Q, QC, QS, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
+                                          HEAD_D, SOFTPLUS)
+        cq = qc * dc[None, :] + qs * ds[None, :]  # cos(a_q - delta)
+        sq = qs * dc[None, :] - qc * ds[None, :]  # sin(a_q - delta)
+        return q_raw, mu_q, cq, sq
+
+    @triton.jit
+    def _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
+                          stride_kt, stride_kd, kcs_t, kcs_d, stride_kpt, stride_padt,
+                          MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+                          SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr,
+                          DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+        """Logits of a query block against one key block (masked entries -inf) and the block's Cartesian
+        keys; MASKED=False skips the element mask for blocks every query sees whole."""
+        _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, stride_kt, stride_kd,
+                                      kcs_t, kcs_d, HEAD_D, SOFTPLUS)
+        kx = (mu_k * kc).to(DOT_DTYPE)
+        ky = (mu_k * ks).to(DOT_DTYPE)
+        s = _mm(qx, tl.trans(kx), None, DOT_IEEE)
+        s = _mm(qy, tl.trans(ky), s, DOT_IEEE)
+        if MASKED:
+            valid = n_mask[None, :]
+            if CAUSAL:
+                kpos = tl.load(KPOS + offs_n * stride_kpt, mask=n_mask, other=0)
+                valid = valid & (kpos[None, :] <= qpos[:, None])
+            if HAS_PAD:
+                pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
+                valid = valid & (pad != 0)[None, :]
+            s = tl.where(valid, s, float("-inf"))
+        elif HAS_PAD:
+            pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
+            s = tl.where((pad != 0)[None, :], s, float("-inf"))
+        return s, kx, ky
+
+    @triton.jit
+    def _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Key blocks of query block pid_m: [0, n_full) seen whole by every query, [n_lo, n_hi) in part
+        (causal boundary, ragged tail); under causal masking the host precomputed them from positions."""
+        if CAUSAL:
+            bp = BOUNDS + b * sbd_b + pid_m * sbd_m
+            n_full = tl.load(bp)
+            n_lo = tl.load(bp + 1)
+            n_hi = tl.load(bp + 2)
+        else:
+            n_full = Tk // BLOCK_N
+            n_lo = n_full
+            n_hi = tl.cdiv(Tk, BLOCK_N)
+        return n_full, n_lo, n_hi
+
+    @triton.jit
     def _fwd_inner(acc, l_i, m_i, qx, qy, qpos, K, V, KC, KS, KPOS, KPAD,
                    lo, hi, Tk, offs_n0, offs_d, offs_dv,
                    stride_kt, stride_kd, stride_vt, stride_vd, kcs_t, kcs_d, stride_kpt, stride_padt,
@@ -121,24 +182,9 @@ if HAS_TRITON:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             n_mask = offs_n < Tk
-            _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, stride_kt, stride_kd,
-                                          kcs_t, kcs_d, HEAD_D, SOFTPLUS)
-            kx = (mu_k * kc).to(DOT_DTYPE)
-            ky = (mu_k * ks).to(DOT_DTYPE)
-            s = _mm(qx, tl.trans(kx), None, DOT_IEEE)
-            s = _mm(qy, tl.trans(ky), s, DOT_IEEE)
-            if MASKED:
-                valid = n_mask[None, :]
-                if CAUSAL:
-                    kpos = tl.load(KPOS + offs_n * stride_kpt, mask=n_mask, other=0)
-                    valid = valid & (kpos[None, :] <= qpos[:, None])
-                if HAS_PAD:
-                    pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
-                    valid = valid & (pad != 0)[None, :]
-                s = tl.where(valid, s, float("-inf"))
-            elif HAS_PAD:
-                pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
-                s = tl.where((pad != 0)[None, :], s, float("-inf"))
+            s, _, _ = _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
+                                        stride_kt, stride_kd, kcs_t, kcs_d, stride_kpt, stride_padt,
+                                        MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, DOT_IEEE)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_safe[:, None])
@@ -179,16 +225,13 @@ if HAS_TRITON:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         m_mask = offs_m < Tq
-        d_mask = offs_d < HEAD_D
 
-        Qb = Q + b * sq_b + h * sq_h
-        _, mu_q, qc, qs = _load_polar(Qb, QC + b * sqc_b, QS + b * sqc_b, offs_m, m_mask, offs_d,
-                                      sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-        dc = tl.load(DCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        ds = tl.load(DSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        # cos(a - delta), sin(a - delta); fold scale * log2(e) into the query
-        qx = (mu_q * (qc * dc[None, :] + qs * ds[None, :]) * qk_scale).to(DOT_DTYPE)
-        qy = (mu_q * (qs * dc[None, :] - qc * ds[None, :]) * qk_scale).to(DOT_DTYPE)
+        dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
+        _, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, dc, ds,
+                                      offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
+        # fold scale * log2(e) into the query
+        qx = (mu_q * cq * qk_scale).to(DOT_DTYPE)
+        qy = (mu_q * sq * qk_scale).to(DOT_DTYPE)
 
         qpos = tl.load(QPOS + b * sqp_b + offs_m * sqp_t, mask=m_mask, other=0)
 
@@ -203,15 +246,7 @@ if HAS_TRITON:
         KPOSb = KPOS + b * skp_b
         KPADb = KPAD + b * spad_b
 
-        if CAUSAL:
-            bp = BOUNDS + b * sbd_b + pid_m * sbd_m
-            n_full = tl.load(bp)
-            n_lo = tl.load(bp + 1)
-            n_hi = tl.load(bp + 2)
-        else:
-            n_full = Tk // BLOCK_N
-            n_lo = n_full
-            n_hi = tl.cdiv(Tk, BLOCK_N)
+        n_full, n_lo, n_hi = _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL, BLOCK_N)
         # blocks fully visible to every query of this block: no element mask
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qx, qy, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
                                    0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
@@ -260,10 +295,10 @@ if HAS_TRITON:
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + offs_m0
             m_mask = offs_m < Tq
-            _, mu_q, qc, qs = _load_polar(Q, QC, QS, offs_m, m_mask, offs_d, sq_t, sq_d,
+            _, mu_q, cq, sq = _load_query(Q, QC, QS, dc, ds, offs_m, m_mask, offs_d, sq_t, sq_d,
                                           sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-            qx = (mu_q * (qc * dc[None, :] + qs * ds[None, :]) * scale).to(DOT_DTYPE)
-            qy = (mu_q * (qs * dc[None, :] - qc * ds[None, :]) * scale).to(DOT_DTYPE)
+            qx = (mu_q * cq * scale).to(DOT_DTYPE)
+            qy = (mu_q * sq * scale).to(DOT_DTYPE)
             # out-of-range rows get lse=+inf -> P = 0
             lse = tl.load(LSE + offs_m, mask=m_mask, other=float("inf"))
             dsum = tl.load(DSUM + offs_m, mask=m_mask, other=0.0)
@@ -364,8 +399,7 @@ if HAS_TRITON:
             DOb = DO + b * sdo_b + h * sdo_h
             LSEb = LSE + (b * H + h) * Tq
             DSUMb = DSUM + (b * H + h) * Tq
-            dc = tl.load(DCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-            ds = tl.load(DSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
+            dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
             # query blocks that see only part of this key block
             dkx, dky, dv = _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
                                            Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, dc, ds,
@@ -403,24 +437,9 @@ if HAS_TRITON:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             n_mask = offs_n < Tk
-            _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, sk_t, sk_d,
-                                          skc_t, skc_d, HEAD_D, SOFTPLUS)
-            kx = (mu_k * kc).to(DOT_DTYPE)
-            ky = (mu_k * ks).to(DOT_DTYPE)
-            s = _mm(qx_l, tl.trans(kx), None, DOT_IEEE)
-            s = _mm(qy_l, tl.trans(ky), s, DOT_IEEE)
-            if MASKED:
-                valid = n_mask[None, :]
-                if CAUSAL:
-                    kpos = tl.load(KPOS + offs_n * skp_t, mask=n_mask, other=0)
-                    valid = valid & (kpos[None, :] <= qpos[:, None])
-                if HAS_PAD:
-                    pad = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0)
-                    valid = valid & (pad != 0)[None, :]
-                s = tl.where(valid, s, float("-inf"))
-            elif HAS_PAD:
-                pad = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0)
-                s = tl.where((pad != 0)[None, :], s, float("-inf"))
+            s, kx, ky = _key_block_scores(qx_l, qy_l, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
+                                          sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
+                                          MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, DOT_IEEE)
             p = tl.exp2(s - lse[:, None])
             v = tl.load(V + offs_n[:, None] * sv_t + offs_dv[None, :] * sv_d,
                         mask=n_mask[:, None] & (offs_dv < HEAD_DV)[None, :], other=0.0)
@@ -461,13 +480,9 @@ if HAS_TRITON:
         m_mask = offs_m < Tq
         d_mask = offs_d < HEAD_D
 
-        Qb = Q + b * sq_b + h * sq_h
-        q_raw, mu_q, qc, qs = _load_polar(Qb, QC + b * sqc_b, QS + b * sqc_b, offs_m, m_mask, offs_d,
-                                          sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-        dc = tl.load(DCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        ds = tl.load(DSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        cq = qc * dc[None, :] + qs * ds[None, :]  # cos(a_q - delta)
-        sq = qs * dc[None, :] - qc * ds[None, :]  # sin(a_q - delta)
+        dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
+        q_raw, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, dc, ds,
+                                          offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
         qk_scale = scale * 1.4426950408889634
         qx_l = (mu_q * cq * qk_scale).to(DOT_DTYPE)
         qy_l = (mu_q * sq * qk_scale).to(DOT_DTYPE)
@@ -486,15 +501,7 @@ if HAS_TRITON:
         KSb = KS + b * skc_b
         KPOSb = KPOS + b * skp_b
         KPADb = KPAD + b * spad_b
-        if CAUSAL:
-            bp = BOUNDS + b * sbd_b + pid_m * sbd_m
-            n_full = tl.load(bp)
-            n_lo = tl.load(bp + 1)
-            n_hi = tl.load(bp + 2)
-        else:
-            n_full = Tk // BLOCK_N
-            n_lo = n_full
-            n_hi = tl.cdiv(Tk, BLOCK_N)
+        n_full, n_lo, n_hi = _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL, BLOCK_N)
         dqx, dqy = _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
                                  0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
                                  sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
