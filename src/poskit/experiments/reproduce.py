@@ -58,7 +58,8 @@ _COMMON = {"beta1": 0.9, "weight_decay": 0.01, "grad_clip": 1.0, "log_every": 50
 REPRODUCTIONS: dict[str, Reproduction] = {
     "indirect-indexing": Reproduction(
         paper="PoPE paper, Table 1 (App. B: 8 layers, d 512, lr 2e-4 -> 2e-5, warmup 4k, 100k steps, batch 64)",
-        summary="rope vs pope, 2 layers d 64, 100k steps: about 2 h for both on 2 idle cores (75 and 58 ms per step)",
+        summary="rope vs pope, 2 layers d 64, 100k steps: about 2 h 10 min for both on 2 idle cores (75-80 and 60-67 ms "
+                "per step)",
         config={"task": "indirect-indexing", "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "encoding": "rope"},
                 "batch_size": 64, "max_steps": 100_000, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 4000,
                 "beta2": 0.99, "eval_every": 2000, "checkpoint_every": 2000, **_COMMON},
