@@ -148,6 +148,8 @@ if _HAS_TRITON:
         fl_i = fl.to(tl.int32)
         ce_i = tl.ceil(pc).to(tl.int32)
         if ALIBI:
+            # no z table: zf and zc only fill the return tuple (the backward reads them only without ALIBI,
+            # and the compiler drops what nothing reads)
             zf = w
             zc = w
             bias = -slope * pc
