@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 import torch.nn.functional as F  # noqa: E402
 
 from poskit.attention import triton_pope as tp  # noqa: E402
+from poskit.attention.triton_core import next_pow2  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -121,7 +122,7 @@ def sweep(args, inputs):
         tp.BLOCK_CONFIG_OVERRIDE.pop(kind, None)
         results.sort()
         print(f"{kind}: best (BLOCK_M, BLOCK_N, warps, stages) = {results[0][1]} "
-              f"{results[0][0]:.3f} ms; default {tp._config(kind, max(16, tp._next_pow2(args.D)), q.device, args.T)}")
+              f"{results[0][0]:.3f} ms; default {tp._config(kind, next_pow2(args.D), q.device, args.T)}")
         for ms, cfg in results[:5]:
             print(f"    {cfg}: {ms:.3f} ms")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .blocks import sorted_key_ends
+
 DEFAULT_BLOCK = 64  # measured on a 2-core CPU: larger blocks hit slower GEMM shapes (benchmarks/attention.py)
 
 # The forward keeps its softmax probabilities for the backward when they fit in this many bytes (causal
@@ -38,12 +40,15 @@ def _block_plan(q_positions, k_positions, key_padding_mask, causal: bool, Tq: in
     plan = []
     shared = k_positions.shape[0] == 1 and q_positions.shape[0] == 1
     sorted_keys = shared and (Tk < 2 or bool((k_positions[0, 1:] >= k_positions[0, :-1]).all()))
-    for i in range(0, Tq, block):
+    skip = causal and sorted_keys
+    if skip:
+        key_ends = sorted_key_ends(q_positions, k_positions, block)[0].tolist()
+        full_ends = sorted_key_ends(q_positions, k_positions, block, whole_block=True)[0].tolist()
+    for n, i in enumerate(range(0, Tq, block)):
         j = min(i + block, Tq)
         key_end, full_end = Tk, (Tk if not causal else 0)
-        if causal and sorted_keys:
-            key_end = int(torch.searchsorted(k_positions[0], q_positions[0, i:j].max(), right=True))
-            full_end = int(torch.searchsorted(k_positions[0], q_positions[0, i:j].min(), right=True))
+        if skip:
+            key_end, full_end = key_ends[n], full_ends[n]
         if key_padding_mask is not None:
             full_end = 0
         plan.append((i, j, full_end, key_end))

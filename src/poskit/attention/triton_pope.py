@@ -34,8 +34,14 @@ no visible key produce 0 output and zero gradients.
 
 On CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``
 must be set before ``triton`` is imported).
-"""
 
+Layers, as in FlashAttention: ``pope_attention_triton`` (argument checks) ->
+the ``torch.library`` op ``poskit::pope_attn_fwd`` with its registered autograd
+formula (``poskit::pope_attn_bwd``; both opaque to ``torch.compile``) ->
+``_launch_fwd`` / ``_launch_bwd`` (launch set-up) -> the kernels.  What the CoPE kernels share with these (checks,
+launch set-up, the online softmax step, block ranges) lives in triton_core.py and
+blocks.py, with the naming scheme described there.
+"""
 from __future__ import annotations
 
 import math
@@ -43,19 +49,15 @@ from typing import Optional
 
 import torch
 
-try:  # triton is an optional dependency
-    import triton
-    import triton.language as tl
+from .blocks import cdiv, key_block_bounds, query_block_bounds
+from .triton_core import (HAS_TRITON, LOG2E, check_position_shape, check_qkv, is_interpreted, launch_setup,
+                          next_pow2, tl, triton)
 
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only without triton
-    triton = None
-    tl = None
-    HAS_TRITON = False
+if HAS_TRITON:
+    from .triton_core import LOG2E_JIT, load_tile, online_softmax_step, visible_keys
 
-__all__ = ["pope_attention_triton", "kernels_interpreted", "HAS_TRITON", "BLOCK_CONFIG_OVERRIDE", "GQA_DKDV_MODE"]
-
-_LOG2E = 1.4426950408889634
+__all__ = ["pope_attention_triton", "pope_attention_for", "kernels_interpreted", "HAS_TRITON",
+           "BLOCK_CONFIG_OVERRIDE", "GQA_DKDV_MODE"]
 
 # Optional overrides of the launch configuration, e.g. from a benchmark sweep:
 #   BLOCK_CONFIG_OVERRIDE["fwd"] = (BLOCK_M, BLOCK_N, num_warps, num_stages)
@@ -63,11 +65,9 @@ _LOG2E = 1.4426950408889634
 BLOCK_CONFIG_OVERRIDE: dict = {}
 # GQA dk/dv strategy: "loop" (each program loops over the query heads of its kv group,
 # no extra memory), "split" (one program per query head writing fp32 partials summed in
-# torch: G x more programs, for small B * Hkv * Tk), "auto" (split when looping would
+# torch: GROUP x more programs, for small B * Hkv * Tk), "auto" (split when looping would
 # launch fewer than 2 programs per SM).
 GQA_DKDV_MODE: str = "auto"
-
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------
@@ -89,22 +89,13 @@ if HAS_TRITON:
         return 1.0 / (1.0 + tl.exp(-x))
 
     @triton.jit
-    def _mm(a, b, acc, DOT_IEEE: tl.constexpr):
-        if DOT_IEEE:
-            return tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            return tl.dot(a, b, acc)
-
-    @triton.jit
     def _load_polar(X, C, S, offs_t, t_mask, offs_d, stride_t, stride_d, cs_t, cs_d,
                     HEAD_D: tl.constexpr, SOFTPLUS: tl.constexpr):
         """Load raw x (fp32), its magnitude mu and the angle tables cos/sin."""
         d_mask = offs_d < HEAD_D
-        m2 = t_mask[:, None] & d_mask[None, :]
-        x = tl.load(X + offs_t[:, None] * stride_t + offs_d[None, :] * stride_d, mask=m2, other=0.0)
-        x = x.to(tl.float32)
-        c = tl.load(C + offs_t[:, None] * cs_t + offs_d[None, :] * cs_d, mask=m2, other=0.0)
-        s = tl.load(S + offs_t[:, None] * cs_t + offs_d[None, :] * cs_d, mask=m2, other=0.0)
+        x = load_tile(X, offs_t, offs_d, stride_t, stride_d, t_mask, d_mask).to(tl.float32)
+        c = load_tile(C, offs_t, offs_d, cs_t, cs_d, t_mask, d_mask)
+        s = load_tile(S, offs_t, offs_d, cs_t, cs_d, t_mask, d_mask)
         if SOFTPLUS:
             mu = _softplus(x)
         else:
@@ -112,48 +103,43 @@ if HAS_TRITON:
         return x, mu, c, s
 
     @triton.jit
-    def _load_delta(DCOS, DSIN, h, offs_d, HEAD_D: tl.constexpr):
+    def _load_phase(PCOS, PSIN, h, offs_d, HEAD_D: tl.constexpr):
         """cos and sin of head h's phase bias delta (fp32, one per channel)."""
         d_mask = offs_d < HEAD_D
-        dc = tl.load(DCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        ds = tl.load(DSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        return dc, ds
+        pc = tl.load(PCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
+        ps = tl.load(PSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
+        return pc, ps
 
     @triton.jit
-    def _load_query(Q, QC, QS, dc, ds, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
+    def _load_query(Q, QC, QS, pc, ps, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
                     HEAD_D: tl.constexpr, SOFTPLUS: tl.constexpr):
         """Raw q, its magnitude and cos/sin of its angle minus the phase bias: the query's polar form."""
         q_raw, mu_q, qc, qs = _load_polar(Q, QC, QS, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
                                           HEAD_D, SOFTPLUS)
-        cq = qc * dc[None, :] + qs * ds[None, :]  # cos(a_q - delta)
-        sq = qs * dc[None, :] - qc * ds[None, :]  # sin(a_q - delta)
+        cq = qc * pc[None, :] + qs * ps[None, :]  # cos(a_q - delta)
+        sq = qs * pc[None, :] - qc * ps[None, :]  # sin(a_q - delta)
         return q_raw, mu_q, cq, sq
 
     @triton.jit
     def _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
-                          stride_kt, stride_kd, kcs_t, kcs_d, stride_kpt, stride_padt,
+                          sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
                           MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
                           SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+                          DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
         """Logits of a query block against one key block (masked entries -inf) and the block's Cartesian
         keys; MASKED=False skips the element mask for blocks every query sees whole."""
-        _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, stride_kt, stride_kd,
-                                      kcs_t, kcs_d, HEAD_D, SOFTPLUS)
+        _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, sk_t, sk_d,
+                                      skc_t, skc_d, HEAD_D, SOFTPLUS)
         kx = (mu_k * kc).to(DOT_DTYPE)
         ky = (mu_k * ks).to(DOT_DTYPE)
-        s = _mm(qx, tl.trans(kx), None, DOT_IEEE)
-        s = _mm(qy, tl.trans(ky), s, DOT_IEEE)
+        s = tl.dot(qx, tl.trans(kx), None, input_precision=PRECISION)
+        s = tl.dot(qy, tl.trans(ky), s, input_precision=PRECISION)
         if MASKED:
-            valid = n_mask[None, :]
-            if CAUSAL:
-                kpos = tl.load(KPOS + offs_n * stride_kpt, mask=n_mask, other=0)
-                valid = valid & (kpos[None, :] <= qpos[:, None])
-            if HAS_PAD:
-                pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
-                valid = valid & (pad != 0)[None, :]
+            valid = visible_keys(n_mask[None, :], qpos, KPOS, KPAD, offs_n, n_mask, skp_t, spad_t,
+                                 CAUSAL, HAS_PAD)
             s = tl.where(valid, s, float("-inf"))
         elif HAS_PAD:
-            pad = tl.load(KPAD + offs_n * stride_padt, mask=n_mask, other=0)
+            pad = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0)
             s = tl.where((pad != 0)[None, :], s, float("-inf"))
         return s, kx, ky
 
@@ -173,33 +159,42 @@ if HAS_TRITON:
         return n_full, n_lo, n_hi
 
     @triton.jit
+    def _query_block_range(BOUNDS, b, sbd_b, pid_n, sbd_n, Tq, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+        """Query blocks of key block pid_n: [m_lo, m_mid) see it in part, [m_mid, m_hi) whole."""
+        if CAUSAL:
+            bp = BOUNDS + b * sbd_b + pid_n * sbd_n
+            m_lo = tl.load(bp)
+            m_mid = tl.load(bp + 1)
+            m_hi = tl.load(bp + 2)
+        else:
+            m_lo = 0
+            m_mid = 0
+            m_hi = tl.cdiv(Tq, BLOCK_M)
+        return m_lo, m_mid, m_hi
+
+    @triton.jit
     def _fwd_inner(acc, l_i, m_i, qx, qy, qpos, K, V, KC, KS, KPOS, KPAD,
                    lo, hi, Tk, offs_n0, offs_d, offs_dv,
-                   stride_kt, stride_kd, stride_vt, stride_vd, kcs_t, kcs_d, stride_kpt, stride_padt,
+                   sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
                    SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             n_mask = offs_n < Tk
             s, _, _ = _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
-                                        stride_kt, stride_kd, kcs_t, kcs_d, stride_kpt, stride_padt,
-                                        MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, DOT_IEEE)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
-                        mask=n_mask[:, None] & (offs_dv < HEAD_DV)[None, :], other=0.0)
+                                        sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
+                                        MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, PRECISION)
+            p, alpha, l_i, m_new = online_softmax_step(m_i, l_i, s, True)
+            v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV)
             acc = acc * alpha[:, None]
-            acc = _mm(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, DOT_IEEE)
+            acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=PRECISION)
             m_i = m_new
         return acc, l_i, m_i
 
     @triton.jit
     def _pope_fwd_kernel(
-        Q, K, V, DCOS, DSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, O, LSE,
+        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, O, LSE,
         sq_b, sq_h, sq_t, sq_d,
         sk_b, sk_h, sk_t, sk_d,
         sv_b, sv_h, sv_t, sv_d,
@@ -208,17 +203,17 @@ if HAS_TRITON:
         skc_b, skc_t, skc_d,
         sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
         sbd_b, sbd_m,
-        H, G, Tq, Tk, qk_scale,
+        H, GROUP, Tq, Tk, qk_scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
         HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     ):
         # heaviest (last) query blocks first under causal masking
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2).to(tl.int64)
-        hk = h // G
+        hk = h // GROUP
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n0 = tl.arange(0, BLOCK_N)
@@ -226,8 +221,8 @@ if HAS_TRITON:
         offs_dv = tl.arange(0, BLOCK_DV)
         m_mask = offs_m < Tq
 
-        dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
-        _, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, dc, ds,
+        pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
+        _, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, pc, ps,
                                       offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
         # fold scale * log2(e) into the query
         qx = (mu_q * cq * qk_scale).to(DOT_DTYPE)
@@ -252,13 +247,13 @@ if HAS_TRITON:
                                    0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
                                    sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                                    False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                   BLOCK_N, DOT_DTYPE, DOT_IEEE)
+                                   BLOCK_N, DOT_DTYPE, PRECISION)
         # partially visible blocks (causal boundary, ragged tail)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qx, qy, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
                                    n_lo * BLOCK_N, n_hi * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
                                    sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                                    True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                   BLOCK_N, DOT_DTYPE, DOT_IEEE)
+                                   BLOCK_N, DOT_DTYPE, PRECISION)
 
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -277,35 +272,33 @@ if HAS_TRITON:
         b = tl.program_id(2).to(tl.int64)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
-        msk = (offs_m < Tq)[:, None] & (offs_dv < HEAD_DV)[None, :]
-        o = tl.load(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_dv[None, :] * so_d,
-                    mask=msk, other=0.0).to(tl.float32)
-        do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_dv[None, :] * sdo_d,
-                     mask=msk, other=0.0).to(tl.float32)
-        tl.store(DSUM + (b * H + h) * Tq + offs_m, tl.sum(o * do, 1), mask=offs_m < Tq)
+        m_ok = offs_m < Tq
+        dv_ok = offs_dv < HEAD_DV
+        o = load_tile(O + b * so_b + h * so_h, offs_m, offs_dv, so_t, so_d, m_ok, dv_ok).to(tl.float32)
+        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_dv, sdo_t, sdo_d, m_ok, dv_ok).to(tl.float32)
+        tl.store(DSUM + (b * H + h) * Tq + offs_m, tl.sum(o * do, 1), mask=m_ok)
 
     @triton.jit
     def _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                        Q, DO, QC, QS, LSE, DSUM, dc, ds,
+                        Q, DO, QC, QS, LSE, DSUM, pc, ps,
                         lo, hi, Tq, offs_m0, offs_d, offs_dv, scale,
                         sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d, QPOS, sqp_t,
                         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
                         SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                        BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+                        BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + offs_m0
             m_mask = offs_m < Tq
-            _, mu_q, cq, sq = _load_query(Q, QC, QS, dc, ds, offs_m, m_mask, offs_d, sq_t, sq_d,
+            _, mu_q, cq, sq = _load_query(Q, QC, QS, pc, ps, offs_m, m_mask, offs_d, sq_t, sq_d,
                                           sqc_t, sqc_d, HEAD_D, SOFTPLUS)
             qx = (mu_q * cq * scale).to(DOT_DTYPE)
             qy = (mu_q * sq * scale).to(DOT_DTYPE)
             # out-of-range rows get lse=+inf -> P = 0
             lse = tl.load(LSE + offs_m, mask=m_mask, other=float("inf"))
             dsum = tl.load(DSUM + offs_m, mask=m_mask, other=0.0)
-            do = tl.load(DO + offs_m[:, None] * sdo_t + offs_dv[None, :] * sdo_d,
-                         mask=m_mask[:, None] & (offs_dv < HEAD_DV)[None, :], other=0.0)
-            sT = _mm(kx_l, tl.trans(qx), None, DOT_IEEE)
-            sT = _mm(ky_l, tl.trans(qy), sT, DOT_IEEE)  # (BLOCK_N, BLOCK_M), log2 units
+            do = load_tile(DO, offs_m, offs_dv, sdo_t, sdo_d, m_mask, offs_dv < HEAD_DV)
+            sT = tl.dot(kx_l, tl.trans(qx), None, input_precision=PRECISION)
+            sT = tl.dot(ky_l, tl.trans(qy), sT, input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), log2 units
             if MASKED and CAUSAL:
                 qpos = tl.load(QPOS + offs_m * sqp_t, mask=m_mask, other=0)
                 valid = kpos[:, None] <= qpos[None, :]
@@ -315,16 +308,35 @@ if HAS_TRITON:
             elif HAS_PAD:
                 sT = tl.where(kpad_ok[:, None], sT, float("-inf"))
             pT = tl.exp2(sT - lse[None, :])
-            dv = _mm(pT.to(DOT_DTYPE), do.to(DOT_DTYPE), dv, DOT_IEEE)
-            dpT = _mm(v, tl.trans(do.to(DOT_DTYPE)), None, DOT_IEEE)
+            dv = tl.dot(pT.to(DOT_DTYPE), do.to(DOT_DTYPE), dv, input_precision=PRECISION)
+            dpT = tl.dot(v, tl.trans(do.to(DOT_DTYPE)), None, input_precision=PRECISION)
             dsT = (pT * (dpT - dsum[None, :])).to(DOT_DTYPE)
-            dkx = _mm(dsT, qx, dkx, DOT_IEEE)
-            dky = _mm(dsT, qy, dky, DOT_IEEE)
+            dkx = tl.dot(dsT, qx, dkx, input_precision=PRECISION)
+            dky = tl.dot(dsT, qy, dky, input_precision=PRECISION)
         return dkx, dky, dv
 
     @triton.jit
+    def _load_key_block(K, KC, KS, V, KPOS, KPAD, offs_n, n_mask, offs_d, offs_dv,
+                        sk_t, sk_d, skc_t, skc_d, sv_t, sv_d, skp_t, spad_t,
+                        HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr,
+                        HEAD_DV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        """What the dk/dv kernel keeps of its key block: raw k, the angle tables, the Cartesian keys in
+        log2 units, v, the key positions and which keys are not padding."""
+        k_raw, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, sk_t, sk_d, skc_t, skc_d,
+                                          HEAD_D, SOFTPLUS)
+        kx_l = (mu_k * kc * LOG2E_JIT).to(DOT_DTYPE)
+        ky_l = (mu_k * ks * LOG2E_JIT).to(DOT_DTYPE)
+        v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV).to(DOT_DTYPE)
+        kpos = tl.load(KPOS + offs_n * skp_t, mask=n_mask, other=0)
+        if HAS_PAD:
+            kpad_ok = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0) != 0
+        else:
+            kpad_ok = n_mask
+        return k_raw, kc, ks, kx_l, ky_l, v, kpos, kpad_ok
+
+    @triton.jit
     def _pope_bwd_dkdv_kernel(
-        Q, K, V, DCOS, DSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DK, DV,
+        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DK, DV,
         sq_b, sq_h, sq_t, sq_d,
         sk_b, sk_h, sk_t, sk_d,
         sv_b, sv_h, sv_t, sv_d,
@@ -335,13 +347,13 @@ if HAS_TRITON:
         skc_b, skc_t, skc_d,
         sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
         sbd_b, sbd_n,
-        H, G, Tq, Tk, scale,
+        H, GROUP, Tq, Tk, scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
         HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr, HEAD_SPLIT: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HEAD_SPLIT: tl.constexpr,
     ):
-        # HEAD_SPLIT=False: one program per (key block, kv head) looping over the G query
+        # HEAD_SPLIT=False: one program per (key block, kv head) looping over the GROUP query
         #   heads of its group; writes dk/dv directly.
         # HEAD_SPLIT=True: one program per (key block, query head); writes per-query-head
         #   partials (B, H, Tk, .) that the host sums over each group (more parallelism).
@@ -349,13 +361,13 @@ if HAS_TRITON:
         b = tl.program_id(2).to(tl.int64)
         if HEAD_SPLIT:
             h0 = tl.program_id(1)
-            hk = h0 // G
+            hk = h0 // GROUP
             n_heads = 1
             h_out = h0
         else:
             hk = tl.program_id(1)
-            h0 = hk * G
-            n_heads = G
+            h0 = hk * GROUP
+            n_heads = GROUP
             h_out = hk
 
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -363,35 +375,16 @@ if HAS_TRITON:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         n_mask = offs_n < Tk
-        d_mask = offs_d < HEAD_D
-        dv_mask = offs_dv < HEAD_DV
 
-        Kb = K + b * sk_b + hk * sk_h
-        k_raw, mu_k, kc, ks = _load_polar(Kb, KC + b * skc_b, KS + b * skc_b, offs_n, n_mask, offs_d,
-                                          sk_t, sk_d, skc_t, skc_d, HEAD_D, SOFTPLUS)
-        kx_l = (mu_k * kc * 1.4426950408889634).to(DOT_DTYPE)
-        ky_l = (mu_k * ks * 1.4426950408889634).to(DOT_DTYPE)
-        v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_t + offs_dv[None, :] * sv_d,
-                    mask=n_mask[:, None] & dv_mask[None, :], other=0.0).to(DOT_DTYPE)
-        kpos = tl.load(KPOS + b * skp_b + offs_n * skp_t, mask=n_mask, other=0)
-        if HAS_PAD:
-            kpad_ok = tl.load(KPAD + b * spad_b + offs_n * spad_t, mask=n_mask, other=0) != 0
-        else:
-            kpad_ok = n_mask
+        k_raw, kc, ks, kx_l, ky_l, v, kpos, kpad_ok = _load_key_block(
+            K + b * sk_b + hk * sk_h, KC + b * skc_b, KS + b * skc_b, V + b * sv_b + hk * sv_h,
+            KPOS + b * skp_b, KPAD + b * spad_b, offs_n, n_mask, offs_d, offs_dv,
+            sk_t, sk_d, skc_t, skc_d, sv_t, sv_d, skp_t, spad_t, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV, DOT_DTYPE)
 
         dkx = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dky = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-
-        if CAUSAL:
-            bp = BOUNDS + b * sbd_b + pid_n * sbd_n
-            m_lo = tl.load(bp)
-            m_mid = tl.load(bp + 1)
-            m_hi = tl.load(bp + 2)
-        else:
-            m_lo = 0
-            m_mid = 0
-            m_hi = tl.cdiv(Tq, BLOCK_M)
+        m_lo, m_mid, m_hi = _query_block_range(BOUNDS, b, sbd_b, pid_n, sbd_n, Tq, CAUSAL, BLOCK_M)
 
         for i in range(n_heads):
             h = h0 + i
@@ -399,32 +392,32 @@ if HAS_TRITON:
             DOb = DO + b * sdo_b + h * sdo_h
             LSEb = LSE + (b * H + h) * Tq
             DSUMb = DSUM + (b * H + h) * Tq
-            dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
+            pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
             # query blocks that see only part of this key block
             dkx, dky, dv = _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, dc, ds,
+                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, pc, ps,
                                            m_lo * BLOCK_M, m_mid * BLOCK_M, Tq, offs_m0, offs_d, offs_dv,
                                            scale, sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d,
                                            QPOS + b * sqp_b, sqp_t,
                                            True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                           BLOCK_M, DOT_DTYPE, DOT_IEEE)
+                                           BLOCK_M, DOT_DTYPE, PRECISION)
             # query blocks that see all of it
             dkx, dky, dv = _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, dc, ds,
+                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, pc, ps,
                                            m_mid * BLOCK_M, m_hi * BLOCK_M, Tq, offs_m0, offs_d, offs_dv,
                                            scale, sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d,
                                            QPOS + b * sqp_b, sqp_t,
                                            False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                           BLOCK_M, DOT_DTYPE, DOT_IEEE)
+                                           BLOCK_M, DOT_DTYPE, PRECISION)
 
         # through k' = mu_k * (cos a_k, sin a_k) and mu_k = softplus(k)
         dmu = dkx * kc + dky * ks
         if SOFTPLUS:
             dmu = dmu * _dsoftplus(k_raw)
         tl.store(DK + b * sdk_b + h_out * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
-                 dmu.to(DK.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
+                 dmu.to(DK.dtype.element_ty), mask=n_mask[:, None] & (offs_d < HEAD_D)[None, :])
         tl.store(DV + b * sdv_b + h_out * sdv_h + offs_n[:, None] * sdv_t + offs_dv[None, :] * sdv_d,
-                 dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
+                 dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & (offs_dv < HEAD_DV)[None, :])
 
     @triton.jit
     def _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos,
@@ -433,25 +426,44 @@ if HAS_TRITON:
                       sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
                       SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             n_mask = offs_n < Tk
             s, kx, ky = _key_block_scores(qx_l, qy_l, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
                                           sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
-                                          MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, DOT_IEEE)
+                                          MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, PRECISION)
             p = tl.exp2(s - lse[:, None])
-            v = tl.load(V + offs_n[:, None] * sv_t + offs_dv[None, :] * sv_d,
-                        mask=n_mask[:, None] & (offs_dv < HEAD_DV)[None, :], other=0.0)
-            dp = _mm(do, tl.trans(v.to(DOT_DTYPE)), None, DOT_IEEE)
+            v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV)
+            dp = tl.dot(do, tl.trans(v.to(DOT_DTYPE)), None, input_precision=PRECISION)
             dsc = (p * (dp - dsum[:, None])).to(DOT_DTYPE)
-            dqx = _mm(dsc, kx, dqx, DOT_IEEE)
-            dqy = _mm(dsc, ky, dqy, DOT_IEEE)
+            dqx = tl.dot(dsc, kx, dqx, input_precision=PRECISION)
+            dqy = tl.dot(dsc, ky, dqy, input_precision=PRECISION)
         return dqx, dqy
 
     @triton.jit
+    def _store_dq_ddelta(DQ, DDELTA, dqx, dqy, q_raw, mu_q, cq, sq, offs_m, m_mask, offs_d,
+                         sdq_t, sdq_d, scale, SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr):
+        """dq through q' = mu_q * (cos, sin)(a_q - delta) and mu_q = softplus(q), and this query block's
+        partial of d delta (summed over blocks by the host)."""
+        # gradients w.r.t. the unscaled Cartesian query q' = (qx, qy)
+        dqx = dqx * scale
+        dqy = dqy * scale
+        dmu = dqx * cq + dqy * sq
+        if SOFTPLUS:
+            dq = dmu * _dsoftplus(q_raw)
+        else:
+            dq = dmu
+        d_mask = offs_d < HEAD_D
+        tl.store(DQ + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
+                 dq.to(DQ.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+        # d qx / d delta = mu sin(a - delta) = qy ; d qy / d delta = -mu cos(a - delta) = -qx
+        g = tl.sum(dqx * (mu_q * sq) - dqy * (mu_q * cq), 0)
+        tl.store(DDELTA + offs_d, g, mask=d_mask)
+
+    @triton.jit
     def _pope_bwd_dq_kernel(
-        Q, K, V, DCOS, DSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DQ, DDELTA,
+        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DQ, DDELTA,
         sq_b, sq_h, sq_t, sq_d,
         sk_b, sk_h, sk_t, sk_d,
         sv_b, sv_h, sv_t, sv_d,
@@ -461,16 +473,16 @@ if HAS_TRITON:
         skc_b, skc_t, skc_d,
         sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
         sbd_b, sbd_m,
-        H, G, Tq, Tk, scale,
+        H, GROUP, Tq, Tk, scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
         HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2).to(tl.int64)
-        hk = h // G
+        hk = h // GROUP
         n_mblocks = tl.num_programs(0)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -478,16 +490,15 @@ if HAS_TRITON:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         m_mask = offs_m < Tq
-        d_mask = offs_d < HEAD_D
 
-        dc, ds = _load_delta(DCOS, DSIN, h, offs_d, HEAD_D)
-        q_raw, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, dc, ds,
+        pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
+        q_raw, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, pc, ps,
                                           offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-        qk_scale = scale * 1.4426950408889634
+        qk_scale = scale * LOG2E_JIT
         qx_l = (mu_q * cq * qk_scale).to(DOT_DTYPE)
         qy_l = (mu_q * sq * qk_scale).to(DOT_DTYPE)
-        do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_dv[None, :] * sdo_d,
-                     mask=m_mask[:, None] & (offs_dv < HEAD_DV)[None, :], other=0.0).to(DOT_DTYPE)
+        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_dv, sdo_t, sdo_d, m_mask,
+                       offs_dv < HEAD_DV).to(DOT_DTYPE)
         lse = tl.load(LSE + (b * H + h) * Tq + offs_m, mask=m_mask, other=float("inf"))
         dsum = tl.load(DSUM + (b * H + h) * Tq + offs_m, mask=m_mask, other=0.0)
         qpos = tl.load(QPOS + b * sqp_b + offs_m * sqp_t, mask=m_mask, other=0)
@@ -506,38 +517,20 @@ if HAS_TRITON:
                                  0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
                                  sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                                  False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                 BLOCK_N, DOT_DTYPE, DOT_IEEE)
+                                 BLOCK_N, DOT_DTYPE, PRECISION)
         dqx, dqy = _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
                                  n_lo * BLOCK_N, n_hi * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
                                  sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
                                  True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                 BLOCK_N, DOT_DTYPE, DOT_IEEE)
-        # gradients w.r.t. the unscaled Cartesian query q' = (qx, qy)
-        dqx = dqx * scale
-        dqy = dqy * scale
-        dmu = dqx * cq + dqy * sq
-        if SOFTPLUS:
-            dq = dmu * _dsoftplus(q_raw)
-        else:
-            dq = dmu
-        tl.store(DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
-                 dq.to(DQ.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
-        # d qx / d delta = mu sin(a - delta) = qy ; d qy / d delta = -mu cos(a - delta) = -qx
-        g = tl.sum(dqx * (mu_q * sq) - dqy * (mu_q * cq), 0)
-        tl.store(DDELTA + ((b * H + h) * n_mblocks + pid_m) * HEAD_D + offs_d, g, mask=d_mask)
+                                 BLOCK_N, DOT_DTYPE, PRECISION)
+        _store_dq_ddelta(DQ + b * sdq_b + h * sdq_h, DDELTA + ((b * H + h) * n_mblocks + pid_m) * HEAD_D,
+                         dqx, dqy, q_raw, mu_q, cq, sq, offs_m, m_mask, offs_d, sdq_t, sdq_d, scale,
+                         SOFTPLUS, HEAD_D)
 
 
 # ---------------------------------------------------------------------------
-# host-side helpers
+# launch set-up
 # ---------------------------------------------------------------------------
-def _next_pow2(x: int) -> int:
-    return 1 << (max(int(x), 1) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _config(kind: str, block_d: int, device: torch.device, tq: int):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a kernel.
 
@@ -550,7 +543,7 @@ def _config(kind: str, block_d: int, device: torch.device, tq: int):
         return (32, 32, 4, 1)
     bm, bn, warps, stages = _gpu_config(kind, block_d)
     if kind != "bwd_dkdv":  # few queries (decode): don't waste a 128-row tile
-        bm = min(bm, max(16, _next_pow2(tq)))
+        bm = min(bm, next_pow2(tq))
     return bm, bn, warps, stages
 
 
@@ -576,12 +569,12 @@ def _gpu_config(kind: str, block_d: int):
     raise KeyError(kind)
 
 
-def _gqa_head_split(G: int, n_programs: int, device: torch.device) -> bool:
+def _gqa_head_split(group: int, n_programs: int, device: torch.device) -> bool:
     """Whether the dk/dv kernel should split GQA groups across programs."""
     mode = GQA_DKDV_MODE
     if mode not in ("auto", "loop", "split"):
         raise ValueError(f"GQA_DKDV_MODE must be 'auto', 'loop' or 'split', got {mode!r}")
-    if G == 1 or mode == "loop":
+    if group == 1 or mode == "loop":
         return False
     if mode == "split":
         return True
@@ -591,79 +584,8 @@ def _gqa_head_split(G: int, n_programs: int, device: torch.device) -> bool:
     return n_programs < 2 * sms
 
 
-def _dot_dtype(dtype: torch.dtype, device: torch.device):
-    """(triton dtype for tl.dot operands, use ieee fp32 precision)."""
-    if dtype == torch.float16:
-        return tl.float16, False
-    if dtype == torch.bfloat16:
-        if device.type == "cuda":
-            return tl.bfloat16, False
-        return tl.float32, True  # interpreter's bf16 dot is unreliable
-    allow_tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    return tl.float32, not allow_tf32
-
-
-def _block_minmax(pos: torch.Tensor, block: int):
-    """Per-block (min, max) of positions (Bp, T) over valid entries -> (Bp, nblocks)."""
-    bp, t = pos.shape
-    n = _cdiv(t, block)
-    pad = n * block - t
-    pos = pos.to(torch.int64)
-    info = torch.iinfo(torch.int64)
-    if pad:
-        pmax = torch.cat([pos, pos.new_full((bp, pad), info.min)], 1)
-        pmin = torch.cat([pos, pos.new_full((bp, pad), info.max)], 1)
-    else:
-        pmax = pmin = pos
-    return pmin.view(bp, n, block).amin(-1), pmax.view(bp, n, block).amax(-1)
-
-
-def _kv_bounds(qpos, kpos, tk: int, block_m: int, block_n: int):
-    """For each (batch, query block): [n_full, n_lo, n_hi] in key blocks.
-
-    Key blocks [0, n_full) are visible to every query of the block (no causal
-    mask needed); blocks [n_lo, n_hi) need element-wise masking; the rest are
-    skipped."""
-    qmin, qmax = _block_minmax(qpos, block_m)
-    kmin, kmax = _block_minmax(kpos, block_n)
-    n_n = kmin.shape[1]
-    vis = kmin[:, None, :] <= qmax[:, :, None]  # (Bp, nM, nN)
-    full = kmax[:, None, :] <= qmin[:, :, None]
-    if tk % block_n:
-        full[..., -1] = False  # ragged tail always goes through the masked path
-    ar = torch.arange(n_n, device=vis.device)
-    hi = torch.where(vis, ar + 1, 0).amax(-1)
-    lo = torch.minimum(torch.where(vis, ar, n_n).amin(-1), hi)
-    n_full = full.to(torch.int32).cumprod(-1).sum(-1)
-    lo = torch.maximum(lo, n_full)
-    return torch.stack([n_full, lo, hi], -1).to(torch.int32).contiguous()
-
-
-def _q_bounds(qpos, kpos, block_m: int, block_n: int):
-    """For each (batch, key block): [m_lo, m_mid, m_hi] in query blocks.
-
-    Query blocks [m_lo, m_mid) see part of the key block (masked path),
-    [m_mid, m_hi) see all of it; the rest are skipped."""
-    qmin, qmax = _block_minmax(qpos, block_m)
-    kmin, kmax = _block_minmax(kpos, block_n)
-    n_m = qmin.shape[1]
-    rel = qmax[:, None, :] >= kmin[:, :, None]  # (Bp, nN, nM)
-    fullq = qmin[:, None, :] >= kmax[:, :, None]
-    ar = torch.arange(n_m, device=rel.device)
-    hi = torch.where(rel, ar + 1, 0).amax(-1)
-    lo = torch.minimum(torch.where(rel, ar, n_m).amin(-1), hi)
-    suffix = fullq.flip(-1).to(torch.int32).cumprod(-1).sum(-1)
-    mid = torch.maximum(torch.minimum(n_m - suffix, hi), lo)
-    return torch.stack([lo, mid, hi], -1).to(torch.int32).contiguous()
-
-
 def _pos2d(pos: torch.Tensor) -> torch.Tensor:
     return pos.unsqueeze(0) if pos.dim() == 1 else pos
-
-
-def _bstride(x: torch.Tensor, batched_ndim: int) -> int:
-    """Batch stride of an optionally-batched tensor (0 when unbatched)."""
-    return x.stride(0) if x.dim() == batched_ndim else 0
 
 
 def _tab_strides(t: torch.Tensor):
@@ -682,126 +604,113 @@ def _pos_strides(p: torch.Tensor):
 def kernels_interpreted() -> bool:
     """True when the kernels were built for the Triton interpreter (TRITON_INTERPRET=1
     was set when this module was imported), i.e. they can run on CPU tensors."""
-    return HAS_TRITON and type(_pope_fwd_kernel).__name__ == "InterpretedFunction"
+    return HAS_TRITON and is_interpreted(_pope_fwd_kernel)
 
 
-def _check_device(q: torch.Tensor):
-    if not HAS_TRITON:
-        raise ImportError("pope_attention_triton requires triton (pip install poskit[triton])")
-    if q.device.type == "cpu" and not kernels_interpreted():
-        raise RuntimeError(
-            "pope_attention_triton on CPU tensors needs the Triton interpreter: set "
-            "TRITON_INTERPRET=1 before poskit.attention.triton_pope is first imported"
-        )
+def _setup(q, k, v):
+    return launch_setup(q, k, v, interpreted=kernels_interpreted(), op="pope_attention_triton", module=__name__,
+                        tf32=torch.backends.cuda.matmul.allow_tf32)
+
+
+def _phase_tables(delta):
+    """cos and sin of the phase bias, fp32 (H, D)."""
+    dtf = delta.detach().to(torch.float32)
+    return torch.cos(dtf).contiguous(), torch.sin(dtf).contiguous()
+
+
+def _padding(key_padding_mask, stand_in):
+    """(pointer argument, (batch stride, key stride)) of the key padding mask; stand_in when there is none
+    (HAS_PAD=False switches its loads off)."""
+    if key_padding_mask is None:
+        return stand_in, (0, 0)
+    pad = key_padding_mask.view(torch.uint8)
+    return pad, (pad.stride(0), pad.stride(1))
+
+
+def _causal_bounds(bounds_fn, causal, q_positions, k_positions, stand_in, *blocks):
+    """(pointer argument, (batch stride, block stride)) of the block ranges bounds_fn computes from the
+    positions; without causal masking the kernels derive them from the lengths and never read it."""
+    if not causal:
+        return stand_in, (0, 0)
+    bounds = bounds_fn(_pos2d(q_positions), _pos2d(k_positions), *blocks)
+    return bounds, (bounds.stride(0) if bounds.shape[0] > 1 else 0, bounds.stride(1))
 
 
 def _launch_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
                 key_padding_mask, causal, scale, softplus):
-    _check_device(q)
-    B, H, Tq, D = q.shape
-    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G = H // Hkv
-    BD, BDV = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
-    BM, BN, warps, stages = _config("fwd", BD, q.device, Tq)
-    dot_dtype, dot_ieee = _dot_dtype(q.dtype, q.device)
-
-    dtf = delta.detach().to(torch.float32)
-    dcos, dsin = torch.cos(dtf).contiguous(), torch.sin(dtf).contiguous()
-    out = torch.empty((B, H, Tq, Dv), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
-    qpos2, kpos2 = _pos2d(q_positions), _pos2d(k_positions)
-    if causal:
-        bounds = _kv_bounds(qpos2, kpos2, Tk, BM, BN)
-        sbd = (bounds.stride(0) if bounds.shape[0] > 1 else 0, bounds.stride(1))
-    else:
-        bounds, sbd = dcos, (0, 0)  # unused
-    has_pad = key_padding_mask is not None
-    pad = key_padding_mask.view(torch.uint8) if has_pad else dcos
-    spad = (pad.stride(0), pad.stride(1)) if has_pad else (0, 0)
-
-    grid = (_cdiv(Tq, BM), H, B)
-    _pope_fwd_kernel[grid](
-        q, k, v, dcos, dsin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, bounds, out, lse,
+    L = _setup(q, k, v)
+    BM, BN, warps, stages = _config("fwd", L.block_d, q.device, L.Tq)
+    pcos, psin = _phase_tables(delta)
+    out = torch.empty((L.B, L.H, L.Tq, L.Dv), device=q.device, dtype=q.dtype)
+    lse = torch.empty((L.B, L.H, L.Tq), device=q.device, dtype=torch.float32)
+    bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
+    pad, pad_strides = _padding(key_padding_mask, pcos)
+    _pope_fwd_kernel[(cdiv(L.Tq, BM), L.H, L.B)](
+        q, k, v, pcos, psin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, bounds, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *_tab_strides(q_cos), *_tab_strides(k_cos),
-        *_pos_strides(q_positions), *_pos_strides(k_positions), *spad, *sbd,
-        H, G, Tq, Tk, float(scale) * _LOG2E,
-        CAUSAL=bool(causal), HAS_PAD=has_pad, SOFTPLUS=bool(softplus), HEAD_D=D, HEAD_DV=Dv,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, BLOCK_DV=BDV, DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee,
-        num_warps=warps, num_stages=stages,
+        *_pos_strides(q_positions), *_pos_strides(k_positions), *pad_strides, *bound_strides,
+        L.H, L.group, L.Tq, L.Tk, float(scale) * LOG2E,
+        CAUSAL=bool(causal), HAS_PAD=key_padding_mask is not None, SOFTPLUS=bool(softplus),
+        HEAD_D=L.D, HEAD_DV=L.Dv, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
+        DOT_DTYPE=L.dot_dtype, PRECISION=L.precision, num_warps=warps, num_stages=stages,
     )
     return out, lse
 
 
 def _launch_bwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
                 key_padding_mask, causal, scale, softplus, out, lse, dout):
-    _check_device(q)
-    B, H, Tq, D = q.shape
-    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G = H // Hkv
-    BD, BDV = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
-    dot_dtype, dot_ieee = _dot_dtype(q.dtype, q.device)
-    dtf = delta.detach().to(torch.float32)
-    dcos, dsin = torch.cos(dtf).contiguous(), torch.sin(dtf).contiguous()
-    qpos2, kpos2 = _pos2d(q_positions), _pos2d(k_positions)
-    has_pad = key_padding_mask is not None
-    pad = key_padding_mask.view(torch.uint8) if has_pad else dcos
-    spad = (pad.stride(0), pad.stride(1)) if has_pad else (0, 0)
-    tabs = (*_tab_strides(q_cos), *_tab_strides(k_cos))
-    poss = (*_pos_strides(q_positions), *_pos_strides(k_positions), *spad)
-    flags = dict(CAUSAL=bool(causal), HAS_PAD=has_pad, SOFTPLUS=bool(softplus), HEAD_D=D, HEAD_DV=Dv,
-                 BLOCK_D=BD, BLOCK_DV=BDV, DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee)
+    L = _setup(q, k, v)
+    pcos, psin = _phase_tables(delta)
+    pad, pad_strides = _padding(key_padding_mask, pcos)
+    # arguments every backward kernel takes the same way
+    inputs = (q, k, v, pcos, psin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad)
+    table_strides = (*_tab_strides(q_cos), *_tab_strides(k_cos))
+    pos_strides = (*_pos_strides(q_positions), *_pos_strides(k_positions))
+    flags = dict(CAUSAL=bool(causal), HAS_PAD=key_padding_mask is not None, SOFTPLUS=bool(softplus),
+                 HEAD_D=L.D, HEAD_DV=L.Dv, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
+                 DOT_DTYPE=L.dot_dtype, PRECISION=L.precision)
 
     # rowwise sum(o * do)
-    dsum = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    dsum = torch.empty((L.B, L.H, L.Tq), device=q.device, dtype=torch.float32)
     pm = 32 if q.device.type != "cuda" else 64
-    _pope_bwd_preprocess[(_cdiv(Tq, pm), H, B)](
-        out, dout, dsum, *out.stride(), *dout.stride(), H, Tq,
-        HEAD_DV=Dv, BLOCK_M=pm, BLOCK_DV=BDV,
+    _pope_bwd_preprocess[(cdiv(L.Tq, pm), L.H, L.B)](
+        out, dout, dsum, *out.stride(), *dout.stride(), L.H, L.Tq,
+        HEAD_DV=L.Dv, BLOCK_M=pm, BLOCK_DV=L.block_dv,
     )
 
     # dk, dv: one program per (key block, kv head) looping over the group's query heads,
     # or, when that leaves the GPU idle, per (key block, query head) + a sum over groups
-    BM, BN, warps, stages = _config("bwd_dkdv", BD, q.device, Tq)
-    n_n = _cdiv(Tk, BN)
-    head_split = _gqa_head_split(G, B * Hkv * n_n, q.device)
+    BM, BN, warps, stages = _config("bwd_dkdv", L.block_d, q.device, L.Tq)
+    n_n = cdiv(L.Tk, BN)
+    head_split = _gqa_head_split(L.group, L.B * L.Hkv * n_n, q.device)
     if head_split:
-        dk = torch.empty((B, H, Tk, D), device=q.device, dtype=torch.float32)
-        dv = torch.empty((B, H, Tk, Dv), device=q.device, dtype=torch.float32)
+        dk = torch.empty((L.B, L.H, L.Tk, L.D), device=q.device, dtype=torch.float32)
+        dv = torch.empty((L.B, L.H, L.Tk, L.Dv), device=q.device, dtype=torch.float32)
     else:
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
-    if causal:
-        bounds = _q_bounds(qpos2, kpos2, BM, BN)
-        sbd = (bounds.stride(0) if bounds.shape[0] > 1 else 0, bounds.stride(1))
-    else:
-        bounds, sbd = dcos, (0, 0)
-    _pope_bwd_dkdv_kernel[(n_n, H if head_split else Hkv, B)](
-        q, k, v, dcos, dsin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, bounds,
-        dout, lse, dsum, dk, dv,
+    bounds, bound_strides = _causal_bounds(query_block_bounds, causal, q_positions, k_positions, pcos, BM, BN)
+    _pope_bwd_dkdv_kernel[(n_n, L.H if head_split else L.Hkv, L.B)](
+        *inputs, bounds, dout, lse, dsum, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        *tabs, *poss, *sbd, H, G, Tq, Tk, float(scale),
+        *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
         BLOCK_M=BM, BLOCK_N=BN, HEAD_SPLIT=head_split, num_warps=warps, num_stages=stages, **flags,
     )
     if head_split:
-        dk = dk.view(B, Hkv, G, Tk, D).sum(2).to(k.dtype)
-        dv = dv.view(B, Hkv, G, Tk, Dv).sum(2).to(v.dtype)
+        dk = dk.view(L.B, L.Hkv, L.group, L.Tk, L.D).sum(2).to(k.dtype)
+        dv = dv.view(L.B, L.Hkv, L.group, L.Tk, L.Dv).sum(2).to(v.dtype)
 
     # dq and per-block partials of d delta
-    BM, BN, warps, stages = _config("bwd_dq", BD, q.device, Tq)
-    n_m = _cdiv(Tq, BM)
+    BM, BN, warps, stages = _config("bwd_dq", L.block_d, q.device, L.Tq)
+    n_m = cdiv(L.Tq, BM)
     dq = torch.empty_like(q)
-    ddelta_part = torch.empty((B, H, n_m, D), device=q.device, dtype=torch.float32)
-    if causal:
-        bounds = _kv_bounds(qpos2, kpos2, Tk, BM, BN)
-        sbd = (bounds.stride(0) if bounds.shape[0] > 1 else 0, bounds.stride(1))
-    else:
-        bounds, sbd = dcos, (0, 0)
-    _pope_bwd_dq_kernel[(n_m, H, B)](
-        q, k, v, dcos, dsin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, bounds,
-        dout, lse, dsum, dq, ddelta_part,
+    ddelta_part = torch.empty((L.B, L.H, n_m, L.D), device=q.device, dtype=torch.float32)
+    bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
+    _pope_bwd_dq_kernel[(n_m, L.H, L.B)](
+        *inputs, bounds, dout, lse, dsum, dq, ddelta_part,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
-        *tabs, *poss, *sbd, H, G, Tq, Tk, float(scale),
+        *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
         BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages, **flags,
     )
     ddelta = ddelta_part.sum(dim=(0, 2)).to(delta.dtype)
@@ -809,7 +718,7 @@ def _launch_bwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_posit
 
 
 # ---------------------------------------------------------------------------
-# torch.library registration (works under torch.compile as an opaque op)
+# torch.library ops (opaque to torch.compile) and their autograd
 # ---------------------------------------------------------------------------
 @torch.library.custom_op("poskit::pope_attn_fwd", mutates_args=())
 def _pope_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
@@ -848,6 +757,9 @@ def _(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, key_
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(delta)
 
 
+# The autograd layer (FlashAttention's autograd.Function) is registered on the op itself: dynamo cannot trace
+# autograd.Function.apply when one tensor is passed twice (the same tables or positions for queries and keys,
+# as self-attention passes them), while a registered formula keeps torch.compile fullgraph working.
 def _setup_context(ctx, inputs, output):
     (q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, key_padding_mask,
      causal, scale, softplus) = inputs
@@ -861,6 +773,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
+    # the forward saved the row log-sum-exp; the backward kernels recompute the probabilities from it
     saved = ctx.saved_tensors
     (q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, out, lse) = saved[:12]
     key_padding_mask = saved[12] if ctx.has_pad else None
@@ -887,11 +800,43 @@ def _check_table(name, t, T, D, B):
 
 
 def _check_positions(name, p, T, B):
-    allowed = f"({T},), (1, {T}) or ({B}, {T})"
     if not isinstance(p, torch.Tensor) or p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor of shape {allowed}")
-    if tuple(p.shape) not in ((T,), (1, T), (B, T)):
-        raise ValueError(f"{name} must have shape {allowed}, got {tuple(p.shape)}")
+        raise ValueError(f"{name} must be an integer tensor of shape ({T},), (1, {T}) or ({B}, {T})")
+    check_position_shape(name, p, T, B)
+
+
+def _check_inputs(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, key_padding_mask,
+                  scale):
+    """Raise ValueError naming the first argument that pope_attention_triton cannot take."""
+    check_qkv(q, k, v)
+    B, H, Tq, D = q.shape
+    Tk, Dv = k.shape[2], v.shape[3]
+    if not 16 <= D <= 256:
+        raise ValueError(f"head dim D must be in [16, 256], got {D}")
+    if not 1 <= Dv <= 256:
+        raise ValueError(f"value head dim Dv must be in [1, 256], got {Dv}")
+    if not isinstance(delta, torch.Tensor) or not delta.is_floating_point() or tuple(delta.shape) != (H, D):
+        raise ValueError(f"delta must be a floating-point tensor of shape (H={H}, D={D}), got "
+                         f"{tuple(delta.shape) if isinstance(delta, torch.Tensor) else type(delta)}")
+    for name, t, T in (("q_cos", q_cos, Tq), ("q_sin", q_sin, Tq), ("k_cos", k_cos, Tk), ("k_sin", k_sin, Tk)):
+        _check_table(name, t, T, D, B)
+    if q_cos.shape != q_sin.shape:
+        raise ValueError(f"q_cos and q_sin shapes differ: {tuple(q_cos.shape)} vs {tuple(q_sin.shape)}")
+    if k_cos.shape != k_sin.shape:
+        raise ValueError(f"k_cos and k_sin shapes differ: {tuple(k_cos.shape)} vs {tuple(k_sin.shape)}")
+    _check_positions("q_positions", q_positions, Tq, B)
+    _check_positions("k_positions", k_positions, Tk, B)
+    if key_padding_mask is not None and (not isinstance(key_padding_mask, torch.Tensor)
+                                         or key_padding_mask.dtype != torch.bool
+                                         or tuple(key_padding_mask.shape) != (B, Tk)):
+        raise ValueError(f"key_padding_mask must be a bool tensor of shape (B={B}, Tk={Tk}) (True = keep)")
+    for name, t in (("k", k), ("v", v), ("delta", delta), ("q_cos", q_cos), ("q_sin", q_sin),
+                    ("k_cos", k_cos), ("k_sin", k_sin), ("q_positions", q_positions),
+                    ("k_positions", k_positions)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share a device")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be a finite float, got {scale}")
 
 
 def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal: bool, scale: float,
@@ -919,61 +864,12 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
 
     Returns (B, H, Tq, Dv) in q's dtype.  Rows with no visible key are 0.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, heads, T, dim), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t)}")
-        if t.dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(f"{name}.dtype must be one of float32, float16, bfloat16, got {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    B, H, Tq, D = q.shape
-    Bk, Hkv, Tk, Dk = k.shape
-    if Bk != B or v.shape[0] != B:
-        raise ValueError(f"batch sizes of q, k, v must match, got {B}, {Bk}, {v.shape[0]}")
-    if Dk != D:
-        raise ValueError(f"k head dim must equal q head dim D={D}, got {Dk}")
-    if tuple(v.shape[1:3]) != (Hkv, Tk):
-        raise ValueError(f"v must have shape (B, Hkv={Hkv}, Tk={Tk}, Dv), got {tuple(v.shape)}")
-    if Hkv < 1 or H % Hkv != 0:
-        raise ValueError(f"number of query heads H={H} must be divisible by number of kv heads Hkv={Hkv}")
-    if not 16 <= D <= 256:
-        raise ValueError(f"head dim D must be in [16, 256], got {D}")
-    Dv = v.shape[3]
-    if not 1 <= Dv <= 256:
-        raise ValueError(f"value head dim Dv must be in [1, 256], got {Dv}")
-    if Tq < 1 or Tk < 1:
-        raise ValueError(f"sequence lengths must be >= 1, got Tq={Tq}, Tk={Tk}")
-    if not isinstance(delta, torch.Tensor) or not delta.is_floating_point() or tuple(delta.shape) != (H, D):
-        raise ValueError(f"delta must be a floating-point tensor of shape (H={H}, D={D}), got "
-                         f"{tuple(delta.shape) if isinstance(delta, torch.Tensor) else type(delta)}")
-    _check_table("q_cos", q_cos, Tq, D, B)
-    _check_table("q_sin", q_sin, Tq, D, B)
-    _check_table("k_cos", k_cos, Tk, D, B)
-    _check_table("k_sin", k_sin, Tk, D, B)
-    if q_cos.shape != q_sin.shape:
-        raise ValueError(f"q_cos and q_sin shapes differ: {tuple(q_cos.shape)} vs {tuple(q_sin.shape)}")
-    if k_cos.shape != k_sin.shape:
-        raise ValueError(f"k_cos and k_sin shapes differ: {tuple(k_cos.shape)} vs {tuple(k_sin.shape)}")
-    _check_positions("q_positions", q_positions, Tq, B)
-    _check_positions("k_positions", k_positions, Tk, B)
+    _check_inputs(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, key_padding_mask, scale)
     if key_padding_mask is not None:
-        if (not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool
-                or tuple(key_padding_mask.shape) != (B, Tk)):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape (B={B}, Tk={Tk}) (True = keep)")
         key_padding_mask = key_padding_mask.contiguous()
-    dev = q.device
-    for name, t in (("k", k), ("v", v), ("delta", delta), ("q_cos", q_cos), ("q_sin", q_sin),
-                    ("k_cos", k_cos), ("k_sin", k_sin), ("q_positions", q_positions),
-                    ("k_positions", k_positions)):
-        if t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but q is on {dev}; all inputs must share a device")
-
     q_cos, q_sin, k_cos, k_sin = (t.to(torch.float32) for t in (q_cos, q_sin, k_cos, k_sin))
     # phases and the delta gradient in fp32 (a no-op for the fp32 delta the engine passes)
     delta = delta.to(torch.float32)
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be a finite float, got {scale}")
     out, _ = _pope_attn_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
                             key_padding_mask, bool(causal), float(scale), bool(softplus))
     return out
