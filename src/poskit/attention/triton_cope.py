@@ -71,46 +71,33 @@ from typing import Optional
 
 import torch
 
-try:  # pragma: no cover - import guard
-    import triton
-    import triton.language as tl
+from .blocks import cdiv, sorted_key_ends
+from .triton_core import (HAS_TRITON, check_position_shape, check_qkv, is_interpreted, launch_setup, tl,
+                          triton)
 
-    _HAS_TRITON = True
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
-    _HAS_TRITON = False
+if HAS_TRITON:
+    from .triton_core import load_tile, online_softmax_step, visible_keys
 
 __all__ = ["cope_attention_triton"]
 
 
-def _next_pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (max(int(n), 1) - 1).bit_length())
-
-
-if _HAS_TRITON:
+if HAS_TRITON:
 
     @triton.jit
-    def _tile_logits_and_gates(q, k_base, g_base, KPOS_b, KPM_b, qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
-                               skt, skd, sgt, sgd, scale,
-                               CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
+    def _tile_logits_and_gates(q, k_base, g_base, KPOS_b, KPAD_b, qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
+                               sk_t, sk_d, sg_t, sg_d, scale,
+                               CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SEP_GATES: tl.constexpr,
                                PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
         """For one key tile: its keys (and gate keys), the content logits q.k * scale, which entries are
         visible (causal by position, key padding, ragged tail) and the gates sigmoid(gate logit), 0 where
         not visible."""
-        kd_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + offs_s[:, None] * skt + offs_d[None, :] * skd, mask=kd_mask, other=0.0).to(DOT_DTYPE)
+        k = load_tile(k_base, offs_s, offs_d, sk_t, sk_d, n_ok, d_ok).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        vis = m_ok[:, None] & n_ok[None, :]
-        if CAUSAL:
-            kpos = tl.load(KPOS_b + offs_s, mask=n_ok, other=0)
-            vis = vis & (kpos[None, :] <= qpos[:, None])
-        if HAS_KPM:
-            kpm = tl.load(KPM_b + offs_s, mask=n_ok, other=0)
-            vis = vis & (kpm != 0)[None, :]
+        # positions and the padding mask are contiguous along the keys
+        vis = visible_keys(m_ok[:, None] & n_ok[None, :], qpos, KPOS_b, KPAD_b, offs_s, n_ok, 1, 1,
+                           CAUSAL, HAS_PAD)
         if SEP_GATES:
-            gk = tl.load(g_base + offs_s[:, None] * sgt + offs_d[None, :] * sgd, mask=kd_mask,
-                         other=0.0).to(DOT_DTYPE)
+            gk = load_tile(g_base, offs_s, offs_d, sg_t, sg_d, n_ok, d_ok).to(DOT_DTYPE)
             gl = tl.dot(q, tl.trans(gk), input_precision=PRECISION) * scale
         else:
             gk = k
@@ -161,16 +148,16 @@ if _HAS_TRITON:
 
     @triton.jit
     def _cope_fwd_kernel(
-        Q, K, V, GK, Z, SLOPES, QPOS, KPOS, KPM, KV_END,
+        Q, K, V, GK, Z, SLOPES, QPOS, KPOS, KPAD, KV_END,
         O, LSE, GTOT,
-        sqb, sqh, sqt, sqd,
-        skb, skh, skt, skd,
-        svb, svh, svt, svd,
-        sgb, sgh, sgt, sgd,
-        sob, soh, sot, sod,
-        s_qpos_b, s_kpos_b, s_kpm_b,
+        sq_b, sq_h, sq_t, sq_d,
+        sk_b, sk_h, sk_t, sk_d,
+        sv_b, sv_h, sv_t, sv_d,
+        sg_b, sg_h, sg_t, sg_d,
+        so_b, so_h, so_t, so_d,
+        sqp_b, skp_b, spad_b,
         H, GROUP, Tq, Tk, D, DV, P, NQB, scale,
-        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SEP_GATES: tl.constexpr,
         ALIBI: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -189,15 +176,14 @@ if _HAS_TRITON:
         d_ok = offs_d < D
         dv_ok = offs_dv < DV
 
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
-        qpos = _query_positions(QPOS + b * s_qpos_b, offs_m, m_ok, CAUSAL)
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, m_ok, d_ok).to(DOT_DTYPE)
+        qpos = _query_positions(QPOS + b * sqp_b, offs_m, m_ok, CAUSAL)
         z_row = Z + (pid_bh.to(tl.int64) * Tq + offs_m) * P
         slope = _head_slope(SLOPES, h, ALIBI)
 
-        k_base = K + b * skb + hk * skh
-        v_base = V + b * svb + hk * svh
-        g_base = GK + b * sgb + hk * sgh
+        k_base = K + b * sk_b + hk * sk_h
+        v_base = V + b * sv_b + hk * sv_h
+        g_base = GK + b * sg_b + hk * sg_h
 
         kv_end = tl.load(KV_END + b * NQB + pid_m)
         n_blocks = tl.cdiv(kv_end, BLOCK_N)
@@ -211,22 +197,16 @@ if _HAS_TRITON:
             start_n = (n_blocks - 1 - jb) * BLOCK_N  # walk backwards
             offs_s = start_n + offs_n
             n_ok = offs_s < kv_end
-            _, _, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS + b * s_kpos_b, KPM + b * s_kpm_b,
+            _, _, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS + b * skp_b, KPAD + b * spad_b,
                                                      qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
-                                                     skt, skd, sgt, sgd, scale,
-                                                     CAUSAL, HAS_KPM, SEP_GATES, PRECISION, DOT_DTYPE)
+                                                     sk_t, sk_d, sg_t, sg_d, scale,
+                                                     CAUSAL, HAS_PAD, SEP_GATES, PRECISION, DOT_DTYPE)
             p = carry[:, None] + tl.cumsum(g, axis=1, reverse=True)
             carry += tl.sum(g, axis=1)
             bias, _, _, _, _, _, _ = _position_bias(p, z_row, vis, slope, P, ALIBI)
             logits = tl.where(vis, s + bias, float("-inf"))
-
-            m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            pexp = tl.exp(logits - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pexp, axis=1)
-            v = tl.load(v_base + offs_s[:, None] * svt + offs_dv[None, :] * svd,
-                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
+            pexp, alpha, l_i, m_new = online_softmax_step(m_i, l_i, logits, False)
+            v = load_tile(v_base, offs_s, offs_dv, sv_t, sv_d, n_ok, dv_ok).to(DOT_DTYPE)
             acc = acc * alpha[:, None] + tl.dot(pexp.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
 
@@ -234,25 +214,100 @@ if _HAS_TRITON:
         l_safe = tl.where(has, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(has, m_i + tl.log(l_safe), 0.0)
-        tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_dv[None, :] * sod,
+        tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_dv[None, :] * so_d,
                  out.to(O.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
         row = pid_bh.to(tl.int64) * Tq + offs_m
         tl.store(LSE + row, lse, mask=m_ok)
         tl.store(GTOT + row, carry, mask=m_ok)
 
     @triton.jit
+    def _position_bias_grad(dl, clamp_ok, pc, zf, zc, w, fl_i, ce_i, vis, dz_row, slope, dslope,
+                            ALIBI: tl.constexpr):
+        """From dL/dlogits: dL/dp (0 where the clamp is active) and the gradient of the bias parameters,
+        summed into dslope (cope-alibi) or scattered into the query's row of dz."""
+        if ALIBI:
+            dp = tl.where(clamp_ok, -slope * dl, 0.0)
+            dslope += tl.sum(-dl * pc, axis=1)
+        else:
+            dp = tl.where(clamp_ok, dl * (zc - zf), 0.0)
+            tl.atomic_add(dz_row[:, None] + ce_i, dl * w, mask=vis, sem="relaxed")
+            tl.atomic_add(dz_row[:, None] + fl_i, dl * (1.0 - w), mask=vis, sem="relaxed")
+        return dp, dslope
+
+    @triton.jit
+    def _logit_grads(dq, dl, dgl, q, k, gk, dk_base, dgk_base, offs_s, n_ok, offs_d, d_ok, D, scale,
+                     SEP_GATES: tl.constexpr, PRECISION: tl.constexpr):
+        """Back through the content logits (dl) and the gate logits (dgl): dq accumulated in registers, dk
+        and dgate_keys added to the shared fp32 buffers with atomics."""
+        kd_mask = n_ok[:, None] & d_ok[None, :]
+        if SEP_GATES:
+            ds = (dl * scale).to(q.dtype)
+            dgs = (dgl * scale).to(q.dtype)
+            dq += tl.dot(ds, k, input_precision=PRECISION)
+            dq += tl.dot(dgs, gk, input_precision=PRECISION)
+            dk_t = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+            dgk_t = tl.dot(tl.trans(dgs), q, input_precision=PRECISION)
+            tl.atomic_add(dgk_base + offs_s[:, None] * D + offs_d[None, :], dgk_t, mask=kd_mask, sem="relaxed")
+        else:
+            ds = ((dl + dgl) * scale).to(q.dtype)
+            dq += tl.dot(ds, k, input_precision=PRECISION)
+            dk_t = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+        tl.atomic_add(dk_base + offs_s[:, None] * D + offs_d[None, :], dk_t, mask=kd_mask, sem="relaxed")
+        return dq
+
+    @triton.jit
+    def _bwd_key_tile(dq, carry_g, carry_dp, dslope, q, do, lse, gtot, dsum, qpos, z_row, dz_row, slope,
+                      k_base, v_base, g_base, KPOS_b, KPAD_b, dk_base, dgk_base, dv_base,
+                      offs_s, n_ok, m_ok, offs_d, d_ok, offs_dv, dv_ok,
+                      sk_t, sk_d, sv_t, sv_d, sg_t, sg_d, D, DV, P, scale,
+                      CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SEP_GATES: tl.constexpr,
+                      ALIBI: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        """One key tile of the backward: adds its dv, dk, dgate_keys, dz (atomics) and returns dq, the gate
+        and dL/dp carries and dslope."""
+        k, gk, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS_b, KPAD_b, qpos, offs_s, n_ok, m_ok,
+                                                  offs_d, d_ok, sk_t, sk_d, sg_t, sg_d, scale,
+                                                  CAUSAL, HAS_PAD, SEP_GATES, PRECISION, DOT_DTYPE)
+        v = load_tile(v_base, offs_s, offs_dv, sv_t, sv_d, n_ok, dv_ok).to(DOT_DTYPE)
+        tile_sum = tl.sum(g, axis=1)
+        # suffix sum = (gates after this tile) + in-tile reverse cumsum
+        p = (gtot - carry_g - tile_sum)[:, None] + tl.cumsum(g, axis=1, reverse=True)
+        p = tl.maximum(p, 0.0)
+        carry_g += tile_sum
+        clamp_ok = p <= P - 1.0
+        bias, pc, zf, zc, w, fl_i, ce_i = _position_bias(p, z_row, vis, slope, P, ALIBI)
+        logits = tl.where(vis, s + bias, float("-inf"))
+        pr = tl.exp(logits - lse[:, None])  # attention probabilities (0 where masked)
+
+        # dV += P^T dO
+        dv_t = tl.dot(tl.trans(pr.to(do.dtype)), do, input_precision=PRECISION)
+        tl.atomic_add(dv_base + offs_s[:, None] * DV + offs_dv[None, :], dv_t,
+                      mask=n_ok[:, None] & dv_ok[None, :], sem="relaxed")
+        dpv = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dl = tl.where(vis, pr * (dpv - dsum[:, None]), 0.0)  # dL/dlogits
+
+        dp, dslope = _position_bias_grad(dl, clamp_ok, pc, zf, zc, w, fl_i, ce_i, vis, dz_row, slope, dslope,
+                                         ALIBI)
+        # adjoint of the suffix sum: prefix sum of dL/dp
+        dg = carry_dp[:, None] + tl.cumsum(dp, axis=1)
+        carry_dp += tl.sum(dp, axis=1)
+        dgl = tl.where(vis, dg * g * (1.0 - g), 0.0)  # dL/d(gate logit)
+        dq = _logit_grads(dq, dl, dgl, q, k, gk, dk_base, dgk_base, offs_s, n_ok, offs_d, d_ok, D, scale,
+                          SEP_GATES, PRECISION)
+        return dq, carry_g, carry_dp, dslope
+
+    @triton.jit
     def _cope_bwd_kernel(
-        Q, K, V, GK, Z, SLOPES, QPOS, KPOS, KPM, KV_END,
-        DO, LSE, GTOT, DELTA,
+        Q, K, V, GK, Z, SLOPES, QPOS, KPOS, KPAD, KV_END,
+        DO, LSE, GTOT, DSUM,
         DQ, DK, DVG, DGK, DZ, DSLOPES,
-        sqb, sqh, sqt, sqd,
-        skb, skh, skt, skd,
-        svb, svh, svt, svd,
-        sgb, sgh, sgt, sgd,
-        sdob, sdoh, sdot, sdod,
-        s_qpos_b, s_kpos_b, s_kpm_b,
+        sq_b, sq_h, sq_t, sq_d,
+        sk_b, sk_h, sk_t, sk_d,
+        sv_b, sv_h, sv_t, sv_d,
+        sg_b, sg_h, sg_t, sg_d,
+        sdo_b, sdo_h, sdo_t, sdo_d,
+        sqp_b, skp_b, spad_b,
         H, HKV, GROUP, Tq, Tk, D, DV, P, NQB, scale,
-        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, SEP_GATES: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SEP_GATES: tl.constexpr,
         ALIBI: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -273,28 +328,25 @@ if _HAS_TRITON:
         d_ok = offs_d < D
         dv_ok = offs_dv < DV
 
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
-        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :] * sdod,
-                     mask=m_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
+        q = load_tile(Q + b * sq_b + h * sq_h, offs_m, offs_d, sq_t, sq_d, m_ok, d_ok).to(DOT_DTYPE)
+        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_dv, sdo_t, sdo_d, m_ok, dv_ok).to(DOT_DTYPE)
         row = pid_bh.to(tl.int64) * Tq + offs_m
         lse = tl.load(LSE + row, mask=m_ok, other=0.0)
         gtot = tl.load(GTOT + row, mask=m_ok, other=0.0)
-        delta = tl.load(DELTA + row, mask=m_ok, other=0.0)
-        qpos = _query_positions(QPOS + b * s_qpos_b, offs_m, m_ok, CAUSAL)
-        z_row = Z + row * P
-        dz_row = DZ + row * P
+        dsum = tl.load(DSUM + row, mask=m_ok, other=0.0)
+        qpos = _query_positions(QPOS + b * sqp_b, offs_m, m_ok, CAUSAL)
         slope = _head_slope(SLOPES, h, ALIBI)
         dslope = tl.zeros([BLOCK_M], tl.float32)
 
-        k_base = K + b * skb + hk * skh
-        v_base = V + b * svb + hk * svh
-        g_base = GK + b * sgb + hk * sgh
+        z_row = Z + row * P
+        dz_row = DZ + row * P
+        k_base = K + b * sk_b + hk * sk_h
+        v_base = V + b * sv_b + hk * sv_h
+        g_base = GK + b * sg_b + hk * sg_h
         kvh = (b * HKV + hk).to(tl.int64) * Tk
         dk_base = DK + kvh * D
         dgk_base = DGK + kvh * D
         dv_base = DVG + kvh * DV
-
         kv_end = tl.load(KV_END + b * NQB + pid_m)
         n_blocks = tl.cdiv(kv_end, BLOCK_N)
 
@@ -303,58 +355,13 @@ if _HAS_TRITON:
         carry_dp = tl.zeros([BLOCK_M], tl.float32)  # sum of dL/dp of the keys before this tile
 
         for jb in range(0, n_blocks):
-            start_n = jb * BLOCK_N  # walk forwards
-            offs_s = start_n + offs_n
-            n_ok = offs_s < kv_end
-            kd_mask = n_ok[:, None] & d_ok[None, :]
-            k, gk, s, vis, g = _tile_logits_and_gates(q, k_base, g_base, KPOS + b * s_kpos_b, KPM + b * s_kpm_b,
-                                                      qpos, offs_s, n_ok, m_ok, offs_d, d_ok,
-                                                      skt, skd, sgt, sgd, scale,
-                                                      CAUSAL, HAS_KPM, SEP_GATES, PRECISION, DOT_DTYPE)
-            v = tl.load(v_base + offs_s[:, None] * svt + offs_dv[None, :] * svd,
-                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0).to(DOT_DTYPE)
-            tile_sum = tl.sum(g, axis=1)
-            # suffix sum = (gates after this tile) + in-tile reverse cumsum
-            p = (gtot - carry_g - tile_sum)[:, None] + tl.cumsum(g, axis=1, reverse=True)
-            p = tl.maximum(p, 0.0)
-            carry_g += tile_sum
-            clamp_ok = p <= P - 1.0
-            bias, pc, zf, zc, w, fl_i, ce_i = _position_bias(p, z_row, vis, slope, P, ALIBI)
-            logits = tl.where(vis, s + bias, float("-inf"))
-            pr = tl.exp(logits - lse[:, None])  # attention probabilities (0 where masked)
-
-            # dV += P^T dO
-            dv_t = tl.dot(tl.trans(pr.to(do.dtype)), do, input_precision=PRECISION)
-            tl.atomic_add(dv_base + offs_s[:, None] * DV + offs_dv[None, :], dv_t,
-                          mask=n_ok[:, None] & dv_ok[None, :], sem="relaxed")
-            dpv = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            dl = tl.where(vis, pr * (dpv - delta[:, None]), 0.0)  # dL/dlogits
-
-            if ALIBI:
-                dp = tl.where(clamp_ok, -slope * dl, 0.0)
-                dslope += tl.sum(-dl * pc, axis=1)
-            else:
-                dp = tl.where(clamp_ok, dl * (zc - zf), 0.0)
-                tl.atomic_add(dz_row[:, None] + ce_i, dl * w, mask=vis, sem="relaxed")
-                tl.atomic_add(dz_row[:, None] + fl_i, dl * (1.0 - w), mask=vis, sem="relaxed")
-            # adjoint of the suffix sum: prefix sum of dL/dp
-            dg = carry_dp[:, None] + tl.cumsum(dp, axis=1)
-            carry_dp += tl.sum(dp, axis=1)
-            dgl = tl.where(vis, dg * g * (1.0 - g), 0.0)  # dL/d(gate logit)
-
-            if SEP_GATES:
-                ds = (dl * scale).to(q.dtype)
-                dgs = (dgl * scale).to(q.dtype)
-                dq += tl.dot(ds, k, input_precision=PRECISION)
-                dq += tl.dot(dgs, gk, input_precision=PRECISION)
-                dk_t = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-                dgk_t = tl.dot(tl.trans(dgs), q, input_precision=PRECISION)
-                tl.atomic_add(dgk_base + offs_s[:, None] * D + offs_d[None, :], dgk_t, mask=kd_mask, sem="relaxed")
-            else:
-                ds = ((dl + dgl) * scale).to(q.dtype)
-                dq += tl.dot(ds, k, input_precision=PRECISION)
-                dk_t = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-            tl.atomic_add(dk_base + offs_s[:, None] * D + offs_d[None, :], dk_t, mask=kd_mask, sem="relaxed")
+            offs_s = jb * BLOCK_N + offs_n  # walk forwards
+            dq, carry_g, carry_dp, dslope = _bwd_key_tile(
+                dq, carry_g, carry_dp, dslope, q, do, lse, gtot, dsum, qpos, z_row, dz_row, slope,
+                k_base, v_base, g_base, KPOS + b * skp_b, KPAD + b * spad_b, dk_base, dgk_base, dv_base,
+                offs_s, offs_s < kv_end, m_ok, offs_d, d_ok, offs_dv, dv_ok,
+                sk_t, sk_d, sv_t, sv_d, sg_t, sg_d, D, DV, P, scale,
+                CAUSAL, HAS_PAD, SEP_GATES, ALIBI, PRECISION, DOT_DTYPE)
 
         tl.store(DQ + row[:, None] * D + offs_d[None, :], dq, mask=m_ok[:, None] & d_ok[None, :])
         if ALIBI:
@@ -362,26 +369,8 @@ if _HAS_TRITON:
 
 
 # ----------------------------------------------------------------------------------------
-# host side
+# launch set-up
 # ----------------------------------------------------------------------------------------
-
-def _positions(pos, B: int, T: int, name: str, default, device) -> torch.Tensor:
-    if pos is None:
-        pos = default
-    pos = torch.as_tensor(pos, device=device)
-    if pos.dim() == 1:
-        if pos.shape[0] != T:
-            raise ValueError(f"{name} must have shape ({T},) or ({B}, {T}), got {tuple(pos.shape)}")
-        pos = pos.unsqueeze(0).expand(B, T)
-    elif pos.dim() == 2:
-        if pos.shape[1] != T or pos.shape[0] not in (1, B):
-            raise ValueError(f"{name} must have shape ({T},) or ({B}, {T}), got {tuple(pos.shape)}")
-        pos = pos.expand(B, T)
-    else:
-        raise ValueError(f"{name} must be 1-D (T,) or 2-D (B, T), got {pos.dim()}-D")
-    return pos
-
-
 def _default_blocks(device: torch.device, D: int) -> tuple[int, int, int, int]:
     """(fwd BLOCK_M, fwd BLOCK_N, bwd BLOCK_M, bwd BLOCK_N). Untuned on GPU."""
     if device.type != "cuda":  # interpreter: few large programs are fastest; blocks >= 32
@@ -394,15 +383,11 @@ def _default_blocks(device: torch.device, D: int) -> tuple[int, int, int, int]:
 def kernels_interpreted() -> bool:
     """True when the kernels were built for the Triton interpreter (TRITON_INTERPRET=1 was set when this
     module was imported), i.e. they can run on CPU tensors."""
-    return _HAS_TRITON and type(_cope_fwd_kernel).__name__ == "InterpretedFunction"
+    return HAS_TRITON and is_interpreted(_cope_fwd_kernel)
 
 
-def _check_device(q: torch.Tensor) -> None:
-    # triton decides at decoration time whether a kernel is interpreted, so the environment variable
-    # read now would not tell whether CPU tensors can run
-    if q.device.type == "cpu" and not kernels_interpreted():
-        raise RuntimeError("cope_attention_triton on CPU tensors needs the Triton interpreter: set "
-                           "TRITON_INTERPRET=1 before poskit.attention.triton_cope is first imported")
+def _setup(q, k, v):
+    return launch_setup(q, k, v, interpreted=kernels_interpreted(), op="cope_attention_triton", module=__name__)
 
 
 def check_sorted_keys(k_positions: torch.Tensor) -> None:
@@ -416,82 +401,63 @@ def check_sorted_keys(k_positions: torch.Tensor) -> None:
         raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
 
 
-def _dot_config(dtype: torch.dtype, device: torch.device):
-    """(triton dtype of the tl.dot operands, input_precision)."""
-    if dtype == torch.bfloat16 and device.type != "cuda":
-        # the interpreter's bf16 tl.dot is wrong: upcast the loaded tiles and multiply in fp32
-        return tl.float32, "ieee"
-    dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
-    # fp32: IEEE precision (no TF32), floor/ceil of the contextual position are precision sensitive;
-    # None: the backend default for half inputs
-    return dot, "ieee" if dtype == torch.float32 else None
-
-
-def _stand_ins(k, gk, z, slopes, kpm, lse, kv_end):
+def _stand_ins(k, gk, z, slopes, kpad, lse, kv_end):
     """Pointer arguments for the inputs a launch does not have: the constexpr flags switch their loads off,
     so any valid tensor of the same kind will do. Returns (gate keys, z, slopes, key padding mask)."""
     return (gk if gk is not None else k, z if z is not None else lse,
-            slopes if slopes is not None else lse, kpm if kpm is not None else kv_end)
+            slopes if slopes is not None else lse, kpad if kpad is not None else kv_end)
 
 
-def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, causal, scale, p_max, blocks, num_warps):
-    _check_device(q)
-    B, H, Tq, D = q.shape
-    Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
+def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_f, causal, scale, p_max, blocks, num_warps):
+    L = _setup(q, k, v)
     bm, bn = blocks[0], blocks[1]
-    alibi = slopes is not None
-    sep = gk is not None
-    o = torch.empty(B, H, Tq, DV, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    gtot = torch.empty(B, H, Tq, device=q.device, dtype=torch.float32)
-    gk_, z_, slopes_, kpm_ = _stand_ins(k, gk, z, slopes, kpm, lse, kv_end_f)
-    dot_dtype, precision = _dot_config(q.dtype, q.device)
-    nqb = triton.cdiv(Tq, bm)
-    _cope_fwd_kernel[(nqb, B * H)](
-        q, k, v, gk_, z_, slopes_, qpos, kpos, kpm_, kv_end_f,
+    o = torch.empty(L.B, L.H, L.Tq, L.Dv, device=q.device, dtype=q.dtype)
+    lse = torch.empty(L.B, L.H, L.Tq, device=q.device, dtype=torch.float32)
+    gtot = torch.empty(L.B, L.H, L.Tq, device=q.device, dtype=torch.float32)
+    gk_, z_, slopes_, kpad_ = _stand_ins(k, gk, z, slopes, kpad, lse, kv_end_f)
+    nqb = cdiv(L.Tq, bm)
+    _cope_fwd_kernel[(nqb, L.B * L.H)](
+        q, k, v, gk_, z_, slopes_, qpos, kpos, kpad_, kv_end_f,
         o, lse, gtot,
         *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *o.stride(),
-        qpos.stride(0), kpos.stride(0), kpm_.stride(0),
-        H, H // Hkv, Tq, Tk, D, DV, p_max, nqb, float(scale),
-        CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
-        PRECISION=precision, DOT_DTYPE=dot_dtype,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
+        qpos.stride(0), kpos.stride(0), kpad_.stride(0),
+        L.H, L.group, L.Tq, L.Tk, L.D, L.Dv, p_max, nqb, float(scale),
+        CAUSAL=causal, HAS_PAD=kpad is not None, SEP_GATES=gk is not None, ALIBI=slopes is not None,
+        PRECISION=L.precision, DOT_DTYPE=L.dot_dtype,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
         num_warps=num_warps,
     )
     return o, lse, gtot
 
 
-def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot, do,
+def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_b, o, lse, gtot, do,
                 causal, scale, p_max, blocks, num_warps):
-    _check_device(q)
-    B, H, Tq, D = q.shape
-    Hkv, Tk, DV = k.shape[1], k.shape[2], v.shape[3]
+    L = _setup(q, k, v)
     bm, bn = blocks[2], blocks[3]
     alibi = slopes is not None
     sep = gk is not None
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # (B, H, Tq)
+    dsum = (do.float() * o.float()).sum(-1).contiguous()  # rowsum(o * dO), (B, H, Tq)
     f32 = dict(device=q.device, dtype=torch.float32)
     # dk, dv, dgk, dz, dslopes are shared by query blocks / GQA heads and accumulated with atomics
-    dq = torch.empty(B, H, Tq, D, **f32)
-    dk = torch.zeros(B, Hkv, Tk, D, **f32)
-    dv = torch.zeros(B, Hkv, Tk, DV, **f32)
-    dgk = torch.zeros(B, Hkv, Tk, D, **f32) if sep else dk
-    dz = torch.zeros(B, H, Tq, p_max, **f32) if not alibi else dq
-    dsl = torch.zeros(H, **f32) if alibi else dq
-    gk_, z_, slopes_, kpm_ = _stand_ins(k, gk, z, slopes, kpm, lse, kv_end_b)
-    dot_dtype, precision = _dot_config(q.dtype, q.device)
-    nqb = triton.cdiv(Tq, bm)
-    _cope_bwd_kernel[(nqb, B * H)](
-        q, k, v, gk_, z_, slopes_, qpos, kpos, kpm_, kv_end_b,
-        do, lse, gtot, delta,
+    dq = torch.empty(L.B, L.H, L.Tq, L.D, **f32)
+    dk = torch.zeros(L.B, L.Hkv, L.Tk, L.D, **f32)
+    dv = torch.zeros(L.B, L.Hkv, L.Tk, L.Dv, **f32)
+    dgk = torch.zeros(L.B, L.Hkv, L.Tk, L.D, **f32) if sep else dk
+    dz = torch.zeros(L.B, L.H, L.Tq, p_max, **f32) if not alibi else dq
+    dsl = torch.zeros(L.H, **f32) if alibi else dq
+    gk_, z_, slopes_, kpad_ = _stand_ins(k, gk, z, slopes, kpad, lse, kv_end_b)
+    nqb = cdiv(L.Tq, bm)
+    _cope_bwd_kernel[(nqb, L.B * L.H)](
+        q, k, v, gk_, z_, slopes_, qpos, kpos, kpad_, kv_end_b,
+        do, lse, gtot, dsum,
         dq, dk, dv, dgk, dz, dsl,
         *q.stride(), *k.stride(), *v.stride(), *gk_.stride(), *do.stride(),
-        qpos.stride(0), kpos.stride(0), kpm_.stride(0),
-        H, Hkv, H // Hkv, Tq, Tk, D, DV, p_max, nqb, float(scale),
-        CAUSAL=causal, HAS_KPM=kpm is not None, SEP_GATES=sep, ALIBI=alibi,
-        PRECISION=precision, DOT_DTYPE=dot_dtype,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=_next_pow2(D), BLOCK_DV=_next_pow2(DV),
+        qpos.stride(0), kpos.stride(0), kpad_.stride(0),
+        L.H, L.Hkv, L.group, L.Tq, L.Tk, L.D, L.Dv, p_max, nqb, float(scale),
+        CAUSAL=causal, HAS_PAD=kpad is not None, SEP_GATES=sep, ALIBI=alibi,
+        PRECISION=L.precision, DOT_DTYPE=L.dot_dtype,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
         num_warps=num_warps,
     )
     # custom ops can neither return None nor one tensor twice: each absent input gets its own empty gradient
@@ -502,8 +468,8 @@ def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot,
 
 
 # ----------------------------------------------------------------------------------------
-# torch.library registration: an opaque op with a registered autograd formula, so that
-# torch.compile (fullgraph) traces through it instead of into the Triton launch
+# torch.library ops: opaque to torch.compile (fullgraph), which traces through them instead of into
+# the Triton launch
 # ----------------------------------------------------------------------------------------
 @torch.library.custom_op("poskit::cope_attn_fwd", mutates_args=())
 def _cope_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_keys: Optional[torch.Tensor],
@@ -548,18 +514,19 @@ def _(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask,
             torch.empty_like(slopes) if slopes is not None else q.new_empty(0))
 
 
+# The autograd layer is registered on the op (see triton_pope.py for why not an autograd.Function).
 def _setup_context(ctx, inputs, output):
-    (q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_f, kv_end_b,
+    (q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_f, kv_end_b,
      causal, check_sorted, scale, p_max, blocks, num_warps) = inputs
     o, lse, gtot = output
-    ctx.save_for_backward(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot)
+    ctx.save_for_backward(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_b, o, lse, gtot)
     ctx.cfg = (causal, scale, p_max, list(blocks), num_warps)
 
 
 def _backward(ctx, dout, dlse, dgtot):
-    q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot = ctx.saved_tensors
+    q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_b, o, lse, gtot = ctx.saved_tensors
     causal, scale, p_max, blocks, num_warps = ctx.cfg
-    dq, dk, dv, dgk, dz, dsl = _cope_attn_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpm, kv_end_b, o, lse, gtot,
+    dq, dk, dv, dgk, dz, dsl = _cope_attn_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_b, o, lse, gtot,
                                               dout, causal, scale, p_max, blocks, num_warps)
     return (dq, dk, dv,
             dgk if gk is not None else None,
@@ -569,6 +536,103 @@ def _backward(ctx, dout, dlse, dgtot):
 
 
 torch.library.register_autograd("poskit::cope_attn_fwd", _backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------
+# public API: argument checks, tile sizes, positions and key ranges
+# ----------------------------------------------------------------------------------------
+def _check_args(q, k, v, pos_emb, p_max, gate_keys, key_padding_mask, slopes):
+    """Raise ValueError naming the first argument cope_attention_triton cannot take; returns pos_emb, gate_keys,
+    key_padding_mask and slopes as the launch takes them ((D, p_max); None for gate_keys that are k; int8
+    mask; float slopes on q's device)."""
+    check_qkv(q, k, v)
+    B, H, _, D = q.shape
+    Tk = k.shape[2]
+    if not isinstance(p_max, int) or isinstance(p_max, bool) or p_max < 1:
+        raise ValueError(f"p_max must be an int >= 1, got {p_max!r}")
+    if slopes is not None:
+        if pos_emb is not None:
+            raise ValueError("pass exactly one of pos_emb (embedding CoPE) or slopes (CoPE-ALiBi), got both")
+        if slopes.shape != (H,):
+            raise ValueError(f"slopes must have shape (H,) = ({H},), got {tuple(slopes.shape)}")
+        slopes = slopes.to(device=q.device)
+        if not slopes.is_floating_point():
+            slopes = slopes.float()
+    else:
+        if pos_emb is None:
+            raise ValueError("pos_emb must be a (D, p_max) tensor unless slopes (H,) is given")
+        if pos_emb.dim() == 3 and pos_emb.shape[0] == 1:
+            pos_emb = pos_emb[0]  # the paper's (1, head_dim, npos_max) parameter
+        if tuple(pos_emb.shape) != (D, p_max):
+            raise ValueError(f"pos_emb must have shape (D, p_max) = ({D}, {p_max}), got {tuple(pos_emb.shape)}")
+    if gate_keys is not None:
+        if tuple(gate_keys.shape) != tuple(k.shape):
+            raise ValueError(
+                f"gate_keys must have the shape of k {tuple(k.shape)} (for value gates Dv must equal D), "
+                f"got {tuple(gate_keys.shape)}")
+        if gate_keys.dtype != q.dtype:
+            raise ValueError(f"gate_keys dtype must be {q.dtype}, got {gate_keys.dtype}")
+        if gate_keys is k:
+            gate_keys = None
+    if key_padding_mask is not None:
+        if tuple(key_padding_mask.shape) != (B, Tk):
+            raise ValueError(f"key_padding_mask must have shape (B, Tk) = ({B}, {Tk}), got "
+                             f"{tuple(key_padding_mask.shape)}")
+        key_padding_mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()
+    return pos_emb, gate_keys, key_padding_mask, slopes
+
+
+def _tile_sizes(device, width: int, block_m, block_n) -> list[int]:
+    """[fwd BLOCK_M, fwd BLOCK_N, bwd BLOCK_M, bwd BLOCK_N]; block_m / block_n override the forward's."""
+    fm, fn, bm, bn = _default_blocks(device, width)
+    if block_m is not None:
+        fm = block_m
+    if block_n is not None:
+        fn = block_n
+    for name, val in (("block_m", fm), ("block_n", fn)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"block_m and block_n must be powers of two >= 16, got {name}={val}")
+    return [fm, fn, bm, bn]
+
+
+def _positions(pos, B: int, T: int, name: str, default, device) -> torch.Tensor:
+    if pos is None:
+        pos = default
+    pos = torch.as_tensor(pos, device=device)
+    check_position_shape(name, pos, T, B)
+    return pos.expand(B, T)
+
+
+def _positions_and_key_ends(q_positions, k_positions, causal, B, Tq, Tk, fwd_block, bwd_block, dev):
+    """(q positions, k positions, key end per forward query block, per backward query block) as the kernels
+    take them. The key end of a query block is one past the last key its latest query sees (keys are sorted);
+    without the causal mask it is Tk and the query positions are a stand-in."""
+    if causal or k_positions is not None:
+        kpos = _positions(k_positions, B, Tk, "k_positions", torch.arange(Tk, device=dev), dev)
+        kpos = kpos.double() if kpos.is_floating_point() else kpos.long()
+        kpos = kpos.contiguous()
+    if not causal:
+        qpos = torch.zeros(1, 1, device=dev, dtype=torch.int32)  # unused without the causal mask
+        if k_positions is None:
+            kpos = qpos
+
+        def key_ends(block):
+            return torch.full((B, cdiv(Tq, block)), Tk, device=dev, dtype=torch.int32)
+    else:
+        qpos = _positions(q_positions, B, Tq, "q_positions", torch.arange(Tk - Tq, Tk, device=dev), dev)
+        if kpos.is_floating_point() or qpos.is_floating_point():
+            kpos, qpos = kpos.double(), qpos.double()
+        else:
+            qpos = qpos.long()
+        qpos = qpos.contiguous()
+
+        def key_ends(block):
+            return sorted_key_ends(qpos, kpos, block).to(torch.int32).contiguous()
+    kv_end_f = key_ends(fwd_block)
+    kv_end_b = kv_end_f if bwd_block == fwd_block else key_ends(bwd_block)
+    if causal and kpos.dtype == torch.float64:  # kernel compares in fp32 for float positions
+        kpos, qpos = kpos.float(), qpos.float()
+    return qpos, kpos, kv_end_f, kv_end_b
 
 
 def cope_attention_triton(
@@ -615,104 +679,19 @@ def cope_attention_triton(
         pos_emb and slopes (fused Triton backward, O(T) extra memory besides fp32
         gradient buffers and the (B, H, Tq, p_max) z / dz tables).
     """
-    if not _HAS_TRITON:
+    if not HAS_TRITON:
         raise ImportError("cope_attention_triton requires the 'triton' package")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("q, k, v must be 4-D: q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv)")
+    pos_emb, gate_keys, key_padding_mask, slopes = _check_args(q, k, v, pos_emb, p_max, gate_keys,
+                                                               key_padding_mask, slopes)
     B, H, Tq, D = q.shape
-    Bk, Hkv, Tk, Dk = k.shape
-    if Bk != B or Dk != D:
-        raise ValueError(f"k must have shape ({B}, Hkv, Tk, {D}), got {tuple(k.shape)}")
-    if Hkv < 1 or H % Hkv != 0:
-        raise ValueError(f"number of query heads H={H} must be a multiple of KV heads Hkv={Hkv} (H % Hkv == 0)")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must have shape ({B}, {Hkv}, {Tk}, Dv), got {tuple(v.shape)}")
-    if Tq < 1 or Tk < 1:
-        raise ValueError(f"sequence lengths must be >= 1, got Tq={Tq}, Tk={Tk}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"q dtype must be one of float16, bfloat16, float32, got {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not isinstance(p_max, int) or isinstance(p_max, bool) or p_max < 1:
-        raise ValueError(f"p_max must be an int >= 1, got {p_max!r}")
-    if slopes is not None:
-        if pos_emb is not None:
-            raise ValueError("pass exactly one of pos_emb (embedding CoPE) or slopes (CoPE-ALiBi), got both")
-        if slopes.shape != (H,):
-            raise ValueError(f"slopes must have shape (H,) = ({H},), got {tuple(slopes.shape)}")
-        slopes = slopes.to(device=q.device)
-        if not slopes.is_floating_point():
-            slopes = slopes.float()
-    else:
-        if pos_emb is None:
-            raise ValueError("pos_emb must be a (D, p_max) tensor unless slopes (H,) is given")
-        if pos_emb.dim() == 3 and pos_emb.shape[0] == 1:
-            pos_emb = pos_emb[0]  # the paper's (1, head_dim, npos_max) parameter
-        if tuple(pos_emb.shape) != (D, p_max):
-            raise ValueError(f"pos_emb must have shape (D, p_max) = ({D}, {p_max}), got {tuple(pos_emb.shape)}")
-    if gate_keys is not None:
-        if tuple(gate_keys.shape) != tuple(k.shape):
-            raise ValueError(
-                f"gate_keys must have the shape of k {tuple(k.shape)} (for value gates Dv must equal D), "
-                f"got {tuple(gate_keys.shape)}")
-        if gate_keys.dtype != q.dtype:
-            raise ValueError(f"gate_keys dtype must be {q.dtype}, got {gate_keys.dtype}")
-        if gate_keys is k:
-            gate_keys = None
-    if key_padding_mask is not None:
-        if tuple(key_padding_mask.shape) != (B, Tk):
-            raise ValueError(f"key_padding_mask must have shape (B, Tk) = ({B}, {Tk}), got "
-                             f"{tuple(key_padding_mask.shape)}")
-        key_padding_mask = key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()
-
-    dev = q.device
-    fm, fn, bm, bn = _default_blocks(dev, max(D, v.shape[-1]))
-    if block_m is not None:
-        fm = block_m
-    if block_n is not None:
-        fn = block_n
-    for name, val in (("block_m", fm), ("block_n", fn)):
-        if val < 16 or val & (val - 1):
-            raise ValueError(f"block_m and block_n must be powers of two >= 16, got {name}={val}")
-
+    Tk, width = k.shape[2], max(D, v.shape[-1])
+    blocks = _tile_sizes(q.device, width, block_m, block_n)
     # z[t, j] = q_t . e[:, j] is a small fp32 table (B, H, Tq, p_max) built outside the op, so autograd
     # turns its gradient dz (from the kernel) into dq += dz e^T and de = q^T dz
     z = None if slopes is not None else torch.matmul(q.float(), pos_emb.float())
-    check_sorted = k_positions is not None
-    if causal or check_sorted:
-        kpos = _positions(k_positions, B, Tk, "k_positions", torch.arange(Tk, device=dev), dev)
-        kpos = kpos.double() if kpos.is_floating_point() else kpos.long()
-        kpos = kpos.contiguous()
-    if causal:
-        qpos = _positions(q_positions, B, Tq, "q_positions", torch.arange(Tk - Tq, Tk, device=dev), dev)
-        if kpos.is_floating_point() or qpos.is_floating_point():
-            kpos, qpos = kpos.double(), qpos.double()
-        else:
-            qpos = qpos.long()
-        qpos = qpos.contiguous()
-
-        def kv_end(bsz: int) -> torch.Tensor:
-            # per query block: one past the last key visible to its latest query (keys are sorted)
-            nqb = -(-Tq // bsz)
-            pad = nqb * bsz - Tq
-            qp = qpos
-            if pad:
-                qp = torch.cat([qp, qp[:, -1:].expand(B, pad)], dim=1)
-            qmax = qp.view(B, nqb, bsz).amax(-1).contiguous()
-            return torch.searchsorted(kpos, qmax, right=True).to(torch.int32).contiguous()
-
-        kv_end_f = kv_end(fm)
-        kv_end_b = kv_end_f if bm == fm else kv_end(bm)
-        if kpos.dtype == torch.float64:  # kernel compares in fp32 for float positions
-            kpos, qpos = kpos.float(), qpos.float()
-    else:
-        qpos = torch.zeros(1, 1, device=dev, dtype=torch.int32)  # unused without the causal mask
-        if not check_sorted:
-            kpos = qpos
-        kv_end_f = torch.full((B, -(-Tq // fm)), Tk, device=dev, dtype=torch.int32)
-        kv_end_b = kv_end_f if bm == fm else torch.full((B, -(-Tq // bm)), Tk, device=dev, dtype=torch.int32)
-
-    num_warps = 4 if max(D, v.shape[-1]) <= 64 else 8
+    qpos, kpos, kv_end_f, kv_end_b = _positions_and_key_ends(q_positions, k_positions, causal, B, Tq, Tk,
+                                                             blocks[0], blocks[2], q.device)
+    num_warps = 4 if width <= 64 else 8
     out, _, _ = _cope_attn_fwd(q, k, v, gate_keys, z, slopes, qpos, kpos, key_padding_mask, kv_end_f, kv_end_b,
-                               bool(causal), check_sorted, float(scale), int(p_max), [fm, fn, bm, bn], num_warps)
+                               bool(causal), k_positions is not None, float(scale), int(p_max), blocks, num_warps)
     return out
