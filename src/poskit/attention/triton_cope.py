@@ -76,7 +76,7 @@ from .triton_core import (HAS_TRITON, check_position_shape, check_qkv, is_interp
                           triton)
 
 if HAS_TRITON:
-    from .triton_core import load_tile, online_softmax_step, visible_keys
+    from .triton_core import load_tile, online_softmax_step, tile_ranges, visible_keys
 
 __all__ = ["cope_attention_triton"]
 
@@ -168,10 +168,7 @@ if HAS_TRITON:
         h = pid_bh % H
         hk = h // GROUP
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_m, offs_n, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         m_ok = offs_m < Tq
         d_ok = offs_d < D
         dv_ok = offs_dv < DV
@@ -320,10 +317,7 @@ if HAS_TRITON:
         h = pid_bh % H
         hk = h // GROUP
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_m, offs_n, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         m_ok = offs_m < Tq
         d_ok = offs_d < D
         dv_ok = offs_dv < DV

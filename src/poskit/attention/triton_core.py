@@ -150,6 +150,14 @@ if HAS_TRITON:
     LOG2E_JIT = tl.constexpr(LOG2E)
 
     @triton.jit
+    def tile_ranges(pid, BLOCK_OWN: tl.constexpr, BLOCK_WALK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DV: tl.constexpr):
+        """Index ranges of a program: the BLOCK_OWN rows it owns (block pid), the rows of one of the tiles it
+        walks over (offsets from the tile's start), and the channels of q/k and of v."""
+        return (pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN), tl.arange(0, BLOCK_WALK), tl.arange(0, BLOCK_D),
+                tl.arange(0, BLOCK_DV))
+
+    @triton.jit
     def load_tile(ptr, offs_r, offs_c, s_r, s_c, r_ok, c_ok):
         """The (rows, cols) tile at ptr with the given strides; 0 outside r_ok x c_ok."""
         return tl.load(ptr + offs_r[:, None] * s_r + offs_c[None, :] * s_c,

@@ -54,7 +54,7 @@ from .triton_core import (HAS_TRITON, LOG2E, check_position_shape, check_qkv, is
                           next_pow2, tl, triton)
 
 if HAS_TRITON:
-    from .triton_core import LOG2E_JIT, load_tile, online_softmax_step, visible_keys
+    from .triton_core import LOG2E_JIT, load_tile, online_softmax_step, tile_ranges, visible_keys
 
 __all__ = ["pope_attention_triton", "pope_attention_for", "kernels_interpreted", "HAS_TRITON",
            "BLOCK_CONFIG_OVERRIDE", "GQA_DKDV_MODE"]
@@ -215,10 +215,7 @@ if HAS_TRITON:
         b = tl.program_id(2).to(tl.int64)
         hk = h // GROUP
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n0 = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_m, offs_n0, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         m_mask = offs_m < Tq
 
         pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
@@ -370,10 +367,7 @@ if HAS_TRITON:
             n_heads = GROUP
             h_out = hk
 
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m0 = tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_n, offs_m0, offs_d, offs_dv = tile_ranges(pid_n, BLOCK_N, BLOCK_M, BLOCK_D, BLOCK_DV)
         n_mask = offs_n < Tk
 
         k_raw, kc, ks, kx_l, ky_l, v, kpos, kpad_ok = _load_key_block(
@@ -485,10 +479,7 @@ if HAS_TRITON:
         hk = h // GROUP
         n_mblocks = tl.num_programs(0)
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n0 = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_m, offs_n0, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
         m_mask = offs_m < Tq
 
         pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
