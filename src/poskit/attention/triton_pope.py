@@ -144,14 +144,17 @@ if HAS_TRITON:
         return s, kx, ky
 
     @triton.jit
+    def _load_bounds(BOUNDS, b, sbd_b, pid, sbd_blk):
+        """The three block indices the host computed from the positions for block pid of sequence b."""
+        bp = BOUNDS + b * sbd_b + pid * sbd_blk
+        return tl.load(bp), tl.load(bp + 1), tl.load(bp + 2)
+
+    @triton.jit
     def _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
         """Key blocks of query block pid_m: [0, n_full) seen whole by every query, [n_lo, n_hi) in part
         (causal boundary, ragged tail); under causal masking the host precomputed them from positions."""
         if CAUSAL:
-            bp = BOUNDS + b * sbd_b + pid_m * sbd_m
-            n_full = tl.load(bp)
-            n_lo = tl.load(bp + 1)
-            n_hi = tl.load(bp + 2)
+            n_full, n_lo, n_hi = _load_bounds(BOUNDS, b, sbd_b, pid_m, sbd_m)
         else:
             n_full = Tk // BLOCK_N
             n_lo = n_full
@@ -162,10 +165,7 @@ if HAS_TRITON:
     def _query_block_range(BOUNDS, b, sbd_b, pid_n, sbd_n, Tq, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
         """Query blocks of key block pid_n: [m_lo, m_mid) see it in part, [m_mid, m_hi) whole."""
         if CAUSAL:
-            bp = BOUNDS + b * sbd_b + pid_n * sbd_n
-            m_lo = tl.load(bp)
-            m_mid = tl.load(bp + 1)
-            m_hi = tl.load(bp + 2)
+            m_lo, m_mid, m_hi = _load_bounds(BOUNDS, b, sbd_b, pid_n, sbd_n)
         else:
             m_lo = 0
             m_mid = 0
