@@ -686,4 +686,5 @@ def test_counting_bad_max_tokens():
 def test_params_list_the_constructor_arguments_and_rebuild_the_task(name):
     t = build_task(name)
     assert list(t.params) == [p for p in task_parameters(name)]
-    assert repr(type(t)(**t.params)) == repr(t) == f"{type(t).__name__}({', '.join(f'{k}={v!r}' for k, v in t.params.items())})"
+    listed = ", ".join(f"{k}={v!r}" for k, v in t.params.items())
+    assert repr(type(t)(**t.params)) == repr(t) == f"{type(t).__name__}({listed})"

@@ -40,9 +40,9 @@ sequence except the target character").
 Splits: ``validation``, ``test`` (paper: 10k each; default ``eval_size`` 1000).
 Training: the paper's fixed 1M examples are ``train_size=1_000_000`` (the ``paper``
 preset; drawn once from a fixed seed, disjoint from the splits, stored as uint8
-arrays: about 58 MB, built in about 40 s); default: fresh examples every batch.  Note the paper's Table 7
-lists a sequence length of 40, shorter than its longest examples (48 tokens); we never
-truncate.
+arrays: about 58 MB, built in about 40 s on one CPU core); default: fresh examples
+every batch.  Note the paper's Table 7 lists a sequence length of 40, shorter than its
+longest examples (48 tokens); we never truncate.
 
 Cheaper variants (options; each keeps the task's two steps, a content match that finds
 the source character, then pointer arithmetic from it; numbers measured with any of them
