@@ -12,12 +12,12 @@ dispatches on that, so adding an encoding touches only its own module:
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from typing import Callable, ClassVar
 
 import torch
 from torch import nn
+
+from ..validate import check_int, check_real
 
 KINDS = ("none", "absolute", "qk", "bias", "contextual")
 
@@ -53,22 +53,6 @@ class PositionalEncoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
-
-
-def check_int(value, name: str, *, minimum: int) -> int:
-    """Raise ValueError unless `value` is an int >= minimum. bool is refused although Python counts it as an
-    int: `num_heads=True` is a mistake, never a size."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def check_real(value, name: str, *, minimum: float, strict: bool = False) -> float:
-    """Raise ValueError unless `value` is a finite real number >= minimum (> minimum when strict); bool refused."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= minimum if strict else value < minimum):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
-    return float(value)
 
 
 # Options shared by several encodings, validated once here so every encoding (present or future) rejects
