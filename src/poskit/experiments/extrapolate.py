@@ -7,9 +7,10 @@ from pathlib import Path
 from poskit.evaluate import ROPE_SCALINGS, parse_lengths
 from poskit.report import extrapolation_table, plot_extrapolation
 from poskit.tasks import task_split_names
-from poskit.train import CONFIG_FILE, TrainConfig, atomic_write_json, build_task_for
+from poskit.training import CONFIG_FILE, TrainConfig, atomic_write_json, build_task_for
 
-from .jobs import extrapolation_job
+from .jobs import ExtrapolationJob, extrapolation_job
+from .outputs import EXTRAPOLATION_JSON, EXTRAPOLATION_MD, EXTRAPOLATION_PLOT
 from .parallel import check_workers, run_parallel
 
 
@@ -50,19 +51,19 @@ def run_extrapolate(run_dirs: list, lengths: str = "1x,2x,4x,8x", *, scalings: t
             raise ValueError(f"rope scaling must be one of {list(ROPE_SCALINGS)}, got {s!r}")
     run_dirs = [Path(d) for d in run_dirs]
     contexts = [_context_of(d) for d in run_dirs]
-    jobs = [{"run_dir": str(d), "lengths": parse_lengths(lengths, c), "split": split, "n_chars": n_chars,
-             "last_fraction": last_fraction, "scalings": tuple(scalings)} for d, c in zip(run_dirs, contexts)]
+    jobs = [ExtrapolationJob(str(d), parse_lengths(lengths, c), split, n_chars, last_fraction, tuple(scalings))
+            for d, c in zip(run_dirs, contexts)]
     results = run_parallel(extrapolation_job, jobs, workers=workers, labels=[str(d) for d in run_dirs], quiet=quiet)
     sweeps = sweep_labels(results)
     out_dir = Path(out_dir) if out_dir is not None else run_dirs[0].parent
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {"split": split, "n_chars": n_chars, "last_fraction": last_fraction, "runs": results, "sweeps": sweeps}
-    atomic_write_json(out_dir / "extrapolation.json", report)
+    atomic_write_json(out_dir / EXTRAPOLATION_JSON, report)
     context = contexts[0] if len(set(contexts)) == 1 else None
     md = ("# zero-shot length extrapolation\n\nperplexity per character, all positions:\n\n"
           + extrapolation_table(sweeps, "perplexity")
           + f"\n\nlast {last_fraction:g} of each window:\n\n" + extrapolation_table(sweeps, "last_perplexity") + "\n")
-    (out_dir / "extrapolation.md").write_text(md)
-    plot_extrapolation(sweeps, out_dir / "extrapolation.png", context=context)
+    (out_dir / EXTRAPOLATION_MD).write_text(md)
+    plot_extrapolation(sweeps, out_dir / EXTRAPOLATION_PLOT, context=context)
     report["table"] = md
     return report

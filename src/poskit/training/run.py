@@ -1,0 +1,89 @@
+"""One run, end to end: `train` (start or resume a run directory) and `load_run` (a trained model back)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from poskit.config_check import ConfigError
+from poskit.model import Transformer
+
+from .config import TrainConfig, resume_config
+from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RESULTS_FILE, atomic_write_json, load_config
+from .loop import Trainer, steps_for_budget
+from .step import build_model, build_task_for, loss_targets
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Build what a run needs once, so that bad input (a task option's value, an example space too small for
+    disjoint splits, an encoding option, a device that is not here) stops with its message before any
+    directory is created or any step is taken. The task is cached, so its splits are not built twice in this
+    process; the model is built on the CPU under a forked RNG, leaving the caller's random state as it was."""
+    if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", '"cpu" (CUDA is not available on this machine)', cfg.device)
+    task = build_task_for(cfg)
+    for split in task.split_names:
+        task.split(split)
+    loss_targets(task.train_batch(cfg.batch_size, torch.Generator().manual_seed(0)).targets, cfg)
+    with torch.random.fork_rng(devices=[]):
+        Transformer(dataclasses.replace(cfg.model, vocab_size=len(task.vocab)))
+
+
+def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after: int | None = None,
+          quiet: bool = False) -> dict | None:
+    """Train `cfg` in `run_dir`; returns the final results (also written to results.json), or None when
+    `stop_after` ended this invocation early. A directory that already holds a run is refused without `resume`.
+
+    With `resume`, a checkpoint in `run_dir` is continued with the config saved beside it: `cfg` (None: the
+    saved one) must equal it except for a larger max_steps, which extends the run (see `resume_config`). A
+    finished run resumed with the same config returns its saved results without training or evaluating."""
+    run_dir = Path(run_dir)
+    ckpt = run_dir / CHECKPOINT_FILE
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
+        raise ValueError(f"stop_after must be a positive int or None, got {stop_after!r}")
+    if ckpt.exists() and not resume:
+        raise ValueError(f"run_dir {str(run_dir)!r} already holds a run; pass resume=True (--resume) or choose another directory")
+    if resume and ckpt.exists():
+        saved = load_config(run_dir)
+        cfg = resume_config(saved, cfg, str(run_dir / CONFIG_FILE))
+        preflight(cfg)
+        if cfg != saved:
+            # extended: the old results no longer describe the run (and must not be returned after a kill)
+            (run_dir / RESULTS_FILE).unlink(missing_ok=True)
+            atomic_write_json(run_dir / CONFIG_FILE, cfg.to_dict())
+        elif (run_dir / RESULTS_FILE).exists():
+            return json.loads((run_dir / RESULTS_FILE).read_text())
+        trainer = Trainer(cfg, run_dir, quiet=quiet)
+        trainer.load_checkpoint()
+    else:
+        if cfg is None:
+            raise ValueError(f"cfg is needed to start a run: run_dir {str(run_dir)!r} holds no checkpoint to resume")
+        preflight(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.train_seconds is not None:
+            steps, per_step = steps_for_budget(cfg, cfg.train_seconds)
+            cfg = dataclasses.replace(cfg, max_steps=steps)
+        (run_dir / METRICS_FILE).unlink(missing_ok=True)
+        (run_dir / RESULTS_FILE).unlink(missing_ok=True)
+        atomic_write_json(run_dir / CONFIG_FILE, cfg.to_dict())
+        trainer = Trainer(cfg, run_dir, quiet=quiet)
+    if not trainer.run(stop_after):
+        return None
+    results = trainer.final_results()
+    atomic_write_json(run_dir / RESULTS_FILE, results)
+    return results
+
+
+def load_run(run_dir, device: str = "cpu"):
+    """(model in eval mode, task, config) of a trained run directory, from its checkpoint."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CHECKPOINT_FILE).exists() or not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"run_dir {str(run_dir)!r} must contain {CONFIG_FILE} and {CHECKPOINT_FILE} (a `poskit train` run)")
+    cfg = dataclasses.replace(load_config(run_dir), device=device)
+    task = build_task_for(cfg)
+    model = build_model(cfg, task)
+    state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=True)
+    model.load_state_dict(state["model"])
+    return model.eval(), task, cfg
