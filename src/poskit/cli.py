@@ -107,6 +107,14 @@ def cmd_train(args) -> int:
                              f"(train_seconds={saved.train_seconds:g}) that planned its max_steps")
         cfg = _base_config(args, args.encoding, saved=saved.to_dict())
     else:
+        starting = args.task is not None and args.encoding is not None
+        if args.resume and args.run_dir and not starting:
+            # nothing to resume here; say so rather than ask for the flags of a new run
+            if not Path(args.run_dir).exists():
+                raise ValueError(f"--run-dir {args.run_dir!r} does not exist: --resume continues an existing run "
+                                 "directory (give --task and --encoding to start a new run there)")
+            raise ValueError(f"--run-dir {args.run_dir!r} holds no run to resume (no {CONFIG_FILE}); give --task and "
+                             "--encoding to start one there")
         for flag in ("task", "encoding"):
             if getattr(args, flag) is None:
                 raise ValueError(f"--{flag} is required (except with --resume on an existing --run-dir)")
@@ -158,7 +166,7 @@ def cmd_extrapolate(args) -> int:
                                  n_chars=args.n_chars, workers=args.workers, quiet=args.quiet)
     except ValueError as e:
         # run_extrapolate names its parameters; on the command line they are flags
-        raise ValueError(_as_flag(str(e), ("split", "n_chars", "workers", "lengths"))) from None
+        raise ValueError(_as_flag(str(e), ("split", "n_chars", "workers", "lengths", "out"))) from None
     print(report["table"])
     out = Path(args.out) if args.out else Path(args.runs[0]).parent
     print(f"wrote {out / EXTRAPOLATION_JSON}, {out / EXTRAPOLATION_MD}, {out / EXTRAPOLATION_PLOT}")
@@ -184,7 +192,7 @@ def cmd_demo(args) -> int:
                  lengths=args.lengths, n_chars=args.n_chars, diagnostic=not args.no_diagnostic,
                  diagnostic_steps=args.diagnostic_steps, workers=args.workers, seed=args.seed, quiet=args.quiet)
     except ValueError as e:
-        raise ValueError(_as_flag(str(e), ("lengths", "train_seconds", "context", "n_chars", "workers"))) from None
+        raise ValueError(_as_flag(str(e), ("lengths", "train_seconds", "context", "n_chars", "workers", "out"))) from None
     return 0
 
 
@@ -356,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
-    except ValueError as e:
-        # bad input: one line naming the argument, no traceback
+    except (ValueError, OSError) as e:
+        # bad input or a file that cannot be read or written: one line naming the argument or the file
         parser.exit(2, f"poskit {args.command}: error: {e}\n")
 
 

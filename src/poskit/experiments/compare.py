@@ -13,6 +13,7 @@ from poskit.training import (
     CONFIG_FILE,
     TrainConfig,
     atomic_write_json,
+    check_writable_dir,
     load_config,
     preflight,
     resume_config,
@@ -49,6 +50,7 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must list at least one seed, none twice (one run directory each), got {list(seeds)}")
     out_dir = Path(out_dir)
+    check_writable_dir(out_dir, "out")
     jobs, labels, dirs = [], [], {}
     for label, name, options in encodings:
         for i, seed in enumerate(seeds):

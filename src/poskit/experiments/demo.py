@@ -20,7 +20,7 @@ from pathlib import Path
 
 from poskit.evaluate import parse_lengths
 from poskit.report import compare_table, markdown_table, plot_extrapolation
-from poskit.training import TrainConfig, atomic_write_json
+from poskit.training import TrainConfig, atomic_write_json, check_writable_dir
 
 from .compare import run_compare
 from .configs import DEMO, DIAGNOSTIC, LM_TRAIN
@@ -60,6 +60,7 @@ def run_demo(out_dir=DEMO.out_dir, encodings=DEMO.encodings, train_seconds: floa
     windows = parse_lengths(lengths, context)
     configs = {e: lm_config(e, context, train_seconds, seed) for e in encodings}
     diagnostic_base = TrainConfig.from_dict(dict(DIAGNOSTIC.config, max_steps=diagnostic_steps))
+    check_writable_dir(out_dir, "out")
     # the demo always starts fresh: remove only what an earlier demo wrote here
     for sub in (DEMO_LM_DIR, DEMO_DIAGNOSTIC_DIR):
         shutil.rmtree(out_dir / sub, ignore_errors=True)

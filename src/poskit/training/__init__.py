@@ -15,8 +15,9 @@ checkpoint's step on resume; a run killed and resumed ends with the same numbers
 A resumed run keeps its saved config; the only change allowed is a larger max_steps (`resume_config`).
 
 The package is split by concern: `config` (TrainConfig, its validation, resume rules), `files` (the run
-directory's files, atomic writes), `rng` (seeding and RNG states), `step` (schedule, optimizer, loss, evaluation),
-`loop` (Trainer, time budget) and `run` (train, load_run).
+directory's files, atomic writes, checked reads), `checkpoint` (a checkpoint read back and checked), `rng`
+(seeding and RNG states), `step` (schedule, optimizer, loss, evaluation), `loop` (Trainer, time budget) and
+`run` (train, load_run).
 """
 from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions, resume_config
 from .files import (
@@ -24,15 +25,19 @@ from .files import (
     CONFIG_FILE,
     METRICS_FILE,
     RESULTS_FILE,
+    RunFileError,
     atomic_write_bytes,
     atomic_write_json,
+    check_writable_dir,
     load_config,
     read_metrics,
 )
+from .checkpoint import checkpoint_config, metrics_at_checkpoint, read_checkpoint
 from .loop import Trainer, steps_for_budget
 from .rng import rng_state, seed_everything, set_rng_state
 from .run import load_run, preflight, train
 from .step import (
+    NonFiniteLossError,
     build_model,
     build_task_for,
     evaluate,
@@ -44,8 +49,10 @@ from .step import (
     restrict_to_last,
 )
 
-__all__ = ["CHECKPOINT_FILE", "CONFIG_FILE", "LOSS_ON_ALLOWED", "METRICS_FILE", "RESULTS_FILE", "TrainConfig",
-           "Trainer", "atomic_write_bytes", "atomic_write_json", "build_model", "build_task_for", "evaluate",
-           "load_config", "load_run", "loss_positions", "loss_targets", "lr_at", "make_optimizer",
-           "optimizer_step", "preflight", "read_metrics", "restrict_targets", "restrict_to_last", "resume_config",
-           "rng_state", "seed_everything", "set_rng_state", "steps_for_budget", "train"]
+__all__ = ["CHECKPOINT_FILE", "CONFIG_FILE", "LOSS_ON_ALLOWED", "METRICS_FILE", "RESULTS_FILE",
+           "NonFiniteLossError", "RunFileError", "TrainConfig", "Trainer", "atomic_write_bytes",
+           "atomic_write_json", "build_model", "build_task_for", "check_writable_dir", "checkpoint_config",
+           "evaluate", "load_config", "load_run", "loss_positions", "loss_targets", "lr_at", "make_optimizer",
+           "metrics_at_checkpoint", "optimizer_step", "preflight", "read_checkpoint", "read_metrics",
+           "restrict_targets", "restrict_to_last", "resume_config", "rng_state", "seed_everything",
+           "set_rng_state", "steps_for_budget", "train"]

@@ -177,14 +177,24 @@ def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str 
         return saved
     if saved.train_seconds is not None and requested.train_seconds == saved.train_seconds:
         requested = dataclasses.replace(requested, max_steps=saved.max_steps)
-    old, new = _flatten(saved.to_dict()), _flatten(requested.to_dict())
-    missing = object()
-    for key in sorted(old.keys() | new.keys()):
-        a, b = old.get(key, missing), new.get(key, missing)
-        if a == b or (key == "max_steps" and b > a):
-            continue
-        a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
+    difference = config_difference(saved, requested)
+    if difference is not None:
+        key, a, b = difference
         raise ValueError(
             f"--resume continues the run saved in {where}, where {key} is {a}; got {b}. A resumed run "
             f"keeps its saved config; only max_steps (--steps) may change, and only upwards (to extend the run)")
     return requested
+
+
+def config_difference(old: TrainConfig, new: TrainConfig) -> tuple[str, str, str] | None:
+    """The first field (dotted, with both values as repr) in which `new` differs from `old` other than a
+    larger max_steps (the one change that continues a run: it extends it); None when there is none."""
+    a_fields, b_fields = _flatten(old.to_dict()), _flatten(new.to_dict())
+    missing = object()
+    for key in sorted(a_fields.keys() | b_fields.keys()):
+        a, b = a_fields.get(key, missing), b_fields.get(key, missing)
+        if a == b or (key == "max_steps" and b > a):
+            continue
+        a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
+        return key, a, b
+    return None

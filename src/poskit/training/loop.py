@@ -14,7 +14,7 @@ from poskit.tasks.base import Batch
 from .config import TrainConfig
 from .files import CHECKPOINT_FILE, METRICS_FILE, atomic_write_bytes, read_metrics
 from .rng import rng_state, seed_everything, set_rng_state
-from .step import build_model, build_task_for, evaluate, lr_at, make_optimizer, optimizer_step
+from .step import NonFiniteLossError, build_model, build_task_for, evaluate, lr_at, make_optimizer, optimizer_step
 
 
 def _progress(total: int, initial: int, quiet: bool, desc: str):
@@ -53,25 +53,23 @@ class Trainer:
                 "elapsed": self.elapsed, "loss_acc": [self.loss_sum, self.loss_count], "rng": rng_state(),
                 "data_generator": self.data_gen.get_state(), "config": self.cfg.to_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def save_checkpoint(self) -> None:
+        state = self.state_dict()
+        # how much of the metrics log this state has seen: a resume keeps exactly that (checkpoint.py)
+        metrics = self.run_dir / METRICS_FILE
+        state["metrics_bytes"] = metrics.stat().st_size if metrics.exists() else 0
+        atomic_write_bytes(self.run_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint's `state` (read and checked by checkpoint.read_checkpoint). The model,
+        optimizer and data stream are loaded first and the process's RNG last, so that a state that does not
+        fit this run's model raises before any global state changes; the caller discards the Trainer then."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.data_gen.set_state(state["data_generator"].cpu())
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.loss_sum, self.loss_count = float(state["loss_acc"][0]), int(state["loss_acc"][1])
         set_rng_state(state["rng"])
-        self.data_gen.set_state(state["data_generator"].cpu())
-
-    def save_checkpoint(self) -> None:
-        state = self.state_dict()
-        atomic_write_bytes(self.run_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f))
-
-    def load_checkpoint(self) -> None:
-        state = torch.load(self.run_dir / CHECKPOINT_FILE, map_location=self.cfg.device, weights_only=True)
-        self.load_state_dict(state)
-        # metrics written after the checkpoint (by the killed invocation) are replayed by this one
-        kept = [m for m in read_metrics(self.run_dir) if m["step"] <= self.step]
-        atomic_write_bytes(self.run_dir / METRICS_FILE,
-                           lambda f: f.write("".join(json.dumps(m) + "\n" for m in kept).encode()))
 
     def log(self, record: dict) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:
@@ -88,7 +86,12 @@ class Trainer:
         t0 = time.perf_counter() - self.elapsed
         try:
             while self.step < stop_at and not self.out_of_time():
-                loss = self.train_step(self.task.train_batch(cfg.batch_size, self.data_gen))
+                try:
+                    loss = self.train_step(self.task.train_batch(cfg.batch_size, self.data_gen))
+                except NonFiniteLossError as e:
+                    kept = "" if self.run_dir is None else (
+                        f"; {self.run_dir / CHECKPOINT_FILE} keeps the last good state (its last checkpoint)")
+                    raise NonFiniteLossError(f"{e}{kept}") from None
                 self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1
                 self.elapsed = time.perf_counter() - t0
                 bar.update(1)

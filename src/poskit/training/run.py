@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -10,8 +9,21 @@ import torch
 from poskit.config_check import ConfigError
 from poskit.model import Transformer
 
+from .checkpoint import checkpoint_config, metrics_at_checkpoint, read_checkpoint
 from .config import TrainConfig, resume_config
-from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RESULTS_FILE, atomic_write_json, load_config
+from .files import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    RESULTS_FILE,
+    RunFileError,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_writable_dir,
+    load_config,
+    read_json,
+    remove_stale_temp_files,
+)
 from .loop import Trainer, steps_for_budget
 from .step import build_model, build_task_for, loss_targets
 
@@ -46,22 +58,32 @@ def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after:
     if ckpt.exists() and not resume:
         raise ValueError(f"run_dir {str(run_dir)!r} already holds a run; pass resume=True (--resume) or choose another directory")
     if resume and ckpt.exists():
+        # every file is read and checked before the run directory changes: a refused resume changes nothing
         saved = load_config(run_dir)
         cfg = resume_config(saved, cfg, str(run_dir / CONFIG_FILE))
+        state = read_checkpoint(ckpt, cfg.device)
+        checkpoint_config(run_dir, state, saved)
+        metrics = metrics_at_checkpoint(run_dir, state)
+        if cfg == saved and (run_dir / RESULTS_FILE).exists():
+            return read_json(run_dir / RESULTS_FILE, "a run's final results")
         preflight(cfg)
+        trainer = Trainer(cfg, run_dir, quiet=quiet)
+        _restore(trainer, state, ckpt)
+        # from here on the run directory changes
+        remove_stale_temp_files(run_dir)
         if cfg != saved:
             # extended: the old results no longer describe the run (and must not be returned after a kill)
             (run_dir / RESULTS_FILE).unlink(missing_ok=True)
             atomic_write_json(run_dir / CONFIG_FILE, cfg.to_dict())
-        elif (run_dir / RESULTS_FILE).exists():
-            return json.loads((run_dir / RESULTS_FILE).read_text())
-        trainer = Trainer(cfg, run_dir, quiet=quiet)
-        trainer.load_checkpoint()
+        # metrics the killed invocation logged after its checkpoint are logged again by this one
+        atomic_write_bytes(run_dir / METRICS_FILE, lambda f: f.write(metrics))
     else:
         if cfg is None:
             raise ValueError(f"cfg is needed to start a run: run_dir {str(run_dir)!r} holds no checkpoint to resume")
+        check_writable_dir(run_dir, "run_dir")
         preflight(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(run_dir)
         if cfg.train_seconds is not None:
             steps, per_step = steps_for_budget(cfg, cfg.train_seconds)
             cfg = dataclasses.replace(cfg, max_steps=steps)
@@ -76,14 +98,31 @@ def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after:
     return results
 
 
+def _restore(trainer: Trainer, state: dict, path: Path) -> None:
+    """Load a checked checkpoint state into a fresh trainer; a state that does not fit its model or optimizer
+    (a checkpoint of another model) is a RunFileError naming the checkpoint, and the trainer is discarded."""
+    try:
+        trainer.restore(state)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RunFileError(path, f"does not fit the run's model and optimizer ({reason})") from None
+
+
 def load_run(run_dir, device: str = "cpu"):
-    """(model in eval mode, task, config) of a trained run directory, from its checkpoint."""
+    """(model in eval mode, task, config) of a trained run directory, from its checkpoint (checked as a resume
+    checks it: a bad file is a RunFileError naming it, and no half-loaded model is returned)."""
     run_dir = Path(run_dir)
     if not (run_dir / CHECKPOINT_FILE).exists() or not (run_dir / CONFIG_FILE).exists():
         raise ValueError(f"run_dir {str(run_dir)!r} must contain {CONFIG_FILE} and {CHECKPOINT_FILE} (a `poskit train` run)")
-    cfg = dataclasses.replace(load_config(run_dir), device=device)
+    saved = load_config(run_dir)
+    state = read_checkpoint(run_dir / CHECKPOINT_FILE, device)
+    checkpoint_config(run_dir, state, saved)
+    cfg = dataclasses.replace(saved, device=device)
     task = build_task_for(cfg)
     model = build_model(cfg, task)
-    state = torch.load(run_dir / CHECKPOINT_FILE, map_location=device, weights_only=True)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RunFileError(run_dir / CHECKPOINT_FILE, f"does not fit the run's model ({reason})") from None
     return model.eval(), task, cfg

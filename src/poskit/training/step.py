@@ -15,6 +15,10 @@ from poskit.tasks.base import Batch
 from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions
 
 
+class NonFiniteLossError(ValueError):
+    """The training loss is NaN or infinite."""
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup to lr over `warmup` steps, then cosine decay to min_lr at max_steps (the papers' schedule)."""
     warmup = cfg.warmup
@@ -88,7 +92,8 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
                    step: int) -> float:
     """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
     the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
-    `cfg.loss_on` keeps, backward, global-norm gradient clipping and the AdamW update. Returns the loss."""
+    `cfg.loss_on` keeps, backward, global-norm gradient clipping and the AdamW update. Returns the loss.
+    A loss that is not finite raises NonFiniteLossError before any parameter is updated."""
     lr = lr_at(step, cfg)
     for g in optimizer.param_groups:
         g["lr"] = lr
@@ -96,12 +101,17 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
     with _autocast(cfg.bf16, cfg.device):
         logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
     loss = lm_loss(logits.float(), targets)
+    value = loss.item()
+    if not math.isfinite(value):
+        # an update with NaN/inf gradients would destroy the weights; stop while they are still the last good ones
+        raise NonFiniteLossError(f"training loss is {value} at step {step + 1} (the model's output or the data "
+                                 f"is not finite); training stopped before updating the weights")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
-    return loss.item()
+    return value
 
 
 def evaluate(model: Transformer, task, split: str, max_batches: int | None = None, bf16: bool = False) -> dict:
