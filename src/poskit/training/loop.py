@@ -87,7 +87,7 @@ class Trainer:
         try:
             while self.step < stop_at and not self.out_of_time():
                 try:
-                    loss = self.train_step(self.task.train_batch(cfg.batch_size, self.data_gen))
+                    loss = self.train_step(self.task.train_batch(cfg.batch_size, self.data_gen, step=self.step))
                 except NonFiniteLossError as e:
                     kept = "" if self.run_dir is None else (
                         f"; {self.run_dir / CHECKPOINT_FILE} keeps the last good state (its last checkpoint)")
@@ -140,7 +140,7 @@ def steps_for_budget(cfg: TrainConfig, seconds: float, timed_steps: int = 12, wa
         for i in range(warm_steps + timed_steps):
             if i == warm_steps:
                 t0 = time.perf_counter()
-            trainer.train_step(trainer.task.train_batch(cfg.batch_size, trainer.data_gen))
+            trainer.train_step(trainer.task.train_batch(cfg.batch_size, trainer.data_gen, step=trainer.step))
         per_step = (time.perf_counter() - t0) / timed_steps
     finally:
         set_rng_state(state)

@@ -38,7 +38,7 @@ def preflight(cfg: TrainConfig) -> None:
     task = build_task_for(cfg)
     for split in task.split_names:
         task.split(split)
-    loss_targets(task.train_batch(cfg.batch_size, torch.Generator().manual_seed(0)).targets, cfg)
+    loss_targets(task.train_batch(cfg.batch_size, torch.Generator().manual_seed(0), step=0).targets, cfg)
     with torch.random.fork_rng(devices=[]):
         Transformer(dataclasses.replace(cfg.model, vocab_size=len(task.vocab)))
 
