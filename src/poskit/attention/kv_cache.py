@@ -34,6 +34,9 @@ class _Buffer:
         return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
 
     def append(self, new: torch.Tensor, reserve: int, out_of_place: bool = False) -> None:
+        if self.length == 0:
+            # empty (new, or cropped to 0): start afresh, the old allocation may have another width or dtype
+            self.data = None
         if out_of_place:
             old = self.view()
             self.data = new if old is None else torch.cat((old, new), self.dim)
@@ -91,7 +94,13 @@ class LayerCache:
     def length(self) -> int:
         return self._keys.length
 
-    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+    def check_append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> None:
+        """Raise ValueError unless `append` with these arguments can extend this layer; touches nothing.
+        `append` calls it before writing anything, so a refused append leaves the layer as it was."""
+        for name, t in (("keys", keys), ("values", values), ("positions", positions), ("gate_keys", gate_keys),
+                        ("angles", angles)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
         if keys.dim() != 4 or values.dim() != 4 or values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"keys and values must be (B, H_kv, T, .) tensors with the same B, H_kv and T, got "
                              f"{tuple(keys.shape)} and {tuple(values.shape)}")
@@ -99,17 +108,46 @@ class LayerCache:
                 positions.dim() == 2 and positions.shape[0] not in (1, keys.shape[0])):
             raise ValueError(f"positions must be (T,) or (1|B, T) with T={keys.shape[2]} and B={keys.shape[0]}, "
                              f"got {tuple(positions.shape)}")
-        if self.length:
-            if self.encoded != encoded:
-                raise ValueError("a layer cache cannot mix raw and encoded keys")
-            old = self.keys
-            if keys.shape[:2] != old.shape[:2] or keys.shape[-1] != old.shape[-1]:
-                raise ValueError(f"keys must have shape {tuple(old.shape[:2])} + (T, {old.shape[-1]}) to extend the "
-                                 f"cache, got {tuple(keys.shape)}")
-            if (gate_keys is None) != (self._gate_keys.length == 0):
-                raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
-            if (angles is None) != (self._angles.length == 0):
-                raise ValueError("angles must be given at every append or never")
+        if positions.dtype.is_floating_point or positions.is_complex() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if gate_keys is not None and (gate_keys.shape[:3] != keys.shape[:3] or gate_keys.dtype != keys.dtype
+                                      or gate_keys.device != keys.device):
+            raise ValueError(f"gate_keys must be (B, H_kv, T, .) with the B, H_kv, T, dtype and device of keys "
+                             f"{tuple(keys.shape)} {keys.dtype} {keys.device}, got {tuple(gate_keys.shape)} "
+                             f"{gate_keys.dtype} {gate_keys.device}")
+        if angles is not None and (angles.dim() != 3 or angles.shape[1] != keys.shape[2]
+                                   or angles.shape[0] not in (1, keys.shape[0])):
+            raise ValueError(f"angles must be (1|B, T, E) with T={keys.shape[2]} and B={keys.shape[0]}, "
+                             f"got {tuple(angles.shape)}")
+        if not self.length:
+            return
+        if self.encoded != encoded:
+            raise ValueError("a layer cache cannot mix raw and encoded keys")
+        old = self.keys
+        if keys.shape[:2] != old.shape[:2] or keys.shape[-1] != old.shape[-1]:
+            raise ValueError(f"keys must have shape {tuple(old.shape[:2])} + (T, {old.shape[-1]}) to extend the "
+                             f"cache, got {tuple(keys.shape)}")
+        if values.shape[-1] != self.values.shape[-1]:
+            raise ValueError(f"values must have {self.values.shape[-1]} channels (Dv) to extend the cache, got "
+                             f"{tuple(values.shape)}")
+        if (gate_keys is None) != (self._gate_keys.length == 0):
+            raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
+        if (angles is None) != (self._angles.length == 0):
+            raise ValueError("angles must be given at every append or never")
+        for name, new, cached in (("keys", keys, old), ("values", values, self.values), ("positions", positions,
+                                  self.positions), ("gate_keys", gate_keys, self.gate_keys), ("angles", angles, self.angles)):
+            if new is None:
+                continue
+            # a copy into the cache would silently cast or move the new tokens
+            if new.dtype != cached.dtype or new.device != cached.device:
+                raise ValueError(f"{name} must have the cached dtype {cached.dtype} on {cached.device} to extend "
+                                 f"the cache, got {new.dtype} on {new.device}")
+            if name in ("gate_keys", "angles") and new.shape[-1] != cached.shape[-1]:
+                raise ValueError(f"{name} must have {cached.shape[-1]} channels to extend the cache, got "
+                                 f"{tuple(new.shape)}")
+
+    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+        self.check_append(keys, values, positions, gate_keys, encoded, angles)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
         if self.length and positions.shape[0] != self.positions.shape[0]:
