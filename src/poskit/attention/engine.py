@@ -208,7 +208,7 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
     keys = enc.encode_k(k, inp.k_positions) if encoded else k
     layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded)
     _check_positions_over_cache(enc, inp, layer)
-    layer = layer.append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded)
+    layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None)  # checked above
     if not encoded:
         return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,
                          k_positions=layer.positions, gate_keys=layer.gate_keys, backend=backend)

@@ -54,6 +54,20 @@ class _Buffer:
         self.data.narrow(self.dim, self.length, n).copy_(new)
         self.length = end
 
+    def check_extends(self, name: str, new: torch.Tensor) -> None:
+        """Raise ValueError unless `new` can be appended to the filled buffer: the cached dtype and device
+        (a copy would silently cast or move it), and its sizes outside the batch and growing dims."""
+        data = self.data
+        if new.dtype != data.dtype or new.device != data.device:
+            raise ValueError(f"{name} must have the cached dtype {data.dtype} on {data.device} to extend the cache, "
+                             f"got {new.dtype} on {new.device}")
+        if new.dim() == data.dim():  # positions may come as (T,) against (1|B, T): checked by the caller
+            for i in range(1, data.dim()):
+                if i != self.dim and new.shape[i] != data.shape[i]:
+                    what = "channels" if i == data.dim() - 1 else f"entries in dim {i}"
+                    raise ValueError(f"{name} must have {data.shape[i]} {what} to extend the cache, got shape "
+                                     f"{tuple(new.shape)}")
+
     def expand_batch(self, b: int) -> None:
         # shared (1, T) positions meeting per-batch (B, T) ones: store (B, T) from now on
         if self.data is not None and self.data.shape[0] != b:
@@ -97,10 +111,12 @@ class LayerCache:
     def check_append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> None:
         """Raise ValueError unless `append` with these arguments can extend this layer; touches nothing.
         `append` calls it before writing anything, so a refused append leaves the layer as it was."""
-        for name, t in (("keys", keys), ("values", values), ("positions", positions), ("gate_keys", gate_keys),
-                        ("angles", angles)):
-            if t is not None and not isinstance(t, torch.Tensor):
+        for name, t in (("keys", keys), ("values", values), ("positions", positions)):
+            if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        for name, t in (("gate_keys", gate_keys), ("angles", angles)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor or None, got {type(t).__name__}")
         if keys.dim() != 4 or values.dim() != 4 or values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"keys and values must be (B, H_kv, T, .) tensors with the same B, H_kv and T, got "
                              f"{tuple(keys.shape)} and {tuple(values.shape)}")
@@ -123,31 +139,29 @@ class LayerCache:
             return
         if self.encoded != encoded:
             raise ValueError("a layer cache cannot mix raw and encoded keys")
-        old = self.keys
-        if keys.shape[:2] != old.shape[:2] or keys.shape[-1] != old.shape[-1]:
-            raise ValueError(f"keys must have shape {tuple(old.shape[:2])} + (T, {old.shape[-1]}) to extend the "
+        cached = self._keys.data
+        if keys.shape[:2] != cached.shape[:2] or keys.shape[-1] != cached.shape[-1]:
+            raise ValueError(f"keys must have shape {tuple(cached.shape[:2])} + (T, {cached.shape[-1]}) to extend the "
                              f"cache, got {tuple(keys.shape)}")
-        if values.shape[-1] != self.values.shape[-1]:
-            raise ValueError(f"values must have {self.values.shape[-1]} channels (Dv) to extend the cache, got "
-                             f"{tuple(values.shape)}")
         if (gate_keys is None) != (self._gate_keys.length == 0):
             raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
         if (angles is None) != (self._angles.length == 0):
             raise ValueError("angles must be given at every append or never")
-        for name, new, cached in (("keys", keys, old), ("values", values, self.values), ("positions", positions,
-                                  self.positions), ("gate_keys", gate_keys, self.gate_keys), ("angles", angles, self.angles)):
-            if new is None:
-                continue
-            # a copy into the cache would silently cast or move the new tokens
-            if new.dtype != cached.dtype or new.device != cached.device:
-                raise ValueError(f"{name} must have the cached dtype {cached.dtype} on {cached.device} to extend "
-                                 f"the cache, got {new.dtype} on {new.device}")
-            if name in ("gate_keys", "angles") and new.shape[-1] != cached.shape[-1]:
-                raise ValueError(f"{name} must have {cached.shape[-1]} channels to extend the cache, got "
-                                 f"{tuple(new.shape)}")
+        self._keys.check_extends("keys", keys)
+        self._values.check_extends("values", values)
+        self._positions.check_extends("positions", positions)
+        if gate_keys is not None:
+            self._gate_keys.check_extends("gate_keys", gate_keys)
+        if angles is not None:
+            self._angles.check_extends("angles", angles)
 
     def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+        """Extend the layer by the new tokens (validated first: a refused append changes nothing); returns it."""
         self.check_append(keys, values, positions, gate_keys, encoded, angles)
+        return self._write(keys, values, positions, gate_keys, encoded, angles)
+
+    def _write(self, keys, values, positions, gate_keys, encoded, angles) -> "LayerCache":
+        # arguments already passed check_append (the engine checks once, then also the encoding's positions)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
         if self.length and positions.shape[0] != self.positions.shape[0]:
