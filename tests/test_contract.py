@@ -284,3 +284,27 @@ def test_every_rope_scaling_function_is_a_registered_encoding():
         assert enc.cache_form == ("raw" if variant.length_dependent else "encoded")
         if variant.length_dependent:  # re-evaluated at the call's length
             assert torch.equal(enc.inv_freq_for(200), variant.init(params, 200)[0])
+
+
+@pytest.mark.parametrize("name, options", [
+    ("pope", dict(delta_init="uniform")), ("cope", dict(p_max=6, init_std=0.5)),
+    ("cope", dict(p_max=6, init_std=0.5, gates="separate")), ("cope-alibi", dict(p_max=6))])
+def test_backend_triton_dispatches_on_the_declared_fused_kernel(name, options):
+    # the engine's kernel table, keyed by `fused_kernel`, reaches the right kernel with the right operands
+    pytest.importorskip("triton", reason="the fused kernels need triton")
+    from conftest import HAS_CUDA
+
+    device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run in the Triton interpreter (tests/conftest.py)
+    if device == "cpu":
+        from triton import knobs
+
+        if not knobs.runtime.interpret:
+            pytest.skip("no GPU and the Triton interpreter is off")
+    enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **options).to(device)
+    q, k, v = (t.float().to(device) for t in qkv(T=6, D=16))
+    gk = k.flip(-1) if enc.needs_gate_keys else None
+    with torch.no_grad():
+        got = poskit.attention(q, k, v, enc, gate_keys=gk, backend="triton")
+        want = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference",
+                                gate_keys=None if gk is None else gk.double())
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
