@@ -46,7 +46,7 @@ def assert_same(before, after):
                 assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def step_args(label, enc, q, k, v, gk, a, b):
+def step_args(enc, q, k, v, gk, a, b):
     """The valid arguments of a step over tokens a..b-1."""
     return dict(q=q[:, :, a:b], k=k[:, :, a:b], v=v[:, :, a:b], enc=enc, layer_idx=0,
                 q_positions=torch.arange(a, b), gate_keys=None if gk is None else gk[:, :, a:b], backend="auto")
@@ -124,14 +124,14 @@ def test_a_refused_step_leaves_the_cache_exactly_as_it_was(label, fault, prefill
     q, k, v = make_qkv(H=4, Hkv=4 // groups, Tq=T, Tk=T, gen_seed=seed)
     gk = k.flip(-1) if enc.needs_gate_keys else None
     cache = KVCache(num_layers=2)
-    out = cached_attention(**dict(step_args(label, enc, q, k, v, gk, 0, prefill), cache=cache))
+    out = cached_attention(**dict(step_args(enc, q, k, v, gk, 0, prefill), cache=cache))
     before = snapshot(cache)
-    bad = corrupt(step_args(label, enc, q, k, v, gk, prefill, prefill + 1), enc, prefill)
+    bad = corrupt(step_args(enc, q, k, v, gk, prefill, prefill + 1), enc, prefill)
     with pytest.raises(ValueError):
         cached_attention(**dict(bad, cache=cache))
     assert_same(before, snapshot(cache))
     # the cache is intact: the valid step continues the decode exactly
-    outs = [out, cached_attention(**dict(step_args(label, enc, q, k, v, gk, prefill, prefill + 1), cache=cache))]
+    outs = [out, cached_attention(**dict(step_args(enc, q, k, v, gk, prefill, prefill + 1), cache=cache))]
     n = prefill + 1
     full = poskit.attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], enc, backend="reference",
                             gate_keys=None if gk is None else gk[:, :, :n])
