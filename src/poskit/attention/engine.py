@@ -17,7 +17,7 @@ from ..encodings.base import PositionalEncoding
 from .inputs import AttentionInputs, prepare
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
-from .sdpa import blocked, sdpa, use_blocked
+from .sdpa import all_finite, blocked, sdpa, use_blocked
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 
@@ -93,6 +93,11 @@ def _run_triton(inp, enc, gate_keys):
     from .triton_cope import cope_attention_triton
 
     source = enc.gate_source(inp.k, inp.v, gate_keys)
+    if not all_finite(inp.q, source):
+        # a NaN gate logit has no position: the kernel would turn it into an integer index and read out of
+        # bounds, so it is refused before the launch (the reference path propagates the NaN instead)
+        raise ValueError(f"q and the gate {'keys' if source is inp.k else 'source'} must be finite for cope on the "
+                         "triton path, got NaN or inf; backend='reference' returns NaN rows instead")
     learned = enc.name == "cope"
     return cope_attention_triton(
         inp.q, inp.k, inp.v, enc.pos_emb if learned else None,
@@ -153,7 +158,10 @@ def attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, 
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
                   key_padding_mask=key_padding_mask)
-    return _RUNNERS[choose_backend(enc, q, backend)](inp, enc, gate_keys)
+    chosen = choose_backend(enc, q, backend)
+    if not inp.has_pairs:  # no query or no key: empty rows, or rows of zeros (no visible key), on every path
+        chosen = "reference"
+    return _RUNNERS[chosen](inp, enc, gate_keys)
 
 
 def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_keys=None, backend: str = "auto"):
@@ -169,6 +177,8 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
         raise ValueError("v must be a tensor (B, H_kv, Tn, Dv), got None")
     inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
     chosen = choose_backend(enc, q, backend)
+    if not inp.has_pairs:  # no new token: nothing to append, and no query to answer
+        return _run_reference(inp, enc, gate_keys)
     if getattr(enc, "cache_form", None) == "magnitude" and chosen != "reference":
         from .pope_decode import cached_pope_attention
 

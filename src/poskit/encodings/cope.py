@@ -36,8 +36,13 @@ def contextual_positions(gate_logits: torch.Tensor, visible: torch.Tensor, p_max
 
 
 def interpolate(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """z (..., p_max) sampled at fractional p (..., Tk) by linear interpolation between floor and ceil."""
-    lo, hi = p.floor(), p.ceil()
+    """z (..., p_max) sampled at fractional p (..., Tk) by linear interpolation between floor and ceil.
+
+    A NaN position (from a NaN gate logit) must not become an index: NaN.long() is INT64_MIN, an out-of-range
+    read. It reads row 0 instead and its weight w = p - 0 stays NaN, which carries the NaN into the result.
+    """
+    safe = p.nan_to_num(0.0)
+    lo, hi = safe.floor(), safe.ceil()
     w = p - lo
     return z.gather(-1, hi.long()) * w + z.gather(-1, lo.long()) * (1 - w)
 
