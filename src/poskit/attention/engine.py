@@ -59,7 +59,7 @@ def triton_serves(enc: PositionalEncoding) -> bool:
 
 def _run_reference(inp, enc, gate_keys):
     logits, visible = scores_from_inputs(inp, enc, gate_keys)
-    return softmax_rows(logits, visible) @ repeat_kv(inp.v, inp.groups)
+    return softmax_rows(logits, visible).to(inp.v.dtype) @ repeat_kv(inp.v, inp.groups)
 
 
 def _run_sdpa(inp, enc, gate_keys):

@@ -71,4 +71,4 @@ def reference_attention(q, k, v, enc, *, causal=True, q_positions=None, k_positi
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     logits, visible = scores_from_inputs(inp, enc, gate_keys)
-    return softmax_rows(logits, visible) @ repeat_kv(v, inp.groups)
+    return softmax_rows(logits, visible).to(v.dtype) @ repeat_kv(v, inp.groups)

@@ -129,4 +129,5 @@ def _materialised(inp: AttentionInputs, q, k, v, bias):
     if bias is not None:
         logits = logits + bias
     visible = inp.visible()
-    return softmax_rows(logits.masked_fill(~visible, float("-inf")), visible) @ repeat_kv(v, q.shape[1] // v.shape[1])
+    weights = softmax_rows(logits.masked_fill(~visible, float("-inf")), visible)  # fp32 with an fp32 bias
+    return weights.to(v.dtype) @ repeat_kv(v, q.shape[1] // v.shape[1])

@@ -23,15 +23,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .alibi import alibi_slopes
+from .alibi import alibi_slopes, bias_dtype
 from .base import PositionalEncoding, register
 
 GATES = ("keys", "values", "separate")
 
 
 def contextual_positions(gate_logits: torch.Tensor, visible: torch.Tensor, p_max: int) -> torch.Tensor:
-    """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk)."""
-    gates = torch.sigmoid(gate_logits) * visible
+    """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk), in fp32 for half
+    inputs (float64 kept): an fp16 running sum of gates steps by 2 past 2048 and overflows past 65504."""
+    gates = torch.sigmoid(gate_logits.to(bias_dtype(gate_logits.dtype))) * visible
     return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=p_max - 1)
 
 
@@ -127,4 +128,4 @@ class CoPEALiBiEncoding(CoPEBase):
 
     def contextual_bias(self, q, gate_logits, visible):
         p = self.positions(gate_logits, visible)
-        return -self.slopes.to(q.dtype)[:, None, None] * p
+        return -self.slopes.to(p.dtype)[:, None, None] * p
