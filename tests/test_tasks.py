@@ -180,7 +180,8 @@ def check_counting(task, batch, max_value=10, max_steps=None):
 # ------------------------------------------------------------------ registry, errors
 
 
-def test_available_and_protocol():
+def test_available_and_protocol(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSKIT_DATA", str(tmp_path))  # the stdlib slice's token cache goes here, not the user's
     corpus_tasks = ["corpus", "lm-code", "lm-genome", "lm-jsb", "lm-maestro", "lm-plays", "lm-wiki"]
     synthetic = ["counting", "flip-flop", "indirect-indexing", "selective-copy", "shakespeare"]
     assert available_tasks() == sorted(synthetic + corpus_tasks)
