@@ -96,27 +96,28 @@ def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) ->
     table_dtype = torch.float64 if inp.q.dtype == torch.float64 else torch.float32
     kcos, ksin = enc.cos_sin(inp.k_positions, table_dtype)  # (1|B, Tn, d): looked up once per token, kept
     angles = torch.cat((kcos, ksin), -1)
-    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles)
+    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles,
+                         key_mask=inp.key_padding_mask)
     return attend_magnitudes(enc, inp.q, angles, layer.keys, layer.values, inp.q_positions, layer.positions,
-                             layer.angles, inp.scale, use_triton)
+                             layer.angles, inp.scale, use_triton, key_mask=layer.key_mask)
 
 
 def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor,
                       q_positions: torch.Tensor, k_positions: torch.Tensor, k_angles: torch.Tensor, scale: float,
-                      use_triton: bool) -> torch.Tensor:
+                      use_triton: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(PoPE logits of q against cached magnitudes) @ v; causal by position.
 
     q (B, H, Tq, d) raw queries; q_angles (1|B, Tq, 2d) = [cos | sin] of q_positions * theta;
     mu_k (B, Hkv, L, d) = enc.magnitude(k); v (B, Hkv, L, Dv); q_positions (1|B, Tq), k_positions (1|B, L);
-    k_angles (1|B, L, 2d) likewise. Returns (B, H, Tq, Dv).
+    k_angles (1|B, L, 2d) likewise; key_mask (B, L) bool, True = real key, or None. Returns (B, H, Tq, Dv).
     """
-    inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, None, False)
+    inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, key_mask, False)
     if use_triton:
         from .triton_pope import pope_attention_for
 
         # the kernel takes magnitudes when its softplus is off
         return pope_attention_for(enc, enc.magnitude(q), mu_k, v, q_positions=q_positions, k_positions=k_positions,
-                                  scale=scale, causal=True, softplus=False)
+                                  scale=scale, causal=True, softplus=False, key_padding_mask=key_mask)
     d = mu_k.shape[-1]
     if _can_fuse(inp, q, mu_k):
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
@@ -131,4 +132,4 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
     k2 = polar_pair(mu_k, kcos, ksin, False)  # (B, Hkv, L, 2d)
     if use_blocked(inp, enc):
         return blocked(inp, q2, k2, v, prescaled=True)
-    return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, None, False), q2, k2, v)
+    return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, key_mask, False), q2, k2, v)
