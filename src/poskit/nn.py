@@ -11,7 +11,7 @@ import importlib
 import torch
 from torch import nn
 
-from .encodings.base import PositionalEncoding, build_encoding
+from .encodings.base import PositionalEncoding, build_encoding, encoding_class
 from .validate import check_int, check_real
 
 # the attention package's module (poskit.attention itself is the function): cached_attention, KVCache
@@ -118,12 +118,16 @@ def _layer_encoding(encoding, head_dim: int, num_heads: int, options: dict) -> P
                              f"{encoding.head_dim} and {encoding.num_heads}")
         enc = encoding
     elif isinstance(encoding, str):
-        enc = build_encoding(encoding, head_dim=head_dim, num_heads=num_heads, **options)
+        # refused before building: an absolute encoding would first ask for `dim`, the wrong advice here
+        kind = encoding_class(encoding).kind
+        enc = None if kind == "absolute" else build_encoding(encoding, head_dim=head_dim, num_heads=num_heads,
+                                                             **options)
     else:
         raise ValueError(f"encoding must be a name from poskit.available_encodings() or a PositionalEncoding, got "
                          f"{type(encoding).__name__}")
-    if enc.kind == "absolute":
-        raise ValueError(f"the absolute encoding {enc.name or type(enc).__name__!r} adds vectors to the token "
+    if enc is None or enc.kind == "absolute":
+        name = encoding if enc is None else enc.name or type(enc).__name__
+        raise ValueError(f"the absolute encoding {name!r} adds vectors to the token "
                          "embeddings, not to attention: build it with poskit.build_encoding(name, head_dim=, "
                          "num_heads=, dim=), add enc.embed(positions) to your embeddings and use encoding='none' here")
     return enc
@@ -134,7 +138,7 @@ def decode_positions(cache, layer_idx: int, real: torch.Tensor | None, length: i
     cached token when the batch is padded (now, or in the cache), else after the last cached position."""
     layer = cache.layer(layer_idx)
     if real is None and layer.key_mask is None:
-        start = cache.next_position() if layer.length else 0
+        start = int(layer.positions.max()) + 1 if layer.length else 0  # as KVCache.next_position, this layer
         return torch.arange(start, start + length, device=device)
     start = layer.next_positions() if layer.length else None
     if real is None:
