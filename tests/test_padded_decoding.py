@@ -162,3 +162,20 @@ def test_cached_attention_refuses_a_bad_mask_before_touching_the_cache():
     assert cache.length == 3 and cache.layer(0).key_mask is None
     with pytest.raises(TypeError, match="attn_mask"):
         cached_attention(q, k, v, enc, cache, 0, torch.arange(3, 6), key_padding_mask=torch.ones(2, 3))
+
+
+def test_pope_fused_decode_kernel_serves_a_padded_cache(monkeypatch):
+    # float32 takes the compiled magnitude kernel on CPU; it must hide the pads as the exact rebuild does
+    enc = build("pope", dtype=torch.float32)
+    q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=6, Tk=6, dtype=torch.float32)
+    real = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6]).bool()
+    pos = padded_positions(real)
+    outs = {}
+    for fused in ("1", "0"):
+        monkeypatch.setenv("POSKIT_FUSED_DECODE", fused)
+        cache = KVCache(1)
+        cached_attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], enc, cache, 0, pos[:, :5], attention_mask=real[:, :5])
+        outs[fused] = cached_attention(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], enc, cache, 0, pos[:, 5:])
+    torch.testing.assert_close(outs["1"], outs["0"], atol=1e-5, rtol=1e-5)
+    alone = poskit.attention(q[:1, :, 2:], k[:1, :, 2:], v[:1, :, 2:], enc, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(outs["1"][:1], alone[:, :, -1:], atol=1e-5, rtol=1e-5)

@@ -16,6 +16,7 @@ inside the cached block, no compiler), the Cartesian keys are rebuilt from the m
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import AttentionInputs
+from .reference import softmax_rows
 from .sdpa import blocked, mask_plan, sdpa, use_blocked
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,7 +89,7 @@ def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bo
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
             and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
-            and mask_plan(inp) == "none")
+            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
 
 
 def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
@@ -123,7 +125,12 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
                                scale, enc.softplus)
         if logits is not None:
-            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
+            if key_mask is not None:  # padded keys; a query that sees no key gets zero weights, not NaN
+                logits = logits.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+                weights = softmax_rows(logits, key_mask[:, None, None, :].expand(logits.shape))
+            else:
+                weights = torch.softmax(logits, dim=-1)
+            out = weights.to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
             return out.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     from ..encodings.polar_pair import polar_pair
 
