@@ -77,7 +77,7 @@ def test_no_encoding_equals_sdpa_for_every_mask(kind, shape, is_causal, gqa, sca
     B, H, Tq, Tk = 2, 4, 5, 5
     q, k, v = make_qkv(B=B, H=H, Hkv=2 if gqa else 4, Tq=Tq, Tk=Tk, gen_seed=seed)
     mask = _random_mask(kind, shape, (B, H, Tq, Tk), seed, keep_one=True)
-    if is_causal:  # SDPA refuses attn_mask with is_causal: fold the causal mask into the one given to SDPA
+    if is_causal:  # SDPA's docs call attn_mask with is_causal an error: fold the causal mask into SDPA's mask
         causal = torch.ones(Tq, Tk, dtype=torch.bool).tril()
         sdpa_mask = mask & causal if kind == "bool" else torch.where(causal, mask, float("-inf"))
     else:

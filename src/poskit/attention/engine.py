@@ -195,7 +195,7 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
         h // (H // H_kv)).
     dropout_p: only 0.0 (no attention-weight dropout).
 
-    A query that sees no key outputs zeros (SDPA's output there depends on its kernel).
+    A query that sees no key outputs zeros on every path (CPU SDPA of torch 2.13 also gives 0 there).
     See `poskit.attention_scores` for the other conventions (shapes, positions).
     """
     refuse_renamed("attention", removed)
