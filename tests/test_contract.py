@@ -152,10 +152,10 @@ def test_toy_attention_equals_its_formula(toy, backend):
     q, k, v = qkv()
     qp, kp = torch.tensor([2, 3, 5, 8, 9, 11, 12, 20, 21]), torch.tensor([0, 1, 2, 4, 5, 9, 10, 12, 21])
     want = formula_attention(toy, q, k, v, qp, kp)
-    got = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend)
+    got = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     # default positions (arange) go through SDPA's own causal flag
-    torch.testing.assert_close(poskit.attention(q, k, v, enc, backend=backend),
+    torch.testing.assert_close(poskit.attention(q, k, v, enc, backend=backend, is_causal=True, enable_gqa=True),
                                formula_attention(toy, q, k, v, torch.arange(9), torch.arange(9)), atol=1e-12, rtol=0)
 
 
@@ -178,7 +178,7 @@ def test_blocked_path_over_several_blocks_equals_the_formula(toy, monkeypatch):
     q, k, v = qkv(T=19)
     pos = torch.arange(19) * 2
     assert route(enc, q, k, backend="sdpa") == "blocked"
-    got = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, backend="sdpa")
+    got = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, backend="sdpa", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, formula_attention(toy, q, k, v, pos, pos), atol=1e-12, rtol=0)
 
 
@@ -233,7 +233,7 @@ def test_defaults_declare_the_plain_paths():
     with pytest.raises(NotImplementedError, match="encode_q"):
         enc.encode_q(torch.zeros(1, 4, 1, 8), torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="backend='triton' serves only pope, cope and cope-alibi"):
-        poskit.attention(*qkv(), enc, backend="triton")
+        poskit.attention(*qkv(), enc, backend="triton", is_causal=True, enable_gqa=True)
 
 
 def test_builtin_encodings_declare_what_the_engine_reads():
@@ -311,7 +311,7 @@ def test_backend_triton_dispatches_on_the_declared_fused_kernel(name, options):
     q, k, v = (t.float().to(device) for t in qkv(T=6, D=16))
     gk = k.flip(-1) if enc.needs_gate_keys else None
     with torch.no_grad():
-        got = poskit.attention(q, k, v, enc, gate_keys=gk, backend="triton")
+        got = poskit.attention(q, k, v, enc, gate_keys=gk, backend="triton", is_causal=True, enable_gqa=True)
         want = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference",
-                                gate_keys=None if gk is None else gk.double())
+                                gate_keys=None if gk is None else gk.double(), is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)

@@ -7,6 +7,7 @@
 from .attention import attention_scores
 from . import attention  # a callable package: poskit.attention(q, k, v, enc, ...)
 from .encodings import PositionalEncoding, available_encodings, build_encoding
+from . import nn  # poskit.nn.Attention: a self-attention layer with the encoding as one keyword
 
 __version__ = "0.1.0"
-__all__ = ["PositionalEncoding", "attention", "attention_scores", "available_encodings", "build_encoding"]
+__all__ = ["PositionalEncoding", "attention", "attention_scores", "available_encodings", "build_encoding", "nn"]

@@ -40,7 +40,8 @@ def logits_versus_distance(name: str, distances: list[int], head_dim: int = 64, 
     order = sorted(range(len(distances)), key=lambda i: -distances[i])  # keys in increasing position
     keys = torch.tensor([far - distances[i] for i in order])
     k_all = x.expand(1, 1, len(distances), head_dim)
-    row = attention_scores(x, k_all, enc, q_positions=torch.tensor([far]), k_positions=keys)[0, 0, 0].tolist()
+    row = attention_scores(x, k_all, enc, q_positions=torch.tensor([far]), k_positions=keys,
+                           is_causal=True)[0, 0, 0].tolist()
     by_key = dict(zip(order, row))
     return [by_key[i] for i in range(len(distances))]
 

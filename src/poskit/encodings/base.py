@@ -70,6 +70,55 @@ class PositionalEncoding(nn.Module):
         self.head_dim = head_dim
         self.num_heads = num_heads
 
+    # -- the public encode API: encode q and k, then call F.scaled_dot_product_attention yourself ---------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, *, q_positions=None, k_positions=None):
+        """`q_enc, k_enc = enc(q, k, positions)`: q and k with the position information applied, for
+        `F.scaled_dot_product_attention(q_enc, k_enc, v, scale=enc.sdpa_scale(head_dim), ...)`.
+
+        q (B, H, Tq, head_dim), k (B, H_kv, Tk, head_dim) -> (B, H, Tq, E), (B, H_kv, Tk, E) with
+        E = qk_width * head_dim (PoPE's Cartesian form is 2 * head_dim wide: pass `sdpa_scale`, SDPA's default
+        1/sqrt(E) would be wrong). positions: (T,) or (B, T) ints for both q and k (Tq == Tk), default arange;
+        q_positions / k_positions give them apart (e.g. a decode step against a longer cache).
+        Only encodings that act on q and k serve this (kind "qk"; "none" returns q and k unchanged); bias and
+        contextual encodings (ALiBi, relative, CoPE) change the logits themselves and absolute ones the
+        embeddings: those raise TypeError pointing to `poskit.attention` or `embed`.
+        """
+        if self.kind not in ("qk", "none"):
+            use = ("add enc.embed(positions) to the token embeddings" if self.kind == "absolute" else
+                   "use poskit.attention(q, k, v, enc, ...), which applies it inside the softmax")
+            raise TypeError(f"the {self.kind} encoding {self.name or type(self).__name__!r} cannot be applied to q and "
+                            f"k alone: {use}")
+        if positions is not None and (q_positions is not None or k_positions is not None):
+            raise ValueError("give either positions (shared by q and k) or q_positions/k_positions, not both")
+        for name, x in (("q", q), ("k", k)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} must be a (B, heads, T, {self.head_dim}) tensor, got {shape}")
+        B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
+        if positions is not None:
+            if Tq != Tk:
+                raise ValueError(f"positions is shared by q and k, which have {Tq} and {Tk} tokens: give q_positions "
+                                 "and k_positions instead")
+            q_positions = k_positions = positions
+        qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions" if positions is None else "positions")
+        kp = as_position_tensor(k_positions, Tk, B, k.device, "k_positions" if positions is None else "positions")
+        if self.kind == "none":
+            return q, k
+        return self.transform_qk(q, k, qp, kp)
+
+    def sdpa_scale(self, head_dim: int | None = None) -> float:
+        """The `scale` to give `F.scaled_dot_product_attention` with the outputs of `enc(q, k)`: 1/sqrt(head_dim)
+        of the raw q and k, which is poskit.attention's default. SDPA's own default, 1/sqrt of the last dim of
+        its inputs, differs for encodings that widen q and k (PoPE: 2 * head_dim). head_dim: the raw head dim,
+        default (and checked against) the encoding's."""
+        if head_dim is None:
+            head_dim = self.head_dim
+        check_int(head_dim, "head_dim", minimum=1)
+        if head_dim != self.head_dim:
+            raise ValueError(f"head_dim must be this encoding's head_dim={self.head_dim} (q and k before encoding), "
+                             f"got {head_dim}")
+        return head_dim ** -0.5
+
     # -- hooks (one per kind); the engine calls only the hook of `kind` --------------------
     def embed(self, positions: torch.Tensor) -> torch.Tensor:  # kind == "absolute"
         raise NotImplementedError
