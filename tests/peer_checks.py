@@ -25,7 +25,8 @@ def causal_visible(tq: int, tk: int) -> torch.Tensor:
 def poskit_logits(q, k, enc, **kw) -> torch.Tensor:
     """poskit's causal logits (default scale 1/sqrt(head_dim)), queries at the last Tq of Tk positions."""
     tq, tk = q.shape[-2], k.shape[-2]
-    return poskit.attention_scores(q, k, enc, q_positions=torch.arange(tk - tq, tk), k_positions=torch.arange(tk), **kw)
+    return poskit.attention_scores(q, k, enc, q_positions=torch.arange(tk - tq, tk), k_positions=torch.arange(tk),
+                                   is_causal=True, enable_gqa=True, **kw)
 
 
 def assert_visible_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float = FLOAT64_ATOL, rtol: float = 0.0):
@@ -37,6 +38,7 @@ def assert_visible_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float =
 
 def last_query_output(q, k, v, enc) -> torch.Tensor:
     """poskit's attention output for the query at the last position only: every key is visible to it, so the
-    result does not depend on how causality is spelled (the keyword is changing to SDPA's is_causal)."""
+    result does not depend on causality; is_causal=True says what is meant."""
     tk = k.shape[-2]
-    return poskit.attention(q[:, :, -1:], k, v, enc, q_positions=torch.tensor([tk - 1]), k_positions=torch.arange(tk))
+    return poskit.attention(q[:, :, -1:], k, v, enc, q_positions=torch.tensor([tk - 1]), k_positions=torch.arange(tk),
+                            is_causal=True, enable_gqa=True)

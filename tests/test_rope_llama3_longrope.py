@@ -53,7 +53,7 @@ def test_llama3_logits_are_rope_with_those_frequencies():
     plain = poskit.build_encoding("rope", head_dim=16, num_heads=4).double()
     plain.inv_freq.copy_(llama3_reference(16, 10000.0, 8.0, 1.0, 4.0, 32))
     q, k, _ = make_qkv(Tq=40, Tk=40)
-    torch.testing.assert_close(poskit.attention_scores(q, k, enc), poskit.attention_scores(q, k, plain), rtol=0, atol=1e-12)
+    torch.testing.assert_close(poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True), poskit.attention_scores(q, k, plain, is_causal=True, enable_gqa=True), rtol=0, atol=1e-12)
 
 
 SHORT, LONG = [1.0, 1.1, 1.3, 2.0], [1.0, 2.0, 5.0, 16.0]
@@ -82,13 +82,13 @@ def test_longrope_logits_scale_by_the_attention_factor_squared_and_use_the_call_
     enc, flat = longrope(), longrope(attention_factor=1.0)
     q, k, _ = make_qkv(H=4, Hkv=4, Tq=20, Tk=20, D=8)
     a = enc.attention_factor
-    torch.testing.assert_close(poskit.attention_scores(q, k, enc), poskit.attention_scores(q, k, flat) * a * a, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True), poskit.attention_scores(q, k, flat, is_causal=True, enable_gqa=True) * a * a, rtol=1e-12, atol=1e-13)
     # the first 16 positions: short factors when the call ends there, long ones when it goes on to 20
-    short = poskit.attention_scores(q[:, :, :16], k[:, :, :16], enc)
-    assert not torch.allclose(short, poskit.attention_scores(q, k, enc)[:, :, :16, :16])
+    short = poskit.attention_scores(q[:, :, :16], k[:, :, :16], enc, is_causal=True, enable_gqa=True)
+    assert not torch.allclose(short, poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True)[:, :, :16, :16])
     plain = poskit.build_encoding("rope", head_dim=8, num_heads=4).double()
     plain.inv_freq.copy_(torch.tensor([t / f for t, f in zip(theta(8, 10000.0), SHORT)], dtype=torch.float64))
-    torch.testing.assert_close(short, poskit.attention_scores(q[:, :, :16], k[:, :, :16], plain) * a * a, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(short, poskit.attention_scores(q[:, :, :16], k[:, :, :16], plain, is_causal=True, enable_gqa=True) * a * a, rtol=1e-12, atol=1e-13)
 
 
 def test_longrope_decoding_past_the_original_context_equals_each_prefix():
@@ -99,7 +99,7 @@ def test_longrope_decoding_past_the_original_context_equals_each_prefix():
     cache = KVCache(num_layers=1)
     for t in range(20):
         out = cached_attention(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], enc, cache, 0, torch.arange(t, t + 1))
-        prefix = poskit.attention(q[:, :, :t + 1], k[:, :, :t + 1], v[:, :, :t + 1], enc)
+        prefix = poskit.attention(q[:, :, :t + 1], k[:, :, :t + 1], v[:, :, :t + 1], enc, is_causal=True, enable_gqa=True)
         torch.testing.assert_close(out, prefix[:, :, t:], rtol=0, atol=1e-10)
 
 
