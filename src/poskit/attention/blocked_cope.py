@@ -24,6 +24,9 @@ from .blocked import _batch_chunks, _batch_rows, _block_plan, _flat, _partial_ma
 from .inputs import repeat_kv
 
 DEFAULT_BLOCK = 64
+# The gate machinery covers the masked keys plus this many keys per position before a block's rows are
+# expected to have saturated (gates average 1/2 for content logits near 0): see _Setup.recompute.
+NEAR_KEYS_PER_POSITION = 4
 
 
 class _Step:
@@ -86,14 +89,21 @@ class BlockedCoPE(torch.autograd.Function):
             p, do = blk.probs, do3[r, i:j]
             dv3[r, keys] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
             da = torch.bmm(do, fn.v3[r, keys].transpose(1, 2)).to(acc).sub_(row_dot[r, i:j]).mul_(p)
+            n = blk.width
+            near = da[..., :n]
             if z is not None:
-                dz3[r, i:j] = torch.zeros_like(blk.zrow).scatter_add_(-1, blk.lo, da * (1 - blk.w)) \
-                    .scatter_add_(-1, blk.hi, da * blk.w)
-                dpos = da * blk.zstep
+                # bias = z[lo] + w (z[lo + 1] - z[lo]): scatter dA at lo and dA w into the step table
+                dz = torch.zeros_like(blk.zrow).scatter_add_(-1, blk.lo, near)
+                dstep = torch.zeros_like(blk.zrow).scatter_add_(-1, blk.lo, near * blk.w)[..., :-1]
+                dz[..., 1:] += dstep
+                dz[..., :-1] -= dstep
+                dz[..., -1] += da[..., n:].sum(-1)  # the far keys' constant z[p_max - 1]
+                dz3[r, i:j] = dz
+                dpos = near * blk.zstep  # 0 where the clamp is active: the step table ends with a 0
             else:
-                dslope_rows[r] -= (da * blk.pos).sum((1, 2))
-                dpos = da * (-blk.slope)
-            dpos.masked_fill_(blk.clamped, 0.0)
+                dslope_rows[r] -= (near * blk.pos).sum((1, 2)) + (p_max - 1) * da[..., n:].sum((1, 2))
+                dpos = near * (-blk.slope)
+                dpos.masked_fill_(blk.clamped, 0.0)
             # adjoint of the suffix sum: dg_s' = sum of dpos over keys s <= s', i.e. over reversed columns
             # from s' to the end of the row; the nonzero dpos are the near keys, so the subtraction is exact
             # on the far (saturated) keys
@@ -102,10 +112,11 @@ class BlockedCoPE(torch.autograd.Function):
             dlogit = dgate.mul_(blk.gates).mul_(1 - blk.gates)  # gates are 0 at masked keys
             q_blk = fn.q3[r, i:j]
             if gk is None:
-                da.add_(dlogit)
+                near.add_(dlogit)
             else:
-                dq3[r, i:j] += torch.bmm(dlogit.to(q.dtype), fn.g3[r, keys]).to(acc)
-                dg3[r, keys] += torch.bmm(dlogit.to(q.dtype).transpose(1, 2), q_blk).to(acc)
+                gkeys = slice(keys.start, keys.start + n)
+                dq3[r, i:j] += torch.bmm(dlogit.to(q.dtype), fn.g3[r, gkeys]).to(acc)
+                dg3[r, gkeys] += torch.bmm(dlogit.to(q.dtype).transpose(1, 2), q_blk).to(acc)
             dq3[r, i:j] += torch.bmm(da.to(q.dtype), fn.k3[r, keys]).to(acc)
             dk3[r, keys] += torch.bmm(da.to(q.dtype).transpose(1, 2), q_blk).to(acc)
         dq = (dq3 * scale).view(q.shape).to(q.dtype)
@@ -134,6 +145,8 @@ class _Setup:
         self.k3, self.v3 = _flat(k.flip(2)), _flat(v.flip(2))
         self.g3 = None if gk is None else _flat(gk.flip(2))
         self.z3 = None if z is None else _flat(z).to(self.stat)
+        # z[j + 1] - z[j], ending with 0: the interpolation step, and no slope past the clamp at p_max - 1
+        self.zstep3 = None if z is None else torch.nn.functional.pad(self.z3.diff(dim=-1), (0, 1))
         self.slope_rows = None if slopes is None else slopes.to(self.stat).repeat(self.B)
         self.plan = _block_plan(q_positions, k_positions, pad, causal, self.Tq, self.Tk, block)
         elem = torch.empty(0, dtype=self.stat).element_size()
@@ -146,33 +159,56 @@ class _Setup:
             for b0, b1 in self.chunks:
                 yield _Step(self, b0, b1, step)
 
+    def gates(self, st: _Step, s: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gates of the `width` nearest keys (0 at masked ones) and their suffix sums (unclamped)."""
+        r, i, j = st.rows, st.i, st.j
+        if self.g3 is None:
+            logits = s[..., :width]
+        else:
+            near = slice(st.keys.start, st.keys.start + width)
+            logits = torch.bmm(self.q3[r, i:j], self.g3[r, near].transpose(1, 2)).to(self.stat)
+        gates = torch.sigmoid(logits)  # key gates: the masked logits are -inf already, their gates 0
+        if st.n_masked and self.g3 is not None:
+            gates.view(*st.shape[:3], width)[..., : st.n_masked].masked_fill_(~st.vis, 0.0)
+        return gates, gates.cumsum(-1)  # suffix sums over keys s..t: the keys are nearest first
+
     def recompute(self, st: _Step) -> _Block:
-        r, i, j, keys = st.rows, st.i, st.j, st.keys
+        r, i, j, keys, P = st.rows, st.i, st.j, st.keys, self.p_max
         q_blk = self.q3[r, i:j]
         s = torch.bmm(q_blk, self.k3[r, keys].transpose(1, 2)).to(self.stat)
-        logits = s if self.g3 is None else torch.bmm(q_blk, self.g3[r, keys].transpose(1, 2)).to(self.stat)
-        blk = _Block()
-        gates = torch.sigmoid(logits)
         if st.n_masked:
-            st.masked(gates).masked_fill_(~st.vis, 0.0)
-        total = gates.cumsum(-1)  # suffix sums over keys s..t: keys are nearest first
-        blk.gates, blk.clamped = gates, total > self.p_max - 1
-        pos = total.clamp_(max=self.p_max - 1)
+            st.masked(s).masked_fill_(~st.vis, float("-inf"))
+        # Once a row's gate sum passes p_max - 1, every farther key has the clamped position p_max - 1: a
+        # constant bias per row and no gradient into its gates. So the gate machinery runs on a window of the
+        # nearest keys (the masked ones plus a few per position), grown to the whole row if some row of the
+        # block has not saturated by its end; the far keys get the row's constant. Exact either way.
+        width = min(st.ke, st.n_masked + NEAR_KEYS_PER_POSITION * P)
+        gates, total = self.gates(st, s, width)
+        if width < st.ke and not bool((total[..., -1] > P - 1).all()):
+            width = st.ke
+            gates, total = self.gates(st, s, width)
+        blk = _Block()
+        blk.width, blk.gates = width, gates
+        if self.z3 is None:
+            blk.clamped = total > P - 1  # (cope's step table gives 0 there by itself)
+        pos = total.clamp_(max=P - 1)
+        near, far = s[..., :width], s[..., width:]
         if self.z3 is not None:
             zrow = self.z3[r, i:j]
-            lo = pos.floor()
-            w = pos - lo
-            blk.lo, blk.hi = lo.long(), pos.ceil().long()
-            zlo = zrow.gather(-1, blk.lo)
-            blk.zstep = zrow.gather(-1, blk.hi).sub_(zlo)  # z[ceil p] - z[floor p]
-            s.add_(zlo).addcmul_(w, blk.zstep)
+            # p >= 0, so truncation is the floor; z[lo] + w (z[lo + 1] - z[lo]) is the reference's
+            # z[ceil] w + z[floor] (1 - w). Its derivative in p at an integer p is the right-hand one
+            # (the reference's ceil == floor gives 0 there): a set of measure zero; at the clamp both are 0.
+            blk.lo = pos.long()
+            w = pos - blk.lo
+            blk.zstep = self.zstep3[r, i:j].gather(-1, blk.lo)
+            near.add_(zrow.gather(-1, blk.lo)).addcmul_(w, blk.zstep)
+            far.add_(zrow[..., P - 1:])
             blk.zrow, blk.w = zrow, w
         else:
             blk.slope = self.slope_rows[r, None, None]
-            s.sub_(pos * blk.slope)
+            near.sub_(pos * blk.slope)
+            far.sub_((P - 1) * blk.slope)
             blk.pos = pos
-        if st.n_masked:
-            st.masked(s).masked_fill_(~st.vis, float("-inf"))
         probs = torch.softmax(s, dim=-1)
         if st.n_masked == st.ke:  # every key masked somewhere: a query that sees none gets weights 0, not NaN
             has_key = st.vis.any(-1, keepdim=True)
