@@ -80,3 +80,12 @@ def build(name, head_dim=16, num_heads=4, dim=32, dtype=torch.float64, **extra):
     opts = dict(ENCODING_OPTIONS.get(name, {}), **extra)
     enc = poskit.build_encoding(name, head_dim=head_dim, num_heads=num_heads, dim=dim, **opts)
     return enc.to(dtype)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (tiny matrices: faster, and the same arithmetic in every process)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

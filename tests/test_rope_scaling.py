@@ -11,6 +11,7 @@ import torch
 
 import poskit
 from poskit.encodings import rope_scaling
+from poskit.encodings.rope_scaling import RopeParameters
 from conftest import build
 
 
@@ -44,7 +45,7 @@ def hf_dynamic(dim, base, factor, seq_len, original_max):
 
 @pytest.mark.parametrize("dim, base, factor, orig", [(128, 10000.0, 4.0, 4096), (64, 10000.0, 16.0, 2048), (128, 500000.0, 8.0, 8192), (32, 10000.0, 2.0, 64)])
 def test_yarn_inv_freq_and_attention_factor_match_hf(dim, base, factor, orig):
-    inv, attn = rope_scaling.yarn_scaling(dim, base, factor, orig)
+    inv, attn = rope_scaling.yarn_scaling(RopeParameters(dim, base, factor, orig))
     want_inv, want_attn = hf_yarn(dim, base, factor, orig)
     assert torch.allclose(inv.float(), want_inv, rtol=2e-6, atol=0)
     assert attn == pytest.approx(want_attn, abs=1e-12)
@@ -197,7 +198,7 @@ def test_scaled_rope_fp32_at_a_million(name):
 
 
 def test_yarn_keeps_high_and_interpolates_low_frequencies():
-    inv, _ = rope_scaling.yarn_scaling(128, 10000.0, 4.0, 4096)
+    inv, _ = rope_scaling.yarn_scaling(RopeParameters(128, 10000.0, 4.0, 4096))
     default = torch.tensor(theta(128, 10000.0), dtype=torch.float64)
     assert torch.allclose(inv[:20], default[:20], rtol=1e-14, atol=0)  # below the ramp: extrapolated (kept)
     assert torch.allclose(inv[46:], default[46:] / 4)  # above the ramp: interpolated
@@ -217,13 +218,13 @@ def test_yarn_attention_factor_scales_logits_by_its_square():
 @pytest.mark.parametrize("seq_len", [10, 64, 65, 200, 1000])
 def test_dynamic_ntk_matches_hf(seq_len):
     dim, base, factor, orig = 64, 10000.0, 2.0, 64
-    inv, _ = rope_scaling.dynamic_ntk_scaling(dim, base, factor, seq_len, orig)
+    inv, _ = rope_scaling.dynamic_ntk_scaling(RopeParameters(dim, base, factor, orig), seq_len)
     assert torch.allclose(inv.float(), hf_dynamic(dim, base, factor, seq_len, orig), rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("factor", [2.0, 4.0, 8.0])
 def test_linear_matches_hf_and_equals_divided_positions(factor):
-    inv, attn = rope_scaling.linear_scaling(64, 10000.0, factor)
+    inv, attn = rope_scaling.linear_scaling(RopeParameters(64, 10000.0, factor))
     assert torch.allclose(inv.float(), hf_default(64, 10000.0) / factor, rtol=2e-6) and attn == 1.0
     # position interpolation: rope-linear at position p has the angles of plain rope at p / factor
     D = 8
@@ -236,7 +237,7 @@ def test_linear_matches_hf_and_equals_divided_positions(factor):
 
 def test_ntk_aware_base_change():
     dim, base, s = 64, 10000.0, 4.0
-    inv, _ = rope_scaling.ntk_aware_scaling(dim, base, s)
+    inv, _ = rope_scaling.ntk_aware_scaling(RopeParameters(dim, base, s))
     assert torch.allclose(inv, torch.tensor(theta(dim, base * s ** (dim / (dim - 2))), dtype=torch.float64))
     # the lowest frequency is divided by exactly s, the highest is unchanged
     assert inv[-1].item() == pytest.approx(theta(dim, base)[-1] / s, rel=1e-12)

@@ -28,6 +28,7 @@ from poskit.tasks import (
     lm_loss,
     score_batch,
     summarize,
+    task_parameters,
 )
 from poskit.tasks.base import rng_from_generator
 
@@ -625,3 +626,65 @@ def test_shakespeare_windows(shakespeare):
         assert s.vocab.decode(inp) in s.train_text
     with pytest.raises(ValueError, match="no complete window"):
         s.eval_windows(200_000, "test")
+
+
+# ------------------------------------------------------------------ counting: truncation, distinct split examples
+
+
+def answer_of_window(words):
+    """The printed value recomputed from a (possibly left-truncated) program: increments of the printed variable
+    after its last visible set statement."""
+    assert words[-2] == "print"
+    var = words[-1]
+    last_set = max(i for i in range(len(words) - 3) if words[i] == var and words[i + 1] == "=")
+    return sum(1 for j in range(last_set, len(words) - 3) if words[j] == var and words[j + 1] == "++;")
+
+
+def test_counting_max_tokens_trims_from_the_left_like_the_reference_pipeline():
+    full = build_task("counting", preset="paper", max_tokens=None, eval_size=100, train_size=20)
+    cut = build_task("counting", preset="paper", eval_size=100, train_size=20)
+    assert cut.max_tokens == 512 and cut.max_input_len == 512 and full.max_input_len == 4 * 512 + 2
+    longest = 0
+    for s in cut.split_names:
+        for a, b in zip(full.examples(s), cut.examples(s)):
+            assert len(b.tokens) == min(len(a.tokens), 513)
+            assert np.array_equal(b.tokens, a.tokens[-513:])  # the last 512 inputs and the answer
+            longest = max(longest, len(a.tokens) - 1)
+        for b in cut.split(s):
+            assert b.inputs.shape[1] <= 512
+            for inp, tgt in rows(b):
+                assert tgt[-1] == cut.vocab.index[str(answer_of_window([cut.vocab.tokens[i] for i in inp]))]
+    assert longest > 512  # the cap did trim something
+
+
+def test_counting_ood_shorter_stays_within_the_training_lengths_with_the_paper_preset():
+    t = build_task("counting", preset="paper", eval_size=300, train_size=2000)
+    train_max = int(t.train_pool().lengths.max()) - 1
+    shorter = max(len(e.tokens) - 1 for e in t.examples("ood_shorter"))
+    assert shorter <= train_max == 512
+    untrimmed = build_task("counting", preset="paper", max_tokens=None, eval_size=300, train_size=2000)
+    assert max(len(e.tokens) - 1 for e in untrimmed.examples("ood_shorter")) > int(
+        untrimmed.train_pool().lengths.max()) - 1  # without the cap the split is longer than any training program
+
+
+@pytest.mark.parametrize("name, params", [("counting", dict(max_steps=16)), ("flip-flop", dict(length=12))])
+def test_evaluation_splits_hold_no_example_twice(name, params):
+    t = build_task(name, eval_size=40, **params)
+    raw = [e.tokens.tobytes() for e in t._generate(np.random.default_rng(0), 400, "in")]
+    assert len(set(raw)) < len(raw)  # the generator alone repeats examples
+    for s in t.split_names:
+        keys = [e.tokens.tobytes() for e in t.examples(s)]
+        assert len(keys) == 40 and len(set(keys)) == 40, s
+
+
+def test_counting_bad_max_tokens():
+    with pytest.raises(ValueError, match=r"max_tokens must be an int >= 6, got 5"):
+        build_task("counting", max_tokens=5)
+
+
+@pytest.mark.parametrize("name", SYNTH + ["shakespeare"])
+def test_params_list_the_constructor_arguments_and_rebuild_the_task(name):
+    t = build_task(name)
+    assert list(t.params) == [p for p in task_parameters(name)]
+    listed = ", ".join(f"{k}={v!r}" for k, v in t.params.items())
+    assert repr(type(t)(**t.params)) == repr(t) == f"{type(t).__name__}({listed})"

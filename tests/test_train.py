@@ -138,9 +138,9 @@ def _fields_without_docstrings(path: Path, cls_name: str) -> list[str]:
 
 def test_every_config_field_is_documented():
     import poskit.model
-    import poskit.train
+    import poskit.training.config
 
-    assert _fields_without_docstrings(Path(poskit.train.__file__), "TrainConfig") == []
+    assert _fields_without_docstrings(Path(poskit.training.config.__file__), "TrainConfig") == []
     assert _fields_without_docstrings(Path(poskit.model.__file__), "ModelConfig") == []
 
 
@@ -157,6 +157,32 @@ def test_training_smoke_loss_goes_down(tmp_path):
     assert losses[0] == pytest.approx(math.log(len("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789,+-") + 1), rel=0.15)
     assert results["splits"]["test"]["accuracy"] > 0.5  # chance is 1/52
     assert results["steps"] == 150 and set(results["splits"]) == {"validation", "test"}
+
+
+def test_trainer_passes_each_step_to_the_task_so_a_curriculum_advances(tmp_path, monkeypatch):
+    # a curriculum task draws its training batch from the step; the trainer (and its preflight) must pass it
+    from poskit.tasks.indirect_indexing import IndirectIndexing
+
+    seen = []
+    original = IndirectIndexing.train_batch
+
+    def recording(self, batch_size, generator, step=None):
+        batch = original(self, batch_size, generator, step=step)
+        seen.append((step, int(batch.inputs.ne(self.vocab.pad_id).sum(1).max())))
+        return batch
+
+    monkeypatch.setattr(IndirectIndexing, "train_batch", recording)
+    cfg = TrainConfig.from_dict(dict(
+        task="indirect-indexing",
+        task_options={"min_len": 6, "max_len": 12, "max_shift": 2, "eval_size": 20,
+                      "curriculum": "length", "curriculum_steps": 4},
+        model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}, batch_size=8, max_steps=6,
+        eval_every=6, log_every=1, checkpoint_every=6))
+    train(cfg, tmp_path / "run", quiet=True)
+    steps = [s for s, _ in seen]
+    assert None not in steps and steps[-6:] == [0, 1, 2, 3, 4, 5], steps
+    longest = dict(seen[-6:])
+    assert longest[0] < longest[5], seen  # strings grow with the curriculum (step 0 capped at min_len)
 
 
 def test_loss_on_last_uses_only_the_final_target(tmp_path):

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-EPILOG_OVERRIDES = ("overrides: trailing key=value pairs set any TrainConfig field (see poskit.train.TrainConfig), "
+EPILOG_OVERRIDES = ("overrides: trailing key=value pairs set any TrainConfig field (see poskit.training.TrainConfig), "
                     "dotted for nested ones: model.d_model=64 model.n_layers=4 lr=1e-3 batch_size=64 "
                     "task_options.length=64 model.encoding_options.base=500 loss_on=last loss_on=[-2,-1] "
                     "bf16=true. Values are JSON where they parse; each is checked against the field's type "
@@ -43,7 +43,7 @@ def _base_config(args, encoding: str | None, saved: dict | None = None):
     from poskit.experiments.defaults import task_defaults
     from poskit.experiments.specs import apply_overrides
     from poskit.tasks import available_tasks
-    from poskit.train import TrainConfig
+    from poskit.training import TrainConfig
 
     if args.task is not None and args.task not in available_tasks():
         raise ValueError(f"--task must be one of {available_tasks()}, got {args.task!r}")
@@ -95,7 +95,7 @@ def _merge(dst: dict, src: dict) -> None:
 
 
 def cmd_train(args) -> int:
-    from poskit.train import CONFIG_FILE, load_config, train
+    from poskit.training import CONFIG_FILE, load_config, train
 
     _check_positive(args, "steps", "train_seconds", "lr", "batch_size", "stop_after")
     saved_at = Path(args.run_dir) / CONFIG_FILE if args.run_dir else None
@@ -107,6 +107,14 @@ def cmd_train(args) -> int:
                              f"(train_seconds={saved.train_seconds:g}) that planned its max_steps")
         cfg = _base_config(args, args.encoding, saved=saved.to_dict())
     else:
+        starting = args.task is not None and args.encoding is not None
+        if args.resume and args.run_dir and not starting:
+            # nothing to resume here; say so rather than ask for the flags of a new run
+            if not Path(args.run_dir).exists():
+                raise ValueError(f"--run-dir {args.run_dir!r} does not exist: --resume continues an existing run "
+                                 "directory (give --task and --encoding to start a new run there)")
+            raise ValueError(f"--run-dir {args.run_dir!r} holds no run to resume (no {CONFIG_FILE}); give --task and "
+                             "--encoding to start one there")
         for flag in ("task", "encoding"):
             if getattr(args, flag) is None:
                 raise ValueError(f"--{flag} is required (except with --resume on an existing --run-dir)")
@@ -128,6 +136,7 @@ def cmd_train(args) -> int:
 
 def cmd_compare(args) -> int:
     from poskit.experiments.compare import run_compare
+    from poskit.experiments.outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
     from poskit.experiments.specs import parse_encodings, parse_ints
     from poskit.tasks import task_split_names
 
@@ -141,13 +150,14 @@ def cmd_compare(args) -> int:
     out = Path(args.out or f"runs/compare-{base.task}")
     results = run_compare(base, encodings, seeds, out, workers=args.workers, resume=args.resume, quiet=args.quiet,
                           split=args.split)
-    print((out / "results.md").read_text())
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'compare.png'}")
+    print((out / COMPARE_MD).read_text())
+    print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}, {out / COMPARE_PLOT}")
     return 0 if results else 1
 
 
 def cmd_extrapolate(args) -> int:
     from poskit.experiments.extrapolate import run_extrapolate
+    from poskit.experiments.outputs import EXTRAPOLATION_JSON, EXTRAPOLATION_MD, EXTRAPOLATION_PLOT
 
     _check_positive(args, "n_chars", "workers")
     scalings = tuple(s for s in (args.rope_scaling or "").split(",") if s)
@@ -156,10 +166,10 @@ def cmd_extrapolate(args) -> int:
                                  n_chars=args.n_chars, workers=args.workers, quiet=args.quiet)
     except ValueError as e:
         # run_extrapolate names its parameters; on the command line they are flags
-        raise ValueError(_as_flag(str(e), ("split", "n_chars", "workers", "lengths"))) from None
+        raise ValueError(_as_flag(str(e), ("split", "n_chars", "workers", "lengths", "out"))) from None
     print(report["table"])
     out = Path(args.out) if args.out else Path(args.runs[0]).parent
-    print(f"wrote {out / 'extrapolation.json'}, {out / 'extrapolation.md'}, {out / 'extrapolation.png'}")
+    print(f"wrote {out / EXTRAPOLATION_JSON}, {out / EXTRAPOLATION_MD}, {out / EXTRAPOLATION_PLOT}")
     return 0
 
 
@@ -182,12 +192,14 @@ def cmd_demo(args) -> int:
                  lengths=args.lengths, n_chars=args.n_chars, diagnostic=not args.no_diagnostic,
                  diagnostic_steps=args.diagnostic_steps, workers=args.workers, seed=args.seed, quiet=args.quiet)
     except ValueError as e:
-        raise ValueError(_as_flag(str(e), ("lengths", "train_seconds", "context", "n_chars", "workers"))) from None
+        raise ValueError(_as_flag(str(e), ("lengths", "train_seconds", "context", "n_chars", "workers", "out"))) from None
     return 0
 
 
 def cmd_reproduce(args) -> int:
-    from poskit.experiments.reproduce import REPRODUCTIONS, run_reproduction
+    from poskit.experiments.configs import REPRODUCTIONS
+    from poskit.experiments.outputs import COMPARE_JSON, COMPARE_MD
+    from poskit.experiments.reproduce import run_reproduction
     from poskit.experiments.specs import parse_encodings, parse_ints
 
     if args.name not in REPRODUCTIONS:
@@ -198,14 +210,14 @@ def cmd_reproduce(args) -> int:
                      encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
                      workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
                      variants=args.variants)
-    print((out / "results.md").read_text())
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}")
+    print((out / COMPARE_MD).read_text())
+    print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}")
     return 0
 
 
 def cmd_list(args) -> int:
     import poskit
-    from poskit.experiments.reproduce import REPRODUCTIONS
+    from poskit.experiments.configs import REPRODUCTIONS
     from poskit.tasks import available_tasks
 
     print("encodings:      " + ", ".join(poskit.available_encodings()))
@@ -227,18 +239,37 @@ class _Wrapped(argparse.HelpFormatter):
 
 
 def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True) -> None:
-    p.add_argument("--task", required=task_required, help="task name (see `poskit list`)")
+    from poskit.tasks import PRESETS, available_tasks
+
+    p.add_argument("--task", required=task_required, help=f"task name: {', '.join(available_tasks())}")
     p.add_argument("--config", help="JSON file with TrainConfig fields (merged over the task's defaults)")
-    p.add_argument("--preset", choices=["default", "paper"], help="task sizes: CPU-scale defaults or the paper's")
+    p.add_argument("--preset", choices=list(PRESETS), help="task sizes: CPU-scale defaults or the paper's")
     p.add_argument("--steps", type=int, help="optimizer steps (max_steps)")
     p.add_argument("--train-seconds", type=float, help="time budget: choose max_steps by timing a few steps")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--batch-size", type=int, help="training batch size")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=64")
 
 
+def _add_run_flags(p: argparse.ArgumentParser, *, quiet: str, out: str | None = None, out_default: str | None = None,
+                   workers: bool = True, workers_default: int | None = None, resume: str | None = None) -> None:
+    """The flags the sub-commands share, defined once: --out, --workers, --resume (each only where its help
+    text is given) and --quiet (everywhere: what it silences)."""
+    if out is not None:
+        p.add_argument("--out", default=out_default, help=f"output directory (default {out})")
+    if workers:
+        default = "CPU count" if workers_default is None else workers_default
+        p.add_argument("--workers", type=int, default=workers_default,
+                       help=f"parallel single-thread processes (default: {default})")
+    if resume is not None:
+        p.add_argument("--resume", action="store_true", help=resume)
+    p.add_argument("--quiet", action="store_true", help=quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from poskit.evaluate import ROPE_SCALINGS
+    from poskit.experiments.configs import DEMO, REPRODUCTIONS
+
     parser = argparse.ArgumentParser(prog="poskit", description="Train and compare positional encodings.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version="poskit " + _version())
@@ -251,10 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoding", help="positional encoding name (see `poskit list`); required unless resuming")
     p.add_argument("--seed", type=int, help="seed of initialisation, dropout and data")
     p.add_argument("--run-dir", help="output directory (default runs/<task>-<encoding>-seed<seed>)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --run-dir from its checkpoint with its saved config; only --steps "
-                        "may change it, upwards, to extend the run (see below)")
     p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps of this invocation")
+    _add_run_flags(p, quiet="no progress bars or status lines", workers=False,
+                   resume="continue the run in --run-dir from its checkpoint with its saved config; only --steps "
+                          "may change it, upwards, to extend the run (see below)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("compare", help="train several encodings x seeds; table and plot", epilog=EPILOG_OVERRIDES)
@@ -262,58 +293,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encodings", required=True,
                    help="comma-separated encodings, options as name:key=value, e.g. rope,pope:delta_init=uniform")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--out", help="output directory (default runs/compare-<task>)")
     p.add_argument("--split", default="test", help="split of the headline metric (default test)")
-    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
-    p.add_argument("--resume", action="store_true",
-                   help="reuse finished runs, continue interrupted ones (their saved configs must match; "
-                        "--steps may extend them)")
+    _add_run_flags(p, quiet="no progress bars or status lines", out="runs/compare-<task>",
+                   resume="reuse finished runs, continue interrupted ones (their saved configs must match; "
+                          "--steps may extend them)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("extrapolate", help="evaluate trained LMs on windows longer than their context")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories of `poskit train --task shakespeare`")
     p.add_argument("--lengths", default="1x,2x,4x,8x", help="window lengths, Nx = N times the training context")
-    p.add_argument("--rope-scaling", help="test-time variants for rope runs, comma-separated from linear,ntk,dynamic,yarn")
+    p.add_argument("--rope-scaling", help=f"test-time variants for rope runs, comma-separated from {','.join(ROPE_SCALINGS)}")
     p.add_argument("--split", default="test", help="held-out split (default test)")
     p.add_argument("--n-chars", type=int, help="evaluate on the first N characters of the split (default all)")
-    p.add_argument("--out", help="output directory (default: the first run's parent)")
-    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
-    p.add_argument("--quiet", action="store_true", help="no status lines")
+    _add_run_flags(p, quiet="no status lines", out="the first run's parent")
     p.set_defaults(func=cmd_extrapolate)
 
-    from poskit.experiments import demo as demo_defaults
-
-    d = demo_defaults.DEMO_DEFAULTS
     p = sub.add_parser("demo", help="Shakespeare length extrapolation + a short diagnostic (about 5 min on 2 cores)")
-    p.add_argument("--out", default=d["out_dir"], help=f"output directory (default {d['out_dir']})")
-    p.add_argument("--encodings", default=",".join(d["encodings"]), help=f"default {','.join(d['encodings'])}")
-    p.add_argument("--train-seconds", type=float, default=d["train_seconds"],
-                   help=f"training time per LM in seconds (default {d['train_seconds']:g})")
-    p.add_argument("--context", type=int, default=d["context"], help=f"training context (default {d['context']})")
-    p.add_argument("--lengths", default=d["lengths"], help=f"evaluation windows (default {d['lengths']})")
-    p.add_argument("--n-chars", type=int, default=d["n_chars"],
-                   help=f"held-out characters evaluated per length (default {d['n_chars']})")
-    p.add_argument("--diagnostic-steps", type=int, default=d["diagnostic_steps"],
-                   help=f"training steps per diagnostic model (default {d['diagnostic_steps']})")
+    p.add_argument("--encodings", default=",".join(DEMO.encodings), help=f"default {','.join(DEMO.encodings)}")
+    p.add_argument("--train-seconds", type=float, default=DEMO.train_seconds,
+                   help=f"training time per LM in seconds (default {DEMO.train_seconds:g})")
+    p.add_argument("--context", type=int, default=DEMO.context, help=f"training context (default {DEMO.context})")
+    p.add_argument("--lengths", default=DEMO.lengths, help=f"evaluation windows (default {DEMO.lengths})")
+    p.add_argument("--n-chars", type=int, default=DEMO.n_chars,
+                   help=f"held-out characters evaluated per length (default {DEMO.n_chars})")
+    p.add_argument("--diagnostic-steps", type=int, default=DEMO.diagnostic_steps,
+                   help=f"training steps per diagnostic model (default {DEMO.diagnostic_steps})")
     p.add_argument("--no-diagnostic", action="store_true", help="skip the short diagnostic comparison")
-    p.add_argument("--workers", type=int, default=d["workers"], help=f"parallel processes (default {d['workers']})")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--quiet", action="store_true", help="only the final tables")
+    _add_run_flags(p, quiet="only the final tables", out=DEMO.out_dir, out_default=DEMO.out_dir,
+                   workers_default=DEMO.workers)
     p.set_defaults(func=cmd_demo)
 
+    with_variants = {name: r for name, r in REPRODUCTIONS.items() if r.variants}
     p = sub.add_parser("reproduce", help="a CPU-scale reproduction of a paper's diagnostic (see `poskit list`)",
                        epilog=EPILOG_OVERRIDES)
-    p.add_argument("name", metavar="NAME", help="indirect-indexing, flip-flop, selective-copy or counting")
-    p.add_argument("--out", help="output directory (default runs/reproduce-<NAME>)")
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(REPRODUCTIONS)}")
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
     p.add_argument("--variants",
-                   help="for reproductions with variants, the ones to run, comma-separated (counting: n_vars "
-                        "from 1,3,5; default all)")
-    p.add_argument("--workers", type=int, help="parallel single-thread processes (default: CPU count)")
-    p.add_argument("--resume", action="store_true", help="reuse finished runs, continue interrupted ones")
-    p.add_argument("--quiet", action="store_true", help="no status lines")
+                   help="for reproductions with variants, the ones to run, comma-separated ("
+                        + "; ".join(f"{name}: {r.variant_name} from {','.join(str(v.value) for v in r.variants)}"
+                                    for name, r in with_variants.items()) + "; default all)")
+    _add_run_flags(p, quiet="no status lines", out="runs/reproduce-<NAME>",
+                   resume="reuse finished runs, continue interrupted ones")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
     p.set_defaults(func=cmd_reproduce)
 
@@ -341,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
-    except ValueError as e:
-        # bad input: one line naming the argument, no traceback
+    except (ValueError, OSError) as e:
+        # bad input or a file that cannot be read or written: one line naming the argument or the file
         parser.exit(2, f"poskit {args.command}: error: {e}\n")
 
 

@@ -8,10 +8,10 @@ else kept as strings), so any field may hold any JSON value. `check_field_types`
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import types
 import typing
+
+from .validate import is_finite_real, is_int
 
 __all__ = ["ConfigError", "check_field_types", "describe_type"]
 
@@ -62,10 +62,9 @@ def _conform(value, tp):
         # only real booleans: "no", "false" or 0 would otherwise be truthy or ambiguous
         return value if isinstance(value, bool) else _REJECT
     if tp is int:
-        return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else _REJECT
+        return int(value) if is_int(value) else _REJECT
     if tp is float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-        return float(value) if ok else _REJECT
+        return float(value) if is_finite_real(value) else _REJECT
     if tp is str:
         return value if isinstance(value, str) else _REJECT
     if tp is dict or origin is dict:

@@ -24,6 +24,7 @@ from torch import nn
 import poskit
 from poskit.attention.kv_cache import KVCache
 from poskit.config_check import ConfigError, check_field_types
+from poskit.encodings import DEFAULT_ENCODING
 
 # the attention package (poskit.attention is the function; its module holds cached_attention)
 _engine = importlib.import_module("poskit.attention")
@@ -51,7 +52,7 @@ class ModelConfig:
     """MLP kind: "gelu" (Linear-GELU-Linear) or "swiglu" (SiLU(x W1) * (x W3), then W2)."""
     mlp_ratio: float = 4.0
     """Hidden width of the MLP as a multiple of d_model (SwiGLU uses 2/3 of it per branch, as in Llama)."""
-    encoding: str = "rope"
+    encoding: str = DEFAULT_ENCODING
     """Name of the positional encoding (see `poskit.available_encodings()`)."""
     encoding_options: dict = field(default_factory=dict)
     """Keyword options for `poskit.build_encoding` (e.g. {"base": 10000} or {"delta_init": "uniform"})."""
@@ -164,7 +165,7 @@ class Attention(nn.Module):
         self.encoding = _layer_encoding(cfg)
         # CoPE with separate gates computes its gate logits from their own key projection (W_g)
         self.g_proj = (nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
-                       if getattr(self.encoding, "gates", None) == "separate" else None)
+                       if self.encoding.needs_gate_keys else None)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # (B, T, n*hd) -> (B, n, T, hd)
         B, T, _ = x.shape

@@ -3,9 +3,12 @@
 backend="reference": materialised logits (attention/reference.py), every encoding, any dtype.
 backend="sdpa":      F.scaled_dot_product_attention on encoded q/k (none, absolute, rope family, pope)
                      or with an additive float mask (alibi, relative, cope-alibi is contextual: not served).
-backend="triton":    fused kernels for pope and cope on CUDA tensors.
-backend="auto":      triton for pope/cope on CUDA when triton is importable, else sdpa where it serves the
-                     encoding, else the reference. Triton is never chosen on CPU.
+backend="triton":    the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors.
+backend="auto":      triton for encodings with a fused kernel on CUDA when triton is importable, else sdpa
+                     where it serves the encoding, else the reference. Triton is never chosen on CPU.
+
+Every choice here reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`,
+`fused_kernel`, `needs_gate_keys`: encodings/base.py), never its name.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import functools
 
 import torch
 
-from ..encodings.base import PositionalEncoding
+from ..encodings.base import PositionalEncoding, encoding_class, registered_names
 from .inputs import AttentionInputs, prepare
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
@@ -54,7 +57,7 @@ def sdpa_serves(enc: PositionalEncoding) -> bool:
 
 
 def triton_serves(enc: PositionalEncoding) -> bool:
-    return getattr(enc, "name", "") in ("pope", "cope", "cope-alibi")
+    return enc.fused_kernel in _TRITON_RUNNERS
 
 
 def _run_reference(inp, enc, gate_keys):
@@ -63,7 +66,7 @@ def _run_reference(inp, enc, gate_keys):
 
 
 def _run_sdpa(inp, enc, gate_keys):
-    if gate_keys is not None:
+    if gate_keys is not None:  # sdpa serves no contextual encoding, so none that takes gate keys
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
     if enc.kind == "qk":
         if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
@@ -83,23 +86,40 @@ def _run_sdpa(inp, enc, gate_keys):
     return sdpa(inp, inp.q, inp.k, inp.v)
 
 
-def _run_triton(inp, enc, gate_keys):
-    if enc.name == "pope":
-        from .triton_pope import pope_attention_for
+def _run_triton_pope(inp, enc, gate_keys):
+    from .triton_pope import pope_attention_for
 
-        return pope_attention_for(enc, inp.q, inp.k, inp.v, q_positions=inp.q_positions, k_positions=inp.k_positions,
-                                  scale=inp.scale, causal=inp.causal, softplus=enc.softplus,
-                                  key_padding_mask=inp.key_padding_mask)
+    enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys
+    return pope_attention_for(enc, inp.q, inp.k, inp.v, q_positions=inp.q_positions, k_positions=inp.k_positions,
+                              scale=inp.scale, causal=inp.causal, softplus=enc.softplus,
+                              key_padding_mask=inp.key_padding_mask)
+
+
+def _run_triton_cope(inp, enc, gate_keys):
     from .triton_cope import cope_attention_triton
 
     source = enc.gate_source(inp.k, inp.v, gate_keys)
-    learned = enc.name == "cope"
+    pos_emb, slopes = enc.fused_operands()
     return cope_attention_triton(
-        inp.q, inp.k, inp.v, enc.pos_emb if learned else None,
+        inp.q, inp.k, inp.v, pos_emb,
         causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
         p_max=enc.p_max, gate_keys=None if source is inp.k else source, key_padding_mask=inp.key_padding_mask,
-        slopes=None if learned else enc.slopes,
+        slopes=slopes,
     )
+
+
+# `fused_kernel` declared by an encoding -> the runner that calls that kernel's module
+_TRITON_RUNNERS = {"triton_pope": _run_triton_pope, "triton_cope": _run_triton_cope}
+
+
+def _run_triton(inp, enc, gate_keys):
+    return _TRITON_RUNNERS[enc.fused_kernel](inp, enc, gate_keys)
+
+
+def _triton_served_names() -> str:
+    """The registered encodings with a fused kernel, kernel by kernel: "pope, cope and cope-alibi"."""
+    names = [n for kernel in _TRITON_RUNNERS for n in registered_names() if encoding_class(n).fused_kernel == kernel]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> str:
@@ -113,7 +133,7 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
         raise ValueError(f"backend='sdpa' cannot serve the {enc.kind} encoding {enc.name!r}; use 'reference' or 'triton'")
     if backend == "triton":
         if not triton_serves(enc):
-            raise ValueError(f"backend='triton' serves only pope, cope and cope-alibi, got {enc.name!r}")
+            raise ValueError(f"backend='triton' serves only {_triton_served_names()}, got {enc.name!r}")
         if not triton_available():
             raise ValueError("backend='triton' needs the triton package (pip install 'poskit[triton]')")
         if not q.is_cuda:
@@ -160,27 +180,57 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
     """Append the new keys/values at `q_positions` to layer `layer_idx` of `cache`, then attend the new
     queries to everything cached, causally by position. Equals the corresponding rows of a full forward.
 
-    q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens; q_positions (Tn,) or (B, Tn).
-    Rope (static frequencies) caches the rotated key and pope the key magnitude softplus(k)
-    (attention/pope_decode.py), so a decode step encodes only the new token; every other encoding caches
-    raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
+    q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens; q_positions (Tn,) or (B, Tn), required
+    (e.g. `torch.arange(cache.next_position(), cache.next_position() + Tn)`): a default of arange(Tn) would
+    silently put a later token at position 0.
+    The encoding's `cache_form` says what is cached: rope (static frequencies) caches the rotated key and pope
+    the key magnitude softplus(k) (attention/pope_decode.py), so a decode step encodes only the new token;
+    every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
+
+    Everything is validated before the cache is touched (shapes, dtypes and widths against the cached ones,
+    gate keys, the positions the encoding accepts over the whole cache): a refused step leaves it unchanged.
     """
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tn, Dv), got None")
+    if q_positions is None:
+        raise ValueError("q_positions must be given to cached_attention: the (Tn,) or (B, Tn) positions of the new "
+                         "tokens, e.g. torch.arange(cache.next_position(), cache.next_position() + Tn)")
     inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
     chosen = choose_backend(enc, q, backend)
-    if getattr(enc, "cache_form", None) == "magnitude" and chosen != "reference":
+    layer = cache.layer(layer_idx)
+    enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take, or lacks
+    if enc.cache_form == "magnitude" and chosen != "reference":
         from .pope_decode import cached_pope_attention
 
-        return cached_pope_attention(enc, inp, cache.layer(layer_idx), use_triton=chosen == "triton")
-    encoded = enc.kind == "qk" and getattr(enc, "caches_encoded_keys", False) and chosen == "sdpa"
+        _check_positions_over_cache(enc, inp, layer)
+        return cached_pope_attention(enc, inp, layer, use_triton=chosen == "triton")  # its append validates first
+    encoded = enc.cache_form == "encoded" and chosen == "sdpa"
+    keys = enc.encode_k(k, inp.k_positions) if encoded else k
+    layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded)
+    _check_positions_over_cache(enc, inp, layer)
+    layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None)  # checked above
     if not encoded:
-        layer = cache.append(layer_idx, k, v, inp.k_positions, gate_keys=gate_keys)
         return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,
                          k_positions=layer.positions, gate_keys=layer.gate_keys, backend=backend)
-    layer = cache.append(layer_idx, enc.encode_k(k, inp.k_positions), v, inp.k_positions, encoded=True)
     full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True, None, False)
     if use_blocked(full, enc):
         q_enc = enc.encode_q(q, inp.q_positions, scale=inp.scale)
         return blocked(full, q_enc, layer.keys, layer.values, prescaled=True)
     return sdpa(full, enc.encode_q(q, inp.q_positions), layer.keys, layer.values)
+
+
+def _check_positions_over_cache(enc: PositionalEncoding, inp: AttentionInputs, layer) -> None:
+    """Raise ValueError, before appending, for key positions the encoding cannot represent over the whole
+    cache once the new tokens are added (e.g. CoPE decoding a position earlier than a cached one)."""
+    if type(enc).check_positions is PositionalEncoding.check_positions:
+        return  # accepts every position: skip building the key positions and the visibility mask
+    kp = inp.k_positions
+    if layer.length:
+        cached = layer.positions
+        if kp.shape[0] != cached.shape[0] and 1 not in (kp.shape[0], cached.shape[0]):
+            raise ValueError(f"q_positions must have batch 1 or {cached.shape[0]} to extend the cache, got "
+                             f"{tuple(kp.shape)}")
+        b = max(cached.shape[0], kp.shape[0])
+        kp = torch.cat((cached.expand(b, -1), kp.expand(b, -1)), -1)
+    visible = kp[:, None, None, :] <= inp.q_positions[:, None, :, None]
+    enc.check_positions(inp.q_positions, kp, visible)

@@ -34,6 +34,9 @@ class _Buffer:
         return None if self.data is None else self.data.narrow(self.dim, 0, self.length)
 
     def append(self, new: torch.Tensor, reserve: int, out_of_place: bool = False) -> None:
+        if self.length == 0:
+            # empty (new, or cropped to 0): start afresh, the old allocation may have another width or dtype
+            self.data = None
         if out_of_place:
             old = self.view()
             self.data = new if old is None else torch.cat((old, new), self.dim)
@@ -50,6 +53,20 @@ class _Buffer:
                 self.data.narrow(self.dim, 0, self.length).copy_(old)
         self.data.narrow(self.dim, self.length, n).copy_(new)
         self.length = end
+
+    def check_extends(self, name: str, new: torch.Tensor) -> None:
+        """Raise ValueError unless `new` can be appended to the filled buffer: the cached dtype and device
+        (a copy would silently cast or move it), and its sizes outside the batch and growing dims."""
+        data = self.data
+        if new.dtype != data.dtype or new.device != data.device:
+            raise ValueError(f"{name} must have the cached dtype {data.dtype} on {data.device} to extend the cache, "
+                             f"got {new.dtype} on {new.device}")
+        if new.dim() == data.dim():  # positions may come as (T,) against (1|B, T): checked by the caller
+            for i in range(1, data.dim()):
+                if i != self.dim and new.shape[i] != data.shape[i]:
+                    what = "channels" if i == data.dim() - 1 else f"entries in dim {i}"
+                    raise ValueError(f"{name} must have {data.shape[i]} {what} to extend the cache, got shape "
+                                     f"{tuple(new.shape)}")
 
     def expand_batch(self, b: int) -> None:
         # shared (1, T) positions meeting per-batch (B, T) ones: store (B, T) from now on
@@ -91,7 +108,15 @@ class LayerCache:
     def length(self) -> int:
         return self._keys.length
 
-    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+    def check_append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> None:
+        """Raise ValueError unless `append` with these arguments can extend this layer; touches nothing.
+        `append` calls it before writing anything, so a refused append leaves the layer as it was."""
+        for name, t in (("keys", keys), ("values", values), ("positions", positions)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        for name, t in (("gate_keys", gate_keys), ("angles", angles)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor or None, got {type(t).__name__}")
         if keys.dim() != 4 or values.dim() != 4 or values.shape[:3] != keys.shape[:3]:
             raise ValueError(f"keys and values must be (B, H_kv, T, .) tensors with the same B, H_kv and T, got "
                              f"{tuple(keys.shape)} and {tuple(values.shape)}")
@@ -99,17 +124,44 @@ class LayerCache:
                 positions.dim() == 2 and positions.shape[0] not in (1, keys.shape[0])):
             raise ValueError(f"positions must be (T,) or (1|B, T) with T={keys.shape[2]} and B={keys.shape[0]}, "
                              f"got {tuple(positions.shape)}")
-        if self.length:
-            if self.encoded != encoded:
-                raise ValueError("a layer cache cannot mix raw and encoded keys")
-            old = self.keys
-            if keys.shape[:2] != old.shape[:2] or keys.shape[-1] != old.shape[-1]:
-                raise ValueError(f"keys must have shape {tuple(old.shape[:2])} + (T, {old.shape[-1]}) to extend the "
-                                 f"cache, got {tuple(keys.shape)}")
-            if (gate_keys is None) != (self._gate_keys.length == 0):
-                raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
-            if (angles is None) != (self._angles.length == 0):
-                raise ValueError("angles must be given at every append or never")
+        if positions.dtype.is_floating_point or positions.is_complex() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if gate_keys is not None and (gate_keys.shape[:3] != keys.shape[:3] or gate_keys.dtype != keys.dtype
+                                      or gate_keys.device != keys.device):
+            raise ValueError(f"gate_keys must be (B, H_kv, T, .) with the B, H_kv, T, dtype and device of keys "
+                             f"{tuple(keys.shape)} {keys.dtype} {keys.device}, got {tuple(gate_keys.shape)} "
+                             f"{gate_keys.dtype} {gate_keys.device}")
+        if angles is not None and (angles.dim() != 3 or angles.shape[1] != keys.shape[2]
+                                   or angles.shape[0] not in (1, keys.shape[0])):
+            raise ValueError(f"angles must be (1|B, T, E) with T={keys.shape[2]} and B={keys.shape[0]}, "
+                             f"got {tuple(angles.shape)}")
+        if not self.length:
+            return
+        if self.encoded != encoded:
+            raise ValueError("a layer cache cannot mix raw and encoded keys")
+        cached = self._keys.data
+        if keys.shape[:2] != cached.shape[:2] or keys.shape[-1] != cached.shape[-1]:
+            raise ValueError(f"keys must have shape {tuple(cached.shape[:2])} + (T, {cached.shape[-1]}) to extend the "
+                             f"cache, got {tuple(keys.shape)}")
+        if (gate_keys is None) != (self._gate_keys.length == 0):
+            raise ValueError("gate_keys must be given at every append or never (CoPE gates='separate')")
+        if (angles is None) != (self._angles.length == 0):
+            raise ValueError("angles must be given at every append or never")
+        self._keys.check_extends("keys", keys)
+        self._values.check_extends("values", values)
+        self._positions.check_extends("positions", positions)
+        if gate_keys is not None:
+            self._gate_keys.check_extends("gate_keys", gate_keys)
+        if angles is not None:
+            self._angles.check_extends("angles", angles)
+
+    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
+        """Extend the layer by the new tokens (validated first: a refused append changes nothing); returns it."""
+        self.check_append(keys, values, positions, gate_keys, encoded, angles)
+        return self._write(keys, values, positions, gate_keys, encoded, angles)
+
+    def _write(self, keys, values, positions, gate_keys, encoded, angles) -> "LayerCache":
+        # arguments already passed check_append (the engine checks once, then also the encoding's positions)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
         if self.length and positions.shape[0] != self.positions.shape[0]:

@@ -42,11 +42,11 @@ BLOCKED_MAX_KEYS = 2048
 
 
 def use_blocked(inp: AttentionInputs, enc) -> bool:
-    """On CPU, q/k wider than v (PoPE) run faster through the blocked path than through padded SDPA,
-    up to BLOCKED_MAX_KEYS keys, and always for a few queries (decode)."""
+    """On CPU, q/k wider than v (an encoding declaring qk_width > 1, e.g. PoPE) run faster through the blocked
+    path than through padded SDPA, up to BLOCKED_MAX_KEYS keys, and always for a few queries (decode)."""
     from .blocked import DEFAULT_BLOCK
 
-    if inp.q.device.type != "cpu" or getattr(enc, "qk_width", 1) == 1:
+    if inp.q.device.type != "cpu" or enc.qk_width == 1:
         return False
     return inp.k.shape[2] <= BLOCKED_MAX_KEYS or inp.q.shape[2] <= DEFAULT_BLOCK
 

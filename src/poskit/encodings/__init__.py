@@ -3,4 +3,6 @@ from . import absolute_registry  # noqa: F401  (registers sinusoidal, learned, l
 from . import alibi, cope, none, pope, relative, rotary  # noqa: F401
 from .base import KINDS, PositionalEncoding, available_encodings, build_encoding, register
 
-__all__ = ["KINDS", "PositionalEncoding", "available_encodings", "build_encoding", "register"]
+DEFAULT_ENCODING = "rope"  # what a model uses unless its config names another
+
+__all__ = ["DEFAULT_ENCODING", "KINDS", "PositionalEncoding", "available_encodings", "build_encoding", "register"]

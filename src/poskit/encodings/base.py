@@ -1,7 +1,10 @@
 """The contract every positional encoding follows, and the registry behind `build_encoding`.
 
-An encoding declares *how* it enters attention through its `kind`; the attention engine
-dispatches on that, so adding an encoding touches only its own module:
+An encoding declares *how* it enters attention through its `kind`, and *which fast paths* serve it through
+the capabilities declared on `PositionalEncoding` (`qk_width`, `cache_form`, `fused_kernel`,
+`needs_gate_keys`, each with a default). The attention engine, the KV cache, the kernels and the model
+dispatch on these declarations only, never on an encoding's name, so adding an encoding touches only its
+own module (tests/test_contract.py builds one in a test file and runs it through every path):
 
 - ``"none"``       : contributes nothing.
 - ``"absolute"``   : vectors added to the token embeddings (`embed(positions)`); identity in attention.
@@ -12,22 +15,53 @@ dispatches on that, so adding an encoding touches only its own module:
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from typing import Callable, ClassVar
 
 import torch
 from torch import nn
 
+from ..validate import check_int, check_real
+
 KINDS = ("none", "absolute", "qk", "bias", "contextual")
+CACHE_FORMS = ("raw", "encoded", "magnitude")
 
 
 class PositionalEncoding(nn.Module):
-    """Base class. Subclasses set `kind` and implement the hook of their kind."""
+    """Base class. Subclasses set `kind`, implement the hook of their kind and override the capability
+    declarations below that differ from the defaults."""
 
     kind: ClassVar[str] = "none"
     #: registry name this instance was built under (set by build_encoding)
     name: str = ""
+
+    # -- capabilities read by the engine, the KV cache, the kernels and the model ---------------------------
+    #: Width of the encoded q and k (what transform_qk / encode_q / encode_k return) in units of head_dim.
+    #: 1 for most encodings; PoPE's Cartesian form is 2 (2 * head_dim channels). On CPU, q/k wider than v
+    #: take the blocked path (attention/sdpa.py `use_blocked`), which calls encode_q(q, positions, scale)
+    #: and encode_k, so a "qk" encoding with qk_width > 1 must implement both.
+    qk_width: ClassVar[int] = 1
+
+    #: What the KV cache stores for this encoding's keys (one of CACHE_FORMS); may be a property:
+    #: - "raw": k as given; the encoding is applied to the whole cache at every step (every kind: CoPE
+    #:   recomputes its gates per query, dynamic NTK re-rotates with the length, ALiBi needs nothing).
+    #: - "encoded": encode_k(k, positions), so a decode step encodes only its new tokens; kind "qk" only,
+    #:   and only when the encoding of a key does not depend on the other keys (rope, not rope-dynamic).
+    #:   Needs encode_q and encode_k.
+    #: - "magnitude": polar encodings (PoPE): the cache holds magnitude(k) and the cos/sin of each position
+    #:   (attention/pope_decode.py); needs the polar interface of encodings/pope.py PolarEncoding
+    #:   (magnitude, cos_sin, clamped_delta_fp32, softplus, encode_q).
+    cache_form: str = "raw"
+
+    #: The fused Triton kernel that serves this encoding on CUDA, named by its module under attention/
+    #: ("triton_pope": the polar interface above; "triton_cope": kind "contextual" with `p_max`,
+    #: `gate_source` and `fused_operands`), or None: no kernel, backend="triton" refuses the encoding.
+    fused_kernel: ClassVar[str | None] = None
+
+    @property
+    def needs_gate_keys(self) -> bool:
+        """True when attention needs `gate_keys` (CoPE gates='separate'): the model then projects them (W_g)
+        and the KV cache stores them beside the keys. Every other encoding refuses gate_keys."""
+        return False
 
     def __init__(self, *, head_dim: int, num_heads: int):
         super().__init__()
@@ -41,11 +75,37 @@ class PositionalEncoding(nn.Module):
         raise NotImplementedError
 
     def transform_qk(self, q, k, q_positions, k_positions):  # kind == "qk"
-        """Return (q', k') such that logits = scale * q' @ k'^T. Positions are (1|B, T) int64."""
-        raise NotImplementedError
+        """Return (q', k') such that logits = scale * q' @ k'^T. Positions are (1|B, T) int64.
+
+        Default: (encode_q(q, q_positions), encode_k(k, k_positions)), for encodings that treat each token
+        on its own; override when the encoding of one token depends on the others (rope-dynamic)."""
+        return self.encode_q(q, q_positions), self.encode_k(k, k_positions)
+
+    def encode_q(self, q, q_positions, scale: float = 1.0):  # kind == "qk", separable encodings
+        """(B, H, T, head_dim) -> (B, H, T, qk_width * head_dim): `scale` times the encoded query (the fast
+        paths fold the attention scale in here). Needed for qk_width > 1 and cache_form "encoded"."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement encode_q (needed by qk_width > 1 "
+                                  "and cache_form 'encoded')")
+
+    def encode_k(self, k, k_positions):  # kind == "qk", separable encodings
+        """(B, Hkv, T, head_dim) -> (B, Hkv, T, qk_width * head_dim): the encoded key."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement encode_k (needed by qk_width > 1 "
+                                  "and cache_form 'encoded')")
 
     def bias(self, q, q_positions, k_positions, scale):  # kind == "bias"
         """Additive logit bias broadcastable to (B, H, Tq, Tk), for the visible pairs."""
+        raise NotImplementedError
+
+    def gate_source(self, k, v, gate_keys):  # kind == "contextual"
+        """The tensor the gates dot q with, (B, Hkv, Tk, head_dim); also validates gate_keys.
+        Default: the keys, and gate_keys refused."""
+        if gate_keys is not None:
+            raise ValueError(f"gate_keys is only accepted by encodings that need them (cope, cope-alibi with "
+                             f"gates='separate'), not by {self.name or type(self).__name__!r}")
+        return k
+
+    def contextual_bias(self, q, gate_logits, visible):  # kind == "contextual"
+        """Additive logit bias (B, H, Tq, Tk) computed from the gate logits scale * q . gate_source."""
         raise NotImplementedError
 
     def check_positions(self, q_positions, k_positions, visible) -> None:
@@ -53,22 +113,6 @@ class PositionalEncoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
-
-
-def check_int(value, name: str, *, minimum: int) -> int:
-    """Raise ValueError unless `value` is an int >= minimum. bool is refused although Python counts it as an
-    int: `num_heads=True` is a mistake, never a size."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def check_real(value, name: str, *, minimum: float, strict: bool = False) -> float:
-    """Raise ValueError unless `value` is a finite real number >= minimum (> minimum when strict); bool refused."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= minimum if strict else value < minimum):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
-    return float(value)
 
 
 # Options shared by several encodings, validated once here so every encoding (present or future) rejects
@@ -90,21 +134,55 @@ OPTION_CHECKS: dict[str, Callable] = {
 _REGISTRY: dict[str, tuple[type[PositionalEncoding], dict]] = {}
 
 
+def _check_declarations(cls: type) -> None:
+    # a wrong declaration would send the engine down a path the encoding cannot serve: refuse it at registration
+    if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+        raise TypeError(f"only PositionalEncoding subclasses can be registered, got {cls!r}")
+    if cls.kind not in KINDS:
+        raise ValueError(f"{cls.__name__}.kind must be one of {list(KINDS)}, got {cls.kind!r}")
+    if isinstance(cls.qk_width, bool) or not isinstance(cls.qk_width, int) or cls.qk_width < 1:
+        raise ValueError(f"{cls.__name__}.qk_width must be an int >= 1, got {cls.qk_width!r}")
+    form = cls.cache_form
+    if isinstance(form, str) and (form not in CACHE_FORMS or (form != "raw" and cls.kind != "qk")):
+        raise ValueError(f"{cls.__name__}.cache_form must be one of {list(CACHE_FORMS)} ('encoded' and "
+                         f"'magnitude' for kind 'qk' only), got {form!r} for kind {cls.kind!r}")
+
+
 def register(name: str, **fixed_options) -> Callable[[type], type]:
     """Register `cls` under `name`; `fixed_options` are passed to its constructor (variants)."""
 
     def deco(cls: type) -> type:
         if name in _REGISTRY:
             raise RuntimeError(f"encoding {name!r} registered twice")
+        _check_declarations(cls)
         _REGISTRY[name] = (cls, fixed_options)
         return cls
 
     return deco
 
 
+def unregister(name: str) -> None:
+    """Remove `name` from the registry (encodings defined by tests or experiments, once done)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"name must be one of {available_encodings()}, got {name!r}")
+    del _REGISTRY[name]
+
+
 def available_encodings() -> list[str]:
     """Names accepted by `build_encoding`."""
     return sorted(_REGISTRY)
+
+
+def encoding_class(name: str) -> type[PositionalEncoding]:
+    """The class registered as `name` (its declarations can be read without building an instance)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"name must be one of {available_encodings()}, got {name!r}")
+    return _REGISTRY[name][0]
+
+
+def registered_names() -> list[str]:
+    """Registered names in registration order (available_encodings() sorts them)."""
+    return list(_REGISTRY)
 
 
 def _allowed_options(cls: type) -> list[str]:

@@ -44,6 +44,7 @@ def interpolate(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 class CoPEBase(PositionalEncoding):
     kind = "contextual"
+    fused_kernel = "triton_cope"  # attention/triton_cope.py: reads p_max, gate_source and fused_operands
 
     def __init__(self, *, head_dim: int, num_heads: int, p_max: int, gates: str):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
@@ -56,6 +57,15 @@ class CoPEBase(PositionalEncoding):
         # p_ts is a suffix sum along the key axis, which equals "keys at positions >= s" only for ordered keys
         if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
             raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
+
+    @property
+    def needs_gate_keys(self) -> bool:
+        return self.gates == "separate"
+
+    def fused_operands(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(position embeddings e (head_dim, p_max) or None, slopes (num_heads,) or None): what the fused
+        kernel interpolates (cope) or multiplies by the contextual position (cope-alibi)."""
+        raise NotImplementedError
 
     def gate_source(self, k, v, gate_keys):
         """The tensor the gates dot q with: (B, Hkv, Tk, head_dim)."""
@@ -85,6 +95,9 @@ class CoPEEncoding(CoPEBase):
         super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)
         # zeros as in the reference listing; init_std > 0 gives a random start
         self.pos_emb = nn.Parameter(torch.randn(head_dim, p_max) * init_std)
+
+    def fused_operands(self):
+        return self.pos_emb, None
 
     def contextual_bias(self, q, gate_logits, visible):
         p = self.positions(gate_logits, visible)
@@ -119,6 +132,9 @@ class CoPEALiBiEncoding(CoPEBase):
             self.slopes = nn.Parameter(torch.zeros(num_heads))  # per head (and per layer), initialised at 0
         else:
             self.register_buffer("slopes", torch.tensor(fixed_slopes(slopes, num_heads)), persistent=False)
+
+    def fused_operands(self):
+        return None, self.slopes
 
     def contextual_bias(self, q, gate_logits, visible):
         p = self.positions(gate_logits, visible)

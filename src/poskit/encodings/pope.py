@@ -107,6 +107,8 @@ class PolarEncoding(PositionalEncoding):
 
     qk_width = 2  # encoded q/k are twice head_dim wide: on CPU the engine prefers its blocked path
 
+    fused_kernel = "triton_pope"  # attention/triton_pope.py, fed through the polar interface above
+
     def encode_q(self, q, q_positions, scale: float = 1.0):
         return self.cartesian_q(q, q_positions, scale)
 

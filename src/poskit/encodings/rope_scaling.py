@@ -1,15 +1,47 @@
-"""Inverse frequencies and attention factors of RoPE and its context-extension variants.
+"""Inverse frequencies and attention factors of RoPE and its context-extension variants, one function each.
 
-Each function returns ``(inv_freq, attention_factor)`` with inv_freq a float64 tensor of
-rotary_dim // 2 frequencies. The formulas follow the article "Why Position Matters" (paper 001)
-and are written to agree with HF transformers' rope types "default", "linear", "dynamic" and "yarn"
-(``modeling_rope_utils``), which are the de-facto reference for checkpoints in the wild.
+Every variant is one function with one signature, ``fn(params, seq_len) -> (inv_freq, attention_factor)``,
+and one entry of `ROPE_INIT_FUNCTIONS` (the pattern of HF transformers' ``ROPE_INIT_FUNCTIONS``): inv_freq
+is a float64 tensor of rotary_dim // 2 frequencies, attention_factor multiplies cos and sin (so the
+logits by its square). `seq_len` (the current length: longest position + 1) is None at construction and
+given at every call only to variants whose entry is `length_dependent`. Each function checks the options
+it needs and raises ValueError naming a missing one. `poskit.encodings.rotary` registers one encoding per
+entry ("rope" for "none", "rope-<name>" for the others), so a new variant is one function and one entry.
+
+The formulas follow the article "Why Position Matters" (paper 001) and are written to agree with HF
+transformers' rope types "default", "linear", "dynamic" and "yarn" (``modeling_rope_utils``), which are
+the de-facto reference for checkpoints in the wild.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
+
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # YaRN's ramp ends, in rotations within the original context
+
+
+@dataclass(frozen=True)
+class RopeParameters:
+    """What a scaling function may read (HF passes its config): the rotated width d (rotary_dim), the base,
+    and the options of the scaled variants (None when not given)."""
+
+    rotary_dim: int
+    base: float
+    factor: float | None = None
+    original_max_positions: int | None = None
+
+
+RopeInitFunction = Callable[[RopeParameters, "int | None"], "tuple[torch.Tensor, float]"]
+
+
+class RopeVariant(NamedTuple):
+    init: RopeInitFunction
+    #: the frequencies change with the current length (dynamic NTK): nothing can be cached across lengths,
+    #: and the KV cache keeps raw keys
+    length_dependent: bool = False
 
 
 def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
@@ -17,16 +49,40 @@ def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
     return 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
 
 
-def linear_scaling(rotary_dim: int, base: float, factor: float):
-    """Position interpolation: positions divided by `factor`, i.e. every frequency divided by it."""
-    return default_inv_freq(rotary_dim, base) / factor, 1.0
+def _required_factor(p: RopeParameters, variant: str) -> float:
+    # ranges are checked by build_encoding (base.OPTION_CHECKS); here only presence
+    if p.factor is None:
+        raise ValueError(f"factor must be a number >= 1 for rope scaling {variant!r}, got None")
+    return p.factor
 
 
-def ntk_aware_scaling(rotary_dim: int, base: float, factor: float):
+def _required_original_max(p: RopeParameters, variant: str) -> int:
+    if p.original_max_positions is None:
+        raise ValueError(f"original_max_positions (the training context) must be an int >= 1 for rope "
+                         f"scaling {variant!r}, got None")
+    return p.original_max_positions
+
+
+def default_rope(p: RopeParameters, seq_len: int | None = None):
+    """Plain RoPE: no scaling options apply."""
+    if p.factor is not None or p.original_max_positions is not None:
+        scaled = ", ".join(f"rope-{name}" for name in ROPE_INIT_FUNCTIONS if name != "none")
+        raise ValueError(f"factor and original_max_positions apply only to {scaled}")
+    return default_inv_freq(p.rotary_dim, p.base), 1.0
+
+
+def linear_scaling(p: RopeParameters, seq_len: int | None = None):
+    """Position interpolation (Chen et al.): positions divided by `factor`, i.e. every frequency divided by it."""
+    factor = _required_factor(p, "linear")
+    return default_inv_freq(p.rotary_dim, p.base) / factor, 1.0
+
+
+def ntk_aware_scaling(p: RopeParameters, seq_len: int | None = None):
     """NTK-aware: the base grows to base * s^(d / (d - 2)), stretching low frequencies most."""
-    if rotary_dim <= 2:
-        raise ValueError(f"rotary_dim must be > 2 for NTK-aware scaling, got {rotary_dim}")
-    return default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
+    factor, d = _required_factor(p, "ntk"), p.rotary_dim
+    if d <= 2:
+        raise ValueError(f"rotary_dim must be > 2 for NTK-aware scaling, got {d}")
+    return default_inv_freq(d, p.base * factor ** (d / (d - 2))), 1.0
 
 
 def dynamic_ntk_base(rotary_dim: int, base: float, factor: float, seq_len: int, original_max_positions: int) -> float:
@@ -37,8 +93,13 @@ def dynamic_ntk_base(rotary_dim: int, base: float, factor: float, seq_len: int, 
     return base * ((factor * seq_len / original_max_positions) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
 
 
-def dynamic_ntk_scaling(rotary_dim: int, base: float, factor: float, seq_len: int, original_max_positions: int):
-    return default_inv_freq(rotary_dim, dynamic_ntk_base(rotary_dim, base, factor, seq_len, original_max_positions)), 1.0
+def dynamic_ntk_scaling(p: RopeParameters, seq_len: int | None = None):
+    """Dynamic NTK (HF 'dynamic'): the base grows with the current length beyond original_max_positions;
+    seq_len None (construction) gives the unscaled frequencies."""
+    factor, original = _required_factor(p, "dynamic"), _required_original_max(p, "dynamic")
+    if seq_len is None:
+        return default_inv_freq(p.rotary_dim, p.base), 1.0
+    return default_inv_freq(p.rotary_dim, dynamic_ntk_base(p.rotary_dim, p.base, factor, seq_len, original)), 1.0
 
 
 def yarn_attention_factor(factor: float) -> float:
@@ -51,18 +112,14 @@ def _yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, max
     return (rotary_dim * math.log(max_positions / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
-def yarn_scaling(
-    rotary_dim: int,
-    base: float,
-    factor: float,
-    original_max_positions: int,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-):
-    """NTK-by-parts: high frequencies (many rotations in the original context) are kept, low
-    frequencies are interpolated by `factor`, with a linear ramp between dims low..high."""
-    low = math.floor(_yarn_correction_dim(beta_fast, rotary_dim, base, original_max_positions))
-    high = math.ceil(_yarn_correction_dim(beta_slow, rotary_dim, base, original_max_positions))
+def yarn_scaling(p: RopeParameters, seq_len: int | None = None):
+    """YaRN, NTK-by-parts: high frequencies (many rotations in the original context) are kept, low
+    frequencies are interpolated by `factor`, with a linear ramp between dims low..high (beta_fast=32,
+    beta_slow=1); attention factor 0.1 ln(s) + 1 on q and k."""
+    factor, original = _required_factor(p, "yarn"), _required_original_max(p, "yarn")
+    rotary_dim, base = p.rotary_dim, p.base
+    low = math.floor(_yarn_correction_dim(YARN_BETA_FAST, rotary_dim, base, original))
+    high = math.ceil(_yarn_correction_dim(YARN_BETA_SLOW, rotary_dim, base, original))
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp, as the reference implementation does
@@ -71,3 +128,13 @@ def yarn_scaling(
     inv_freq = default_inv_freq(rotary_dim, base)
     inv_freq = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
     return inv_freq, yarn_attention_factor(factor)
+
+
+# scaling name -> variant; rotary.py registers "rope" for "none" and "rope-<name>" for every other entry
+ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
+    "none": RopeVariant(default_rope),
+    "linear": RopeVariant(linear_scaling),
+    "ntk": RopeVariant(ntk_aware_scaling),
+    "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True),
+    "yarn": RopeVariant(yarn_scaling),
+}

@@ -13,7 +13,7 @@ from .angles import AngleTables
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
-SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
+SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -62,55 +62,47 @@ class RotaryEncoding(PositionalEncoding):
             raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
         if scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {list(SCALINGS)}, got {scaling!r}")
-        # the ranges of base, factor and original_max_positions are checked by build_encoding (base.OPTION_CHECKS)
-        if scaling == "none":
-            if factor is not None or original_max_positions is not None:
-                raise ValueError("factor and original_max_positions apply only to rope-linear, rope-ntk, rope-dynamic, rope-yarn")
-        else:
-            if factor is None:
-                raise ValueError(f"factor must be a number >= 1 for rope scaling {scaling!r}, got None")
-            if scaling in ("dynamic", "yarn") and original_max_positions is None:
-                raise ValueError(f"original_max_positions (the training context) must be an int >= 1 for rope "
-                                 f"scaling {scaling!r}, got None")
+        # the ranges of base, factor and original_max_positions are checked by build_encoding (base.OPTION_CHECKS);
+        # the scaling function checks that the options its variant needs are given
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.factor, self.original_max_positions = scaling, factor, original_max_positions
-        if scaling == "none":
-            inv_freq, self.attention_factor = rope_scaling.default_inv_freq(rotary_dim, self.base), 1.0
-        elif scaling == "linear":
-            inv_freq, self.attention_factor = rope_scaling.linear_scaling(rotary_dim, self.base, factor)
-        elif scaling == "ntk":
-            inv_freq, self.attention_factor = rope_scaling.ntk_aware_scaling(rotary_dim, self.base, factor)
-        elif scaling == "yarn":
-            inv_freq, self.attention_factor = rope_scaling.yarn_scaling(rotary_dim, self.base, factor, original_max_positions)
-        else:  # dynamic: frequencies depend on the sequence length, see inv_freq_for
-            inv_freq, self.attention_factor = rope_scaling.default_inv_freq(rotary_dim, self.base), 1.0
+        self._variant = rope_scaling.ROPE_INIT_FUNCTIONS[scaling]
+        self._rope_parameters = rope_scaling.RopeParameters(rotary_dim, self.base, factor, original_max_positions)
+        # length-dependent variants (dynamic) start from their frequencies at construction; see inv_freq_for
+        inv_freq, self.attention_factor = self._variant.init(self._rope_parameters, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
         self._angles = AngleTables(gain=self.attention_factor)
 
+    @property
+    def length_dependent(self) -> bool:
+        """The frequencies change with the current length (dynamic NTK)."""
+        return self._variant.length_dependent
+
     def inv_freq_for(self, seq_len: int) -> torch.Tensor:
-        if self.scaling == "dynamic":
-            return rope_scaling.dynamic_ntk_scaling(
-                self.rotary_dim, self.base, self.factor, seq_len, self.original_max_positions
-            )[0].to(self.inv_freq.device)
+        if self.length_dependent:
+            return self._variant.init(self._rope_parameters, seq_len)[0].to(self.inv_freq.device)
         return self.inv_freq
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
         """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
-        if self.scaling == "dynamic":  # frequencies depend on the length: nothing to cache
+        if self.length_dependent:  # frequencies depend on the length: nothing to cache
             inv_freq = self.inv_freq_for(seq_len if seq_len is not None else int(positions.max()) + 1)
             return self._angles.lookup(positions, inv_freq, dtype, cache=False)
         return self._angles.lookup(positions, self.inv_freq, dtype)
 
     @property
-    def caches_encoded_keys(self) -> bool:
-        """Keys can be cached already rotated unless the frequencies change with the length (dynamic NTK)."""
-        return self.scaling != "dynamic"
+    def cache_form(self) -> str:
+        """Keys are cached already rotated unless the frequencies change with the length (dynamic NTK)."""
+        return "raw" if self.length_dependent else "encoded"
 
-    def encode_q(self, q, q_positions):
-        c, s = self.cos_sin(q_positions, q.dtype)
-        return rotate(q, c.unsqueeze(1), s.unsqueeze(1), self.layout)
+    def encode_k(self, k, k_positions):
+        c, s = self.cos_sin(k_positions, k.dtype)
+        return rotate(k, c.unsqueeze(1), s.unsqueeze(1), self.layout)
 
-    encode_k = encode_q  # RoPE treats queries and keys alike
+    def encode_q(self, q, q_positions, scale: float = 1.0):
+        # RoPE treats queries and keys alike; the scale multiplies every channel (rotated or passed through)
+        out = self.encode_k(q, q_positions)
+        return out * scale if scale != 1.0 else out
 
     def transform_qk(self, q, k, q_positions, k_positions):
         # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics)
@@ -129,24 +121,6 @@ class RotaryEncoding(PositionalEncoding):
         )
 
 
-register("rope", scaling="none")(RotaryEncoding)
-
-
-@register("rope-linear", scaling="linear")
-class LinearScaledRotary(RotaryEncoding):
-    """Position interpolation (Chen et al.): positions divided by `factor`."""
-
-
-@register("rope-ntk", scaling="ntk")
-class NTKRotary(RotaryEncoding):
-    """NTK-aware base change: base' = base * factor^(d/(d-2))."""
-
-
-@register("rope-dynamic", scaling="dynamic")
-class DynamicNTKRotary(RotaryEncoding):
-    """Dynamic NTK (HF 'dynamic'): the base grows with the current length beyond original_max_positions."""
-
-
-@register("rope-yarn", scaling="yarn")
-class YarnRotary(RotaryEncoding):
-    """YaRN: NTK-by-parts frequencies (beta_fast=32, beta_slow=1) and attention factor 0.1 ln(s) + 1 on q and k."""
+# one registered name per scaling variant, all served by RotaryEncoding with the variant fixed
+for _scaling in SCALINGS:
+    register("rope" if _scaling == "none" else f"rope-{_scaling}", scaling=_scaling)(RotaryEncoding)

@@ -8,9 +8,19 @@ from pathlib import Path
 
 from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
 from poskit.tasks import task_split_names
-from poskit.train import CHECKPOINT_FILE, CONFIG_FILE, TrainConfig, atomic_write_json, load_config, preflight, resume_config
+from poskit.training import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    TrainConfig,
+    atomic_write_json,
+    check_writable_dir,
+    load_config,
+    preflight,
+    resume_config,
+)
 
-from .jobs import train_job
+from .jobs import TrainJob, train_job
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
 from .parallel import check_workers, run_parallel
 from .specs import safe_label
 
@@ -23,7 +33,7 @@ class ComparePlan:
     out_dir: Path
     split: str
     seeds: list[int]
-    jobs: list[dict]
+    jobs: list[TrainJob]
     labels: list[str]
     dirs: dict[str, list[Path]]
 
@@ -40,6 +50,7 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must list at least one seed, none twice (one run directory each), got {list(seeds)}")
     out_dir = Path(out_dir)
+    check_writable_dir(out_dir, "out")
     jobs, labels, dirs = [], [], {}
     for label, name, options in encodings:
         for i, seed in enumerate(seeds):
@@ -55,7 +66,7 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
                                      "resume them (--resume) or choose another output directory (--out)")
                 resume_config(load_config(run_dir), cfg, str(run_dir / CONFIG_FILE))
             dirs.setdefault(label, []).append(run_dir)
-            jobs.append({"config": cfg.to_dict(), "run_dir": str(run_dir), "resume": resume, "quiet": True})
+            jobs.append(TrainJob(cfg.to_dict(), str(run_dir), resume=resume, quiet=True))
             labels.append(f"{label} seed {seed}")
     return ComparePlan(base, out_dir, split, list(seeds), jobs, labels, dirs)
 
@@ -76,10 +87,10 @@ def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: boo
     results["runs"] = {label: [str(d) for d in ds] for label, ds in dirs.items()}
     eval_metric = results["metric"]
     curves = {label: learning_curves(ds, eval_metric) for label, ds in dirs.items()}
-    atomic_write_json(out_dir / "results.json", results)
+    atomic_write_json(out_dir / COMPARE_JSON, results)
     table = compare_table(results)
-    (out_dir / "results.md").write_text(f"# {title or 'compare: ' + results['task']}\n\n{table}\n")
-    plot_compare(results, curves, out_dir / "compare.png", title=title)
+    (out_dir / COMPARE_MD).write_text(f"# {title or 'compare: ' + results['task']}\n\n{table}\n")
+    plot_compare(results, curves, out_dir / COMPARE_PLOT, title=title)
     return results
 
 

@@ -7,7 +7,8 @@ diagnostic comparison, in about five minutes on a 2-core CPU.
    and plot perplexity against window length.
 3. Train the same encodings briefly on a diagnostic task (flip-flop) and compare them (table + plot).
 
-The defaults were chosen by measurement on a 2-core CPU (docs/cli.md has the numbers).
+The defaults were chosen by measurement on a 2-core CPU; they and the diagnostic's settings are in
+experiments/configs/ (demo.py, demo_diagnostic.py).
 """
 from __future__ import annotations
 
@@ -18,35 +19,14 @@ import time
 from pathlib import Path
 
 from poskit.evaluate import parse_lengths
-from poskit.report import markdown_table, plot_extrapolation
-from poskit.train import TrainConfig, atomic_write_json
+from poskit.report import compare_table, markdown_table, plot_extrapolation
+from poskit.training import TrainConfig, atomic_write_json, check_writable_dir
 
 from .compare import run_compare
-from .defaults import LM_TRAIN
-from .jobs import train_job
+from .configs import DEMO, DIAGNOSTIC, LM_TRAIN
+from .jobs import ExtrapolationJob, TrainJob, train_job
+from .outputs import COMPARE_PLOT, DEMO_DIAGNOSTIC_DIR, DEMO_JSON, DEMO_LM_DIR, DEMO_MD, EXTRAPOLATION_PLOT
 from .parallel import check_workers, run_parallel
-
-DEMO_DEFAULTS = {
-    "out_dir": "runs/demo",
-    "encodings": ["none", "alibi", "rope", "pope"],
-    "train_seconds": 85.0,
-    "context": 64,
-    "lengths": "1x,2x,4x,8x",
-    "n_chars": 65536,
-    "diagnostic_steps": 600,
-    "workers": 2,
-}
-
-# The short diagnostic: flip-flop (CoPE paper Sec. 5.1) at length 64, a fixed number of steps so that every
-# encoding gets the same training; on 2 cores it takes about a minute and the encodings learn at visibly
-# different speeds and generalise differently to the sparse out-of-distribution split.
-DIAGNOSTIC = {
-    "config": {"task": "flip-flop", "task_options": {"length": 64, "eval_size": 500},
-               "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "encoding": "rope"},
-               "batch_size": 32, "max_steps": 600, "lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.05,
-               "beta2": 0.98, "eval_every": 100, "log_every": 25, "checkpoint_every": 600},
-    "what": "flip-flop (length 64; OOD sparse = 98 % ignore instructions)",
-}
 
 
 def _say(msg: str, quiet: bool) -> None:
@@ -64,11 +44,10 @@ def lm_config(encoding: str, context: int, train_seconds: float, seed: int) -> T
     return TrainConfig.from_dict(cfg)
 
 
-def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["encodings"]),
-             train_seconds: float = DEMO_DEFAULTS["train_seconds"], context: int = DEMO_DEFAULTS["context"],
-             lengths: str = DEMO_DEFAULTS["lengths"], n_chars: int | None = DEMO_DEFAULTS["n_chars"],
-             diagnostic: bool = True, diagnostic_steps: int = DEMO_DEFAULTS["diagnostic_steps"],
-             workers: int = DEMO_DEFAULTS["workers"], seed: int = 0, quiet: bool = False) -> dict:
+def run_demo(out_dir=DEMO.out_dir, encodings=DEMO.encodings, train_seconds: float = DEMO.train_seconds,
+             context: int = DEMO.context, lengths: str = DEMO.lengths, n_chars: int | None = DEMO.n_chars,
+             diagnostic: bool = True, diagnostic_steps: int = DEMO.diagnostic_steps, workers: int = DEMO.workers,
+             seed: int = 0, quiet: bool = False) -> dict:
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     # every argument is checked before the rmtree below and before the first model trains
@@ -80,25 +59,27 @@ def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["en
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     windows = parse_lengths(lengths, context)
     configs = {e: lm_config(e, context, train_seconds, seed) for e in encodings}
-    diagnostic_base = TrainConfig.from_dict(dict(DIAGNOSTIC["config"], max_steps=diagnostic_steps))
+    diagnostic_base = TrainConfig.from_dict(dict(DIAGNOSTIC.config, max_steps=diagnostic_steps))
+    check_writable_dir(out_dir, "out")
     # the demo always starts fresh: remove only what an earlier demo wrote here
-    for sub in ("lm", "diagnostic"):
+    for sub in (DEMO_LM_DIR, DEMO_DIAGNOSTIC_DIR):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     _say(f"poskit demo: {len(encodings)} character-level Shakespeare LMs (context {context}, "
          f"{train_seconds:g} s each, {workers} at a time), evaluated at {', '.join(f'{w}' for w in windows)} tokens", quiet)
-    jobs = [{"config": configs[e].to_dict(), "run_dir": str(out_dir / "lm" / e),
-             "extrapolation": {"lengths": windows, "split": "test", "n_chars": n_chars}} for e in encodings]
+    jobs = [TrainJob(configs[e].to_dict(), str(out_dir / DEMO_LM_DIR / e),
+                     extrapolation=ExtrapolationJob(str(out_dir / DEMO_LM_DIR / e), windows, "test", n_chars))
+            for e in encodings]
     outs = run_parallel(train_job, jobs, workers=workers, labels=list(encodings), quiet=quiet)
-    sweeps = {e: o["sweep"] for e, o in zip(encodings, outs)}
-    steps = {e: o["results"]["steps"] for e, o in zip(encodings, outs)}
+    sweeps = {e: o.sweep for e, o in zip(encodings, outs)}
+    steps = {e: o.results["steps"] for e, o in zip(encodings, outs)}
 
     headers = ["encoding", "steps"] + [f"{w // context}x ({w})" for w in windows] + [f"last quarter {windows[-1] // context}x"]
     rows = [[e, steps[e]] + [f"{r['perplexity']:.2f}" for r in sweeps[e]] + [f"{sweeps[e][-1]['last_perplexity']:.2f}"]
             for e in encodings]
     lm_table = markdown_table(headers, rows)
-    plot = plot_extrapolation(sweeps, out_dir / "extrapolation.png", context=context,
+    plot = plot_extrapolation(sweeps, out_dir / EXTRAPOLATION_PLOT, context=context,
                               title=f"Shakespeare char-LM, trained at context {context}: perplexity vs window length")
     t_lm = time.perf_counter() - t_start
     print(f"\nZero-shot length extrapolation (held-out plays, perplexity per character; lower is better)\n\n{lm_table}\n")
@@ -107,23 +88,23 @@ def run_demo(out_dir=DEMO_DEFAULTS["out_dir"], encodings=tuple(DEMO_DEFAULTS["en
     report = {"context": context, "train_seconds": train_seconds, "n_chars": n_chars, "steps": steps,
               "sweeps": sweeps, "lm_table": lm_table}
     md = [f"# poskit demo\n\n## Zero-shot length extrapolation\n\nTrained at context {context} for "
-          f"{train_seconds:g} s each; perplexity per character on held-out plays.\n\n{lm_table}\n\n![](extrapolation.png)\n"]
+          f"{train_seconds:g} s each; perplexity per character on held-out plays.\n\n{lm_table}\n\n![]({EXTRAPOLATION_PLOT})\n"]
     if diagnostic:
-        d = DIAGNOSTIC
-        base = diagnostic_base
+        what = DIAGNOSTIC.what
         specs = [(e, e, {}) for e in encodings]
-        _say(f"\ndiagnostic: {d['what']}; {', '.join(encodings)}, {diagnostic_steps} steps each", quiet)
-        res = run_compare(base, specs, [seed], out_dir / "diagnostic", workers=workers, quiet=quiet,
-                          title=f"demo diagnostic: {d['what']}")
-        diag_table = (out_dir / "diagnostic" / "results.md").read_text().split("\n", 2)[2].strip()
-        print(f"Diagnostic: {d['what']} ({res['metric']}, one seed)\n\n{diag_table}\n")
-        print(f"plot: {out_dir / 'diagnostic' / 'compare.png'}\n")
+        _say(f"\ndiagnostic: {what}; {', '.join(encodings)}, {diagnostic_steps} steps each", quiet)
+        res = run_compare(diagnostic_base, specs, [seed], out_dir / DEMO_DIAGNOSTIC_DIR, workers=workers,
+                          quiet=quiet, title=f"demo diagnostic: {what}")
+        diag_table = compare_table(res).strip()  # the table run_compare wrote under its title
+        diag_plot = f"{DEMO_DIAGNOSTIC_DIR}/{COMPARE_PLOT}"
+        print(f"Diagnostic: {what} ({res['metric']}, one seed)\n\n{diag_table}\n")
+        print(f"plot: {out_dir / diag_plot}\n")
         report["diagnostic"] = res
-        md.append(f"## Diagnostic: {d['what']}\n\n{diag_table}\n\n![](diagnostic/compare.png)\n")
+        md.append(f"## Diagnostic: {what}\n\n{diag_table}\n\n![]({diag_plot})\n")
     total = time.perf_counter() - t_start
     report["seconds"] = round(total, 1)
-    atomic_write_json(out_dir / "demo.json", report)
+    atomic_write_json(out_dir / DEMO_JSON, report)
     md.append(f"\nTotal time: {total:.0f} s.\n")
-    (out_dir / "demo.md").write_text("\n".join(md))
-    print(f"demo finished in {total:.0f} s; summary in {out_dir / 'demo.md'}")
+    (out_dir / DEMO_MD).write_text("\n".join(md))
+    print(f"demo finished in {total:.0f} s; summary in {out_dir / DEMO_MD}")
     return report

@@ -1,40 +1,75 @@
-"""Job functions run in worker processes (top-level, so that "spawn" can pickle them by name)."""
+"""Job records and the functions run in worker processes (top-level, so that "spawn" can pickle them by name)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from poskit.train import RESULTS_FILE, TrainConfig, load_run, train
+from poskit.training import RESULTS_FILE, TrainConfig, load_run, train
 
 
-def train_job(config: dict, run_dir: str, resume: bool = False, quiet: bool = True,
-              extrapolation: dict | None = None) -> dict:
-    """Train one run (or reuse its results when resuming a finished run); optionally follow with a
-    length-extrapolation sweep `extrapolation` = {"lengths": [...], "split", "n_chars", "last_fraction"}.
-    Returns {"results": ..., "sweep": [...] or None, "run_dir": ...}."""
+@dataclass(frozen=True)
+class ExtrapolationJob:
+    """Evaluate one trained LM at several window lengths."""
+
+    run_dir: str
+    lengths: list
+    """Window lengths in tokens."""
+    split: str = "test"
+    n_chars: int | None = None
+    """Evaluate on the first n_chars characters of the split (None: all)."""
+    last_fraction: float = 0.25
+    """The last_perplexity column covers this last fraction of each window."""
+    scalings: tuple = ()
+    """Test-time rope scalings to evaluate as well (rope models only)."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Train one run (or reuse its results when resuming a finished run), optionally followed by a
+    length-extrapolation sweep of the trained model (`extrapolation`, whose run_dir is this job's)."""
+
+    config: dict
+    """TrainConfig fields (a dict: it crosses the process boundary as plain data)."""
+    run_dir: str
+    resume: bool = False
+    quiet: bool = True
+    extrapolation: ExtrapolationJob | None = None
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    results: dict
+    """The run's results.json."""
+    sweep: list | None
+    """The extrapolation sweep's rows, as trained (None without an extrapolation)."""
+    run_dir: str
+
+
+def train_job(job: TrainJob) -> TrainOutcome:
     # resuming a finished run with the same config returns its saved results without retraining (train())
-    results = train(TrainConfig.from_dict(config), run_dir, resume=resume, quiet=quiet)
+    results = train(TrainConfig.from_dict(job.config), job.run_dir, resume=job.resume, quiet=job.quiet)
     sweep = None
-    if extrapolation is not None:
-        sweep = extrapolation_job(str(run_dir), **extrapolation)["sweeps"]["as-is"]
-    return {"results": results, "sweep": sweep, "run_dir": str(run_dir)}
+    if job.extrapolation is not None:
+        sweep = extrapolation_job(job.extrapolation)["sweeps"]["as-is"]
+    return TrainOutcome(results, sweep, str(job.run_dir))
 
 
-def extrapolation_job(run_dir: str, lengths: list[int], split: str = "test", n_chars: int | None = None,
-                      last_fraction: float = 0.25, scalings: tuple[str, ...] = ()) -> dict:
+def extrapolation_job(job: ExtrapolationJob) -> dict:
     """Evaluate one trained LM at every window length, as trained and with each test-time rope scaling
-    (rope models only). Returns {"run_dir", "encoding", "context", "steps", "sweeps": {variant: rows}}."""
+    (rope models only). Returns {"run_dir", "encoding", "seed", "context", "steps", "sweeps": {variant: rows}}
+    (a dict: it goes into extrapolation.json as it is)."""
     from poskit.evaluate import evaluate_lengths
 
-    model, task, cfg = load_run(run_dir)
+    model, task, cfg = load_run(job.run_dir)
     context = task.max_input_len
     variants: dict = {"as-is": None}
     if cfg.model.encoding == "rope":
-        variants.update({s: s for s in scalings})
-    sweeps = {name: evaluate_lengths(model, task, lengths, context=context, split=split, n_chars=n_chars,
-                                     last_fraction=last_fraction, scaling=scaling)
+        variants.update({s: s for s in job.scalings})
+    sweeps = {name: evaluate_lengths(model, task, job.lengths, context=context, split=job.split,
+                                     n_chars=job.n_chars, last_fraction=job.last_fraction, scaling=scaling)
               for name, scaling in variants.items()}
-    results_path = Path(run_dir) / RESULTS_FILE
+    results_path = Path(job.run_dir) / RESULTS_FILE
     steps = json.loads(results_path.read_text())["steps"] if results_path.exists() else None
-    return {"run_dir": str(run_dir), "encoding": cfg.model.encoding, "seed": cfg.seed, "context": context,
+    return {"run_dir": str(job.run_dir), "encoding": cfg.model.encoding, "seed": cfg.seed, "context": context,
             "steps": steps, "sweeps": sweeps}

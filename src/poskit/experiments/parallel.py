@@ -31,10 +31,11 @@ def check_workers(workers, name: str = "workers") -> None:
         raise ValueError(f"{name} must be a positive int (or unset: the CPU count), got {workers!r}")
 
 
-def run_parallel(fn: Callable, jobs: list[dict], workers: int | None = None, labels: list[str] | None = None,
+def run_parallel(fn: Callable, jobs: list, workers: int | None = None, labels: list[str] | None = None,
                  quiet: bool = False) -> list:
-    """Call `fn(**job)` for every job, at most `workers` at a time, each in its own single-thread process;
-    results in job order. With workers == 1 the jobs run in this process (still single-threaded)."""
+    """Call `fn(job)` for every job record (picklable: see jobs.py), at most `workers` at a time, each in its
+    own single-thread process; results in job order. With workers == 1 the jobs run in this process (still
+    single-threaded)."""
     check_workers(workers)
     workers = default_workers() if workers is None else workers
     labels = labels or [str(i) for i in range(len(jobs))]
@@ -53,14 +54,14 @@ def run_parallel(fn: Callable, jobs: list[dict], workers: int | None = None, lab
         _single_thread_intra(1)
         try:
             for i, job in enumerate(jobs):
-                results[i] = fn(**job)
+                results[i] = fn(job)
                 report(i)
         finally:
             _single_thread_intra(threads)
         return results
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
                              initializer=_single_thread) as pool:
-        pending: dict[Future, int] = {pool.submit(fn, **job): i for i, job in enumerate(jobs)}
+        pending: dict[Future, int] = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:

@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from poskit.train import RESULTS_FILE, read_metrics
+from poskit.training import RESULTS_FILE, read_metrics
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -12,7 +12,8 @@ Every task has ``name``, ``vocab`` (:class:`Vocab`, ``pad_id == 0``), ``metric``
 ("accuracy" or "perplexity"), ``accuracy_level``, ``split_names``,
 ``max_input_len``, ``params``, ``train_batch(batch_size, generator)``,
 ``split(name, batch_size=None)`` and ``evaluate(model, split, batch_size=None)``;
-see :mod:`poskit.tasks.base`.  Shakespeare adds ``eval_windows(length, split,
+see :mod:`poskit.tasks.base` (which gathers :mod:`.data`, :mod:`.metrics`,
+:mod:`.protocol` and :mod:`.synthetic`).  Shakespeare adds ``eval_windows(length, split,
 n_chars, last_fraction)`` for length extrapolation.
 """
 
@@ -20,20 +21,11 @@ from __future__ import annotations
 
 import inspect
 
-from .base import (
-    IGNORE_INDEX,
-    Batch,
-    Example,
-    Scores,
-    SyntheticTask,
-    Task,
-    Vocab,
-    collate,
-    evaluate_batches,
-    lm_loss,
-    score_batch,
-    summarize,
-)
+from ..validate import check_choice
+from .data import IGNORE_INDEX, Batch, Example, PackedExamples, Vocab, collate
+from .metrics import Scores, evaluate_batches, lm_loss, score_batch, summarize
+from .protocol import Task
+from .synthetic import SyntheticTask
 from .counting import Counting
 from .flip_flop import FlipFlop
 from .indirect_indexing import IndirectIndexing
@@ -83,8 +75,7 @@ def build_task(name: str, preset: str = "default", **params) -> Task:
     both.  Unknown names, presets or parameters raise ValueError.
     """
     cls = _lookup(name)
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    check_choice(preset, "preset", PRESETS)
     allowed = task_parameters(name)
     for key in params:
         if key not in allowed:
@@ -98,6 +89,7 @@ __all__ = [
     "IGNORE_INDEX",
     "Batch",
     "Example",
+    "PackedExamples",
     "Scores",
     "SyntheticTask",
     "Task",

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Example, SyntheticTask, Vocab, check_choice, check_float, check_int
+from ..validate import check_choice, check_int, check_real
+from .data import Example, Vocab
+from .synthetic import SyntheticTask
 
 INSTR = ("w", "r", "i")
 
@@ -52,19 +54,16 @@ class FlipFlop(SyntheticTask):
         train_size: int | None = None,
     ) -> None:
         super().__init__(eval_size, eval_seed, eval_batch_size, train_size)
-        self.length = check_int("length", length, 4)
+        self.length = check_int(length, "length", minimum=4)
         if self.length % 2:
             raise ValueError(f"length must be even (instruction/bit pairs), got {length}")
-        self.p_ignore = check_float("p_ignore", p_ignore, 0.0, 1.0, hi_open=True)
-        self.ood_sparse_p_ignore = check_float("ood_sparse_p_ignore", ood_sparse_p_ignore, 0.0, 1.0, hi_open=True)
-        self.ood_dense_p_ignore = check_float("ood_dense_p_ignore", ood_dense_p_ignore, 0.0, 1.0, hi_open=True)
-        self.train_loss_on = check_choice("train_loss_on", train_loss_on, ("reads", "all"))
-        self._params = dict(
-            length=self.length, p_ignore=self.p_ignore, ood_sparse_p_ignore=self.ood_sparse_p_ignore,
-            ood_dense_p_ignore=self.ood_dense_p_ignore, train_loss_on=self.train_loss_on,
-            eval_size=self.eval_size, eval_seed=self.eval_seed, eval_batch_size=self.eval_batch_size,
-            train_size=self.train_size,
+        # probabilities of an ignore instruction; 1 would leave no write or read to learn from
+        self.p_ignore, self.ood_sparse_p_ignore, self.ood_dense_p_ignore = (
+            check_real(value, name, minimum=0.0, maximum=1.0, strict_maximum=True)
+            for value, name in ((p_ignore, "p_ignore"), (ood_sparse_p_ignore, "ood_sparse_p_ignore"),
+                                (ood_dense_p_ignore, "ood_dense_p_ignore"))
         )
+        self.train_loss_on = check_choice(train_loss_on, "train_loss_on", ("reads", "all"))
         self.vocab = Vocab(["w", "r", "i", "0", "1"], sep="")
         self._instr_ids = np.array(self.vocab.encode(list(INSTR)), dtype=np.int64)
         self._bit_ids = np.array(self.vocab.encode(["0", "1"]), dtype=np.int64)

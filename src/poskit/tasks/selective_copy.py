@@ -25,7 +25,9 @@ import string
 
 import numpy as np
 
-from .base import Example, SyntheticTask, Vocab, check_int
+from ..validate import check_int
+from .data import Example, Vocab
+from .synthetic import SyntheticTask
 
 BLANK = "."
 DELIM = "|"
@@ -50,16 +52,11 @@ class SelectiveCopy(SyntheticTask):
         train_size: int | None = None,
     ) -> None:
         super().__init__(eval_size, eval_seed, eval_batch_size, train_size)
-        self.n_tokens = check_int("n_tokens", n_tokens, 1)
-        self.n_blanks = check_int("n_blanks", n_blanks, 0)
-        self.ood_dense_blanks = check_int("ood_dense_blanks", ood_dense_blanks, 0)
-        self.ood_sparse_blanks = check_int("ood_sparse_blanks", ood_sparse_blanks, 0)
-        self.n_symbols = check_int("n_symbols", n_symbols, 2, 26)
-        self._params = dict(
-            n_tokens=self.n_tokens, n_blanks=self.n_blanks, ood_dense_blanks=self.ood_dense_blanks,
-            ood_sparse_blanks=self.ood_sparse_blanks, n_symbols=self.n_symbols, eval_size=self.eval_size,
-            eval_seed=self.eval_seed, eval_batch_size=self.eval_batch_size, train_size=self.train_size,
-        )
+        self.n_tokens = check_int(n_tokens, "n_tokens", minimum=1)
+        self.n_blanks = check_int(n_blanks, "n_blanks", minimum=0)
+        self.ood_dense_blanks = check_int(ood_dense_blanks, "ood_dense_blanks", minimum=0)
+        self.ood_sparse_blanks = check_int(ood_sparse_blanks, "ood_sparse_blanks", minimum=0)
+        self.n_symbols = check_int(n_symbols, "n_symbols", minimum=2, maximum=26)
         self.symbols = string.ascii_uppercase[: self.n_symbols]
         self.vocab = Vocab([BLANK, DELIM] + list(self.symbols), sep="")
         self._blank_id = self.vocab.index[BLANK]

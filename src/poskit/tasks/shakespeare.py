@@ -40,7 +40,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Batch, Vocab, check_float, check_int, evaluate_batches
+from ..validate import check_bool, check_int, check_real
+from .data import IGNORE_INDEX, Batch, Vocab
+from .metrics import evaluate_batches
+from .protocol import Described
 
 DEFAULT_HELD_OUT = ("macbeth", "twelfth-night")
 
@@ -89,7 +92,7 @@ def play_names() -> list[str]:
     return list(load_plays(True))
 
 
-class Shakespeare:
+class Shakespeare(Described):
     """Character-level LM on Shakespeare (see module docstring).  Implements the Task protocol."""
 
     name = "shakespeare"
@@ -105,11 +108,10 @@ class Shakespeare:
         strip_markdown: bool = True,
         eval_batch_size: int = 64,
     ) -> None:
-        self.context = check_int("context", context, 1)
-        self.test_chars = check_int("test_chars", test_chars, 2)
-        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, 1)
-        if not isinstance(strip_markdown, bool):
-            raise ValueError(f"strip_markdown must be True or False, got {strip_markdown!r}")
+        self.context = check_int(context, "context", minimum=1)
+        self.test_chars = check_int(test_chars, "test_chars", minimum=2)
+        self.eval_batch_size = check_int(eval_batch_size, "eval_batch_size", minimum=1)
+        check_bool(strip_markdown, "strip_markdown")
         plays = load_plays(strip_markdown)
         if isinstance(held_out, str) or not isinstance(held_out, (tuple, list)) or len(held_out) == 0:
             raise ValueError(f"held_out must be a non-empty list of play names from {list(plays)}, got {held_out!r}")
@@ -120,8 +122,6 @@ class Shakespeare:
             raise ValueError("held_out must name distinct plays and leave at least one for training")
         self.held_out = tuple(held_out)
         self.strip_markdown = strip_markdown
-        self._params = dict(context=self.context, held_out=self.held_out, test_chars=self.test_chars,
-                            strip_markdown=strip_markdown, eval_batch_size=self.eval_batch_size)
 
         self.train_plays = tuple(p for p in plays if p not in self.held_out)
         self.train_text = "\n".join(plays[p] for p in self.train_plays)
@@ -146,15 +146,8 @@ class Shakespeare:
             raise ValueError("training text is shorter than one window")
 
     @property
-    def params(self) -> dict:
-        return dict(self._params)
-
-    @property
     def max_input_len(self) -> int:
         return self.context
-
-    def __repr__(self) -> str:
-        return f"Shakespeare({', '.join(f'{k}={v!r}' for k, v in self._params.items())})"
 
     def region(self, split: str) -> torch.Tensor:
         """Token ids of the held-out text of a split."""
@@ -162,8 +155,11 @@ class Shakespeare:
             raise ValueError(f"split must be one of {list(self.split_names)}, got {split!r}")
         return self._regions[split]
 
-    def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
-        batch_size = check_int("batch_size", batch_size, 1)
+    def train_batch(self, batch_size: int, generator: torch.Generator, step: int | None = None) -> Batch:
+        """Uniformly random windows; ``step`` is accepted (the Task protocol) and does not matter here."""
+        batch_size = check_int(batch_size, "batch_size", minimum=1)
+        if step is not None:
+            check_int(step, "step", minimum=0)
         if not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         n = len(self.train_ids)
@@ -182,20 +178,20 @@ class Shakespeare:
         """Non-overlapping windows of ``length`` inputs over the first ``n_chars`` characters
         of a split's held-out text (all of it by default).  ``last_fraction`` keeps only the
         targets in that final fraction of each window."""
-        length = check_int("length", length, 1)
+        length = check_int(length, "length", minimum=1)
         ids = self.region(split)
         if n_chars is not None:
-            ids = ids[: check_int("n_chars", n_chars, 2, len(ids))]
+            ids = ids[: check_int(n_chars, "n_chars", minimum=2, maximum=len(ids))]
         n_win = (len(ids) - 1) // length
         if n_win == 0:
             raise ValueError(f"length={length} leaves no complete window in {len(ids)} characters of {split!r}")
         inputs = ids[: n_win * length].view(n_win, length)
         targets = ids[1 : n_win * length + 1].view(n_win, length).clone()
         if last_fraction is not None:
-            frac = check_float("last_fraction", last_fraction, 0.0, 1.0, lo_open=True)
+            frac = check_real(last_fraction, "last_fraction", minimum=0.0, maximum=1.0, strict=True)
             first = int(round(length * (1.0 - frac)))
             targets[:, :first] = IGNORE_INDEX
-        bs = self.eval_batch_size if batch_size is None else check_int("batch_size", batch_size, 1)
+        bs = self.eval_batch_size if batch_size is None else check_int(batch_size, "batch_size", minimum=1)
         return [Batch(inputs[i : i + bs], targets[i : i + bs]) for i in range(0, n_win, bs)]
 
     def split(self, name: str, batch_size: int | None = None) -> list[Batch]:

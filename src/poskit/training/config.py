@@ -1,0 +1,200 @@
+"""The training configuration: `TrainConfig`, its validation, and what a resumed run may change."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from poskit.config_check import ConfigError, check_field_types
+from poskit.model import ModelConfig
+from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
+
+# loss_on's forms, in the words of its error message
+LOSS_ON_ALLOWED = '"task", "last" or a non-empty list of distinct target indices such as [-1] or [0, -2]'
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a training run."""
+
+    task: str = "shakespeare"
+    """Task name (see `poskit.tasks.available_tasks()`)."""
+    task_options: dict = field(default_factory=dict)
+    """Keyword parameters of the task (e.g. {"context": 64} or {"length": 64})."""
+    preset: str = "default"
+    """Task preset: "default" (CPU scale) or "paper" (the paper's sizes)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model configuration; vocab_size is overwritten by the task's vocabulary size."""
+    seed: int = 0
+    """Seeds initialisation, dropout and the training data stream."""
+    batch_size: int = 32
+    """Training examples per optimizer step (evaluation batches are the task's own, see eval_batch_size)."""
+    max_steps: int = 1000
+    """Optimizer steps (also the end of the cosine decay)."""
+    train_seconds: float | None = None
+    """Time budget: max_steps is chosen before training by timing a few steps, and training also stops once
+    this many seconds of training have passed (whichever comes first; the steps done are recorded)."""
+    lr: float = 2e-3
+    """Peak learning rate, reached at the end of the warmup."""
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine decay; None = lr / 10 (the papers' ratio)."""
+    warmup_steps: int = 100
+    """Steps of linear warmup from lr / warmup_steps to lr (0: start at the peak); see warmup_fraction."""
+    warmup_fraction: float | None = None
+    """If set, the warmup is this fraction of max_steps (overrides warmup_steps)."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay, on weight matrices and embeddings (not norms, biases, positional parameters)."""
+    beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean, in [0, 1)."""
+    beta2: float = 0.98
+    """AdamW's decay rate of the squared gradient's running mean, in [0, 1) (0.98: the papers' transformers)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    bf16: bool = False
+    """bfloat16 autocast for the forward pass (loss and optimizer stay fp32)."""
+    loss_on: str | list[int] = "task"
+    """Which targets the training loss uses: "task" all of the task's target positions; "last" only the last
+    target of each example (the PoPE diagnostic); a list of indices among each example's targets, counted like
+    Python indices ([-1] = "last", [0] the first, [-2, -1] the last two). Evaluation always scores every target."""
+    eval_every: int = 250
+    """Evaluate on eval_split every this many steps (and at the end)."""
+    eval_split: str = "validation"
+    """Split of the periodic evaluations (one of the task's splits; the final evaluation covers all of them)."""
+    eval_batches: int | None = None
+    """Evaluate periodic checks on at most this many batches of the split (None = all)."""
+    final_eval_batches: int | None = None
+    """Evaluate each split on at most this many batches at the end of training (None = all)."""
+    log_every: int = 10
+    """Write the mean training loss of the last this many steps to metrics.jsonl."""
+    checkpoint_every: int = 250
+    """Write a checkpoint every this many steps (and at the end)."""
+    device: str = "cpu"
+    """Torch device of the model and batches ("cpu", "cuda", "cuda:1", ...)."""
+
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            try:
+                self.model = ModelConfig.from_dict(self.model)
+            except ConfigError as e:
+                raise e.renamed(f"model.{e.field}") from None
+        check_field_types(self)
+        if self.task not in available_tasks():
+            raise ConfigError("task", f"one of {available_tasks()}", self.task)
+        if self.preset not in PRESETS:
+            raise ConfigError("preset", f"one of {list(PRESETS)}", self.preset)
+        allowed_options = task_parameters(self.task)
+        for key in self.task_options:
+            if key not in allowed_options:
+                raise ConfigError(f"task_options.{key}", f"a parameter of task {self.task!r}: one of {allowed_options}",
+                                  self.task_options[key])
+        loss_positions(self.loss_on)  # validates
+        for name in ("batch_size", "max_steps", "eval_every", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "a positive int", getattr(self, name))
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps", "a non-negative int", self.warmup_steps)
+        if self.warmup_fraction is not None and not 0 <= self.warmup_fraction < 1:
+            raise ConfigError("warmup_fraction", "in [0, 1) or null", self.warmup_fraction)
+        if not self.lr > 0:
+            raise ConfigError("lr", "> 0", self.lr)
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise ConfigError("min_lr", f"in [0, lr={self.lr}] or null", self.min_lr)
+        if self.train_seconds is not None and not self.train_seconds > 0:
+            raise ConfigError("train_seconds", "> 0 or null", self.train_seconds)
+        for name in ("eval_batches", "final_eval_batches"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(name, "a positive int or null", v)
+        for name in ("grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, ">= 0", getattr(self, name))
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(name, "in [0, 1)", getattr(self, name))
+        splits = task_split_names(self.task)
+        if self.eval_split not in splits:
+            raise ConfigError("eval_split", f"one of the splits of task {self.task!r}: {list(splits)}", self.eval_split)
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError("device", 'a torch device such as "cpu", "cuda" or "cuda:1"', self.device) from None
+
+    @property
+    def final_lr(self) -> float:
+        return self.lr / 10 if self.min_lr is None else self.min_lr
+
+    @property
+    def warmup(self) -> int:
+        if self.warmup_fraction is not None:
+            return int(round(self.warmup_fraction * self.max_steps))
+        return self.warmup_steps
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown train config field(s) {unknown}; allowed: {sorted(names)}")
+        return cls(**d)
+
+
+def loss_positions(loss_on) -> list[int] | None:
+    """The target indices `loss_on` keeps (None: all of them); raises ConfigError for anything else."""
+    if loss_on == "task":
+        return None
+    if loss_on == "last":
+        return [-1]
+    ok = (isinstance(loss_on, list) and loss_on and len(set(loss_on)) == len(loss_on)
+          and all(isinstance(p, int) and not isinstance(p, bool) for p in loss_on))
+    if not ok:
+        raise ConfigError("loss_on", LOSS_ON_ALLOWED, loss_on)
+    return list(loss_on)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str = "the run directory") -> TrainConfig:
+    """The config a resumed run continues with. A resumed run keeps its saved config, so that it ends as an
+    uninterrupted run would; the one allowed change is a larger max_steps, which extends the run (the cosine
+    schedule is then recomputed for the new length from the checkpoint on, so the result is not that of a
+    run planned that long from the start). Any other difference raises, naming the field.
+
+    `requested` = None means "whatever was saved". A time-budget run (train_seconds) planned its max_steps
+    from the budget, so a requested config with the same budget takes the saved max_steps and cannot extend."""
+    if requested is None:
+        return saved
+    if saved.train_seconds is not None and requested.train_seconds == saved.train_seconds:
+        requested = dataclasses.replace(requested, max_steps=saved.max_steps)
+    difference = config_difference(saved, requested)
+    if difference is not None:
+        key, a, b = difference
+        raise ValueError(
+            f"--resume continues the run saved in {where}, where {key} is {a}; got {b}. A resumed run "
+            f"keeps its saved config; only max_steps (--steps) may change, and only upwards (to extend the run)")
+    return requested
+
+
+def config_difference(old: TrainConfig, new: TrainConfig) -> tuple[str, str, str] | None:
+    """The first field (dotted, with both values as repr) in which `new` differs from `old` other than a
+    larger max_steps (the one change that continues a run: it extends it); None when there is none."""
+    a_fields, b_fields = _flatten(old.to_dict()), _flatten(new.to_dict())
+    missing = object()
+    for key in sorted(a_fields.keys() | b_fields.keys()):
+        a, b = a_fields.get(key, missing), b_fields.get(key, missing)
+        if a == b or (key == "max_steps" and b > a):
+            continue
+        a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
+        return key, a, b
+    return None

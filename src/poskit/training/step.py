@@ -1,0 +1,133 @@
+"""The pieces of one training step: schedule, task and model construction, optimizer, loss targets, evaluation."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from contextlib import nullcontext
+
+import torch
+
+from poskit.model import Transformer
+from poskit.tasks import IGNORE_INDEX, build_task, evaluate_batches, lm_loss
+from poskit.tasks.base import Batch
+
+from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss is NaN or infinite."""
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to lr over `warmup` steps, then cosine decay to min_lr at max_steps (the papers' schedule)."""
+    warmup = cfg.warmup
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, cfg.max_steps - warmup))
+    return cfg.final_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.lr - cfg.final_lr)
+
+
+_TASKS: dict[str, object] = {}
+
+
+def build_task_for(cfg: TrainConfig):
+    """The run's task; built once per process (Shakespeare takes seconds to load) and shared, which is safe
+    because tasks hold only deterministic caches."""
+    key = json.dumps([cfg.task, cfg.preset, cfg.task_options], sort_keys=True, default=str)
+    if key not in _TASKS:
+        _TASKS[key] = build_task(cfg.task, preset=cfg.preset, **cfg.task_options)
+    return _TASKS[key]
+
+
+def build_model(cfg: TrainConfig, task) -> Transformer:
+    """The model of a run, with the vocabulary size taken from the task."""
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=len(task.vocab))
+    return Transformer(model_cfg).to(cfg.device)
+
+
+def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; decay on >= 2-d weights except positional-encoding parameters (a decayed PoPE delta or CoPE table
+    would be pulled to zero, i.e. towards "no positional information")."""
+    pos_params = {id(p) for m in model.encoding_modules() for p in m.parameters()}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if p.dim() >= 2 and id(p) not in pos_params else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def restrict_targets(targets: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Keep only the targets at `positions` among each row's targets, counted like Python indices (0 = a row's
+    first target, -1 its last); every other target becomes IGNORE_INDEX. (B, T) -> (B, T)."""
+    mask = targets != IGNORE_INDEX
+    rank = mask.cumsum(1) - 1  # (B, T): index of each target among its row's targets
+    from_end = rank - mask.sum(1, keepdim=True)  # the same counted from the row's end: -1 = last target
+    keep = torch.zeros_like(mask)
+    for p in positions:
+        keep |= (rank == p) if p >= 0 else (from_end == p)
+    return torch.where(keep & mask, targets, torch.full_like(targets, IGNORE_INDEX))
+
+
+def restrict_to_last(targets: torch.Tensor) -> torch.Tensor:
+    """Keep only the last target of each row: (B, T) -> (B, T) with every earlier target set to -100."""
+    return restrict_targets(targets, [-1])
+
+
+def loss_targets(targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """The targets the training loss uses: those `cfg.loss_on` keeps. (B, T) -> (B, T)."""
+    positions = loss_positions(cfg.loss_on)
+    if positions is None:
+        return targets
+    kept = restrict_targets(targets, positions)
+    # a loss over no target is NaN; say why instead (loss_on asks for more targets than the task's rows have)
+    if not bool((kept != IGNORE_INDEX).any()):
+        most = int((targets != IGNORE_INDEX).sum(1).max())
+        raise ValueError(f"loss_on={cfg.loss_on!r} keeps no target of this batch: the rows of task {cfg.task!r} "
+                         f"have at most {most} target(s); loss_on must be {LOSS_ON_ALLOWED}")
+    return kept
+
+
+def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig,
+                   step: int) -> float:
+    """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
+    the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
+    `cfg.loss_on` keeps, backward, global-norm gradient clipping and the AdamW update. Returns the loss.
+    A loss that is not finite raises NonFiniteLossError before any parameter is updated."""
+    lr = lr_at(step, cfg)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    targets = loss_targets(batch.targets.to(cfg.device), cfg)
+    with _autocast(cfg.bf16, cfg.device):
+        logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
+    loss = lm_loss(logits.float(), targets)
+    value = loss.item()
+    if not math.isfinite(value):
+        # an update with NaN/inf gradients would destroy the weights; stop while they are still the last good ones
+        raise NonFiniteLossError(f"training loss is {value} at step {step + 1} (the model's output or the data "
+                                 f"is not finite); training stopped before updating the weights")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return value
+
+
+def evaluate(model: Transformer, task, split: str, max_batches: int | None = None, bf16: bool = False) -> dict:
+    """Task metrics of `model` on (the first `max_batches` batches of) `split`; no randomness is drawn."""
+    batches = task.split(split)
+    if max_batches is not None:
+        batches = batches[:max_batches]
+    was_training = model.training
+    model.eval()
+    try:
+        with _autocast(bf16, next(model.parameters()).device):
+            return evaluate_batches(model, batches, task.accuracy_level,
+                                    device=next(model.parameters()).device)
+    finally:
+        model.train(was_training)
+
+
+def _autocast(bf16: bool, device):
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) if bf16 else nullcontext()

@@ -1,0 +1,304 @@
+"""Bad run directories and bad run arguments: each refused with an error naming the file (or argument) and what
+is wrong, and a refused call changes no byte of the run directory (table cases and a hypothesis property)."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from poskit.cli import main
+from poskit.training import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    RESULTS_FILE,
+    NonFiniteLossError,
+    RunFileError,
+    TrainConfig,
+    Trainer,
+    load_run,
+    read_checkpoint,
+    train,
+)
+
+TINY = dict(task="flip-flop", task_options={"length": 16, "eval_size": 32, "eval_batch_size": 32},
+            model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}, batch_size=8, max_steps=16,
+            lr=3e-3, warmup_steps=2, eval_every=8, log_every=4, checkpoint_every=8)
+
+
+# tiny matrices: one thread is faster and does the same arithmetic in every process (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A run stopped at its step-8 checkpoint (of 16), built once; tests work on copies."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train(TrainConfig.from_dict(TINY), run, stop_after=8, quiet=True) is None
+    finally:
+        torch.set_num_threads(n)
+    return run
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` (path -> bytes), to compare before and after a refused call."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _edit_config(run: Path, **changes) -> None:
+    cfg = json.loads((run / CONFIG_FILE).read_text())
+    for dotted, value in changes.items():
+        node, *path = [cfg, *dotted.split("__")]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    (run / CONFIG_FILE).write_text(json.dumps(cfg))
+
+
+def _truncate(name: str, keep: float):
+    def corrupt(run: Path):
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: int(len(data) * keep)])
+    return corrupt
+
+
+def _zero_fill(name: str, size: int | None = None):
+    def corrupt(run: Path):
+        (run / name).write_bytes(b"\x00" * (size or (run / name).stat().st_size))
+    return corrupt
+
+
+def _write(name: str, content):
+    def corrupt(run: Path):
+        (run / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return corrupt
+
+
+def _torch_save(name: str, obj):
+    def corrupt(run: Path):
+        torch.save(obj, run / name)
+    return corrupt
+
+
+def _drop_first_metrics_line(run: Path):
+    # the same length, so that the log is not also truncated: the first line's JSON torn in the middle
+    lines = (run / METRICS_FILE).read_text().splitlines(keepends=True)
+    (run / METRICS_FILE).write_text(lines[0][: len(lines[0]) // 2].ljust(len(lines[0]) - 1) + "\n" + "".join(lines[1:]))
+
+
+# (id, corruption of a copy of the stopped run, error type, fragment of the message); the call is a resume
+RESUME_CASES = [
+    ("checkpoint truncated", _truncate(CHECKPOINT_FILE, 0.5), RunFileError,
+     f"{CHECKPOINT_FILE}: is not a readable checkpoint (truncated or corrupt"),
+    ("checkpoint 2000 zero bytes", _zero_fill(CHECKPOINT_FILE, 2000), RunFileError,
+     f"{CHECKPOINT_FILE}: holds only zero bytes (2000)"),
+    ("checkpoint empty", _write(CHECKPOINT_FILE, b""), RunFileError, f"{CHECKPOINT_FILE}: holds only zero bytes (0)"),
+    ("checkpoint text", _write(CHECKPOINT_FILE, "not a checkpoint"), RunFileError,
+     f"{CHECKPOINT_FILE}: is not a readable checkpoint"),
+    ("checkpoint other dict", _torch_save(CHECKPOINT_FILE, {"weights": torch.zeros(2)}), RunFileError,
+     f"{CHECKPOINT_FILE}: lacks entry 'model'"),
+    ("checkpoint list", _torch_save(CHECKPOINT_FILE, [1, 2]), RunFileError,
+     f"{CHECKPOINT_FILE}: holds a list, not a checkpoint"),
+    ("config truncated", _truncate(CONFIG_FILE, 0.5), RunFileError, f"{CONFIG_FILE}: is not valid JSON"),
+    ("config zero-filled", _zero_fill(CONFIG_FILE), RunFileError, f"{CONFIG_FILE}: holds only zero bytes"),
+    ("config empty", _write(CONFIG_FILE, ""), RunFileError, f"{CONFIG_FILE}: is empty; it should hold a TrainConfig"),
+    ("config a list", _write(CONFIG_FILE, "[1, 2]"), RunFileError, f"{CONFIG_FILE}: holds a JSON list, not a TrainConfig"),
+    ("config bad value", lambda run: _edit_config(run, lr="fast"), RunFileError,
+     f"{CONFIG_FILE}: is not a valid TrainConfig: lr must be a number, got 'fast'"),
+    ("config not UTF-8", _write(CONFIG_FILE, b"\xff\xfe{"), RunFileError, f"{CONFIG_FILE}: is not UTF-8 text"),
+    ("config edited encoding", lambda run: _edit_config(run, model__encoding="alibi"), RunFileError,
+     f"{CONFIG_FILE}: model.encoding is 'alibi', but {CHECKPOINT_FILE} was trained with 'rope'"),
+    ("config edited lr", lambda run: _edit_config(run, lr=0.01), RunFileError,
+     f"{CONFIG_FILE}: lr is 0.01, but {CHECKPOINT_FILE} was trained with 0.003"),
+    ("config edited max_steps down", lambda run: _edit_config(run, max_steps=12), RunFileError,
+     f"{CONFIG_FILE}: max_steps is 12, but {CHECKPOINT_FILE} was trained with 16"),
+    ("metrics truncated", _truncate(METRICS_FILE, 0.5), RunFileError, f"{METRICS_FILE}: is truncated"),
+    ("metrics missing", lambda run: (run / METRICS_FILE).unlink(), RunFileError, f"{METRICS_FILE}: is truncated: 0 bytes"),
+    ("metrics zero-filled", _zero_fill(METRICS_FILE), RunFileError, f"{METRICS_FILE}: line 1 is not valid JSON"),
+    ("metrics malformed line", _drop_first_metrics_line, RunFileError, f"{METRICS_FILE}: line 1 is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("corrupt,error,fragment", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES])
+def test_bad_run_files_are_refused_naming_the_file_and_change_nothing(corrupt, error, fragment, stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    corrupt(run)
+    before = snapshot(run)
+    with pytest.raises(error) as e:
+        train(None, run, resume=True, quiet=True)
+    assert fragment in str(e.value) and str(run) in str(e.value)
+    assert "\n" not in str(e.value)  # one line
+    assert snapshot(run) == before  # refused before anything was written or deleted
+
+
+def test_cli_gives_one_line_and_exit_code_2_for_a_bad_checkpoint(stopped_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    _zero_fill(CHECKPOINT_FILE, 2000)(run)
+    before = snapshot(run)
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--resume", "--run-dir", str(run), "--quiet", "--steps", "24"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / CHECKPOINT_FILE}: holds only zero bytes (2000)" in err
+    assert snapshot(run) == before  # not even the extension's config.json or results.json deletion
+
+
+def test_load_run_refuses_a_bad_checkpoint_without_returning_a_model(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    _truncate(CHECKPOINT_FILE, 0.9)(run)
+    with pytest.raises(RunFileError, match="checkpoint.pt: is not a readable checkpoint"):
+        load_run(run)
+    shutil.copytree(stopped_run, tmp_path / "edited")
+    _edit_config(tmp_path / "edited", model__encoding="alibi")
+    with pytest.raises(RunFileError, match="model.encoding is 'alibi', but checkpoint.pt was trained with 'rope'"):
+        load_run(tmp_path / "edited")
+
+
+def test_stale_temp_files_are_ignored_then_removed_when_the_run_continues(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    stale = run / f".{CHECKPOINT_FILE}.tmp99999"
+    stale.write_bytes(b"half a checkpoint")  # what a writer killed before its rename leaves
+    model, _, _ = load_run(run)  # never read
+    assert model is not None and stale.exists()
+    assert train(None, run, resume=True, quiet=True)["steps"] == 16
+    assert not stale.exists()
+    assert sorted(p.name for p in run.iterdir()) == sorted([CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE])
+
+
+def test_finished_run_with_a_bad_results_file_is_refused(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    train(None, run, resume=True, quiet=True)
+    _zero_fill(RESULTS_FILE)(run)
+    before = snapshot(run)
+    with pytest.raises(RunFileError, match="results.json: holds only zero bytes"):
+        train(None, run, resume=True, quiet=True)
+    assert snapshot(run) == before
+
+
+# (id, argv with {tmp} and {run}, fragment of the one-line error); every one exits 2 and changes no file
+def _file_in(tmp: Path) -> Path:
+    (tmp / "a-file").write_text("x")
+    return tmp / "a-file"
+
+
+CLI_CASES = [
+    ("resume a missing directory", ["train", "--resume", "--run-dir", "{tmp}/nope", "--quiet"],
+     "--run-dir '{tmp}/nope' does not exist: --resume continues an existing run directory"),
+    ("resume a directory without a run", ["train", "--resume", "--run-dir", "{tmp}/empty", "--quiet"],
+     "--run-dir '{tmp}/empty' holds no run to resume (no config.json)"),
+    ("run dir under a file", ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--quiet",
+                              "--run-dir", "{tmp}/a-file/run"],
+     "run_dir '{tmp}/a-file/run' is under '{tmp}/a-file', which is not a directory"),
+    ("extrapolate --out under a file", ["extrapolate", "{run}", "--out", "{tmp}/a-file/out", "--quiet"],
+     "--out '{tmp}/a-file/out' is under '{tmp}/a-file', which is not a directory"),
+    ("compare --out is a file", ["compare", "--task", "flip-flop", "--encodings", "rope", "--seeds", "0",
+                                 "--steps", "2", "--out", "{tmp}/a-file", "--quiet"],
+     "out '{tmp}/a-file' is not a directory"),
+    ("bool option not a bool", ["train", "--task", "flip-flop", "--encoding", "pope", "--steps", "2", "--quiet",
+                                "--run-dir", "{tmp}/b", "model.encoding_options.softplus=maybe"],
+     "encoding option pope:softplus must be true or false (true/false/1/0/yes/no, any case), got 'maybe'"),
+    ("bool option in a spec", ["compare", "--task", "flip-flop", "--encodings", "rope,pope:phase_bias=2", "--steps",
+                               "2", "--out", "{tmp}/c", "--quiet"],
+     "encoding option pope:phase_bias must be true or false"),
+    ("unbalanced list in a spec", ["compare", "--task", "flip-flop", "--encodings", "cope-alibi:slopes=[0.5,0.25",
+                                   "--steps", "2", "--out", "{tmp}/c", "--quiet"], "unbalanced brackets"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_bad_cli_run_arguments_exit_2_with_one_line(argv, fragment, stopped_run, tmp_path, capsys):
+    _file_in(tmp_path)
+    (tmp_path / "empty").mkdir()
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([a.format(tmp=tmp_path, run=run) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment.format(tmp=tmp_path) in err, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("text,expected", [("true", True), ("No", False), ("1", True), ("0", False), ("YES", True),
+                                           ("false", False)])
+def test_bool_encoding_options_from_the_cli_are_saved_as_bools(text, expected, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--task", "flip-flop", "--encoding", "pope", "--steps", "1", "--quiet", "--run-dir", str(run),
+                 "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "task_options.length=16",
+                 "task_options.eval_size=32", "task_options.eval_batch_size=32", "eval_every=1", "checkpoint_every=1",
+                 f"model.encoding_options.softplus={text}"]) == 0
+    assert json.loads((run / CONFIG_FILE).read_text())["model"]["encoding_options"] == {"softplus": expected}
+
+
+def test_compare_spec_takes_a_list_value_and_bools():
+    from poskit.experiments.specs import parse_encodings
+
+    specs = parse_encodings("rope,cope-alibi:slopes=[0.5,0.25]:p_max=8,pope:softplus=no")
+    assert specs == [("rope", "rope", {}), ("cope-alibi:slopes=[0.5,0.25]:p_max=8", "cope-alibi",
+                                            {"slopes": [0.5, 0.25], "p_max": 8}),
+                     ("pope:softplus=no", "pope", {"softplus": False})]
+
+
+def test_extrapolate_keeps_a_row_per_run_when_encoding_and_seed_repeat():
+    from poskit.experiments.extrapolate import sweep_labels
+
+    rows = [{"perplexity": 1.0}]
+    results = [{"encoding": "rope", "seed": 0, "run_dir": d, "sweeps": {"as-is": rows, "ntk": rows}}
+               for d in ("a/rope", "b/rope")] + [{"encoding": "pope", "seed": 0, "run_dir": "c", "sweeps": {"as-is": rows}}]
+    assert list(sweep_labels(results)) == ["rope (a/rope)", "rope (a/rope)+ntk", "rope (b/rope)", "rope (b/rope)+ntk",
+                                           "pope"]
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    good = (run / CHECKPOINT_FILE).read_bytes()
+    trainer = Trainer(TrainConfig.from_dict(TINY), run, quiet=True)
+    trainer.restore(read_checkpoint(run / CHECKPOINT_FILE))
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(math.nan)  # the token embedding: every logit NaN
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 9 .*checkpoint.pt keeps the last good"):
+        trainer.run()
+    assert (run / CHECKPOINT_FILE).read_bytes() == good  # no checkpoint of the broken state
+    after = trainer.model.state_dict()
+    assert all(torch.equal(weights[k], after[k]) or torch.isnan(weights[k]).all() for k in weights)
+    assert trainer.step == 8  # the failed step was not counted
+
+
+# hypothesis: whatever happens to one file of a stopped run, a refused resume leaves every byte as it was
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from([CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE]),
+       kind=st.sampled_from(["truncate", "zero", "overwrite"]), where=st.floats(0, 1), junk=st.binary(min_size=1, max_size=64))
+def test_property_a_refused_resume_changes_no_byte(stopped_run, tmp_path_factory, name, kind, where, junk):
+    run = tmp_path_factory.mktemp("prop") / "run"
+    shutil.copytree(stopped_run, run)
+    data = (run / name).read_bytes()
+    at = int(where * len(data))
+    corrupted = {"truncate": data[:at], "zero": b"\x00" * len(data),
+                 "overwrite": data[:at] + junk + data[at + len(junk):]}[kind]
+    (run / name).write_bytes(corrupted)
+    before = snapshot(run)
+    try:
+        train(None, run, resume=True, quiet=True)
+    except ValueError as e:  # RunFileError, or a config error naming the field
+        assert snapshot(run) == before, e
+        assert "\n" not in str(e)
+        if isinstance(e, RunFileError):
+            assert e.path.name in (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE)
+    else:
+        # accepted (the change left a valid file, e.g. junk inside tensor data): the run finished normally
+        assert json.loads((run / RESULTS_FILE).read_text())["steps"] == 16
