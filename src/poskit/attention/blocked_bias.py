@@ -17,16 +17,17 @@ from .blocked import DEFAULT_BLOCK, _batch_chunks, _block_plan, _block_probs, _f
 from .inputs import repeat_kv
 
 
-def _block_bias(bias_fn, q_block, part: _Rows, i: int, j: int, ke: int):
+def _block_bias(bias_fn, params, q_block, part: _Rows, i: int, j: int, ke: int):
     """The bias of queries [i, j) of the part's batch rows (q_block: their unscaled q) against keys [0, ke)."""
-    return bias_fn(q_block, part.q_positions[:, i:j], part.k_positions[:, :ke])
+    return bias_fn(q_block, part.q_positions[:, i:j], part.k_positions[:, :ke], params)
 
 
 class BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn, *params):
         # q (B, H, Tq, D); k, v (B, H, Tk, .) with kv heads already repeated; params: the tensors bias_fn
-        # reads that may need a gradient (passed so that autograd routes their gradients here)
+        # reads (passed so that autograd routes their gradients here, and given back to bias_fn, since in the
+        # backward the module may hold other tensors, e.g. after torch.func.functional_call)
         B, H, Tq, _ = q.shape
         Tk = k.shape[2]
         stat = torch.promote_types(q.dtype, torch.float32)
@@ -41,7 +42,7 @@ class BlockedBiasAttention(torch.autograd.Function):
             if ke == 0:
                 continue  # no key visible to any query of the block: output 0
             for part in parts:
-                bias = _block_bias(bias_fn, q[part.b0:part.b1, :, i:j], part, i, j, ke)
+                bias = _block_bias(bias_fn, params, q[part.b0:part.b1, :, i:j], part, i, j, ke)
                 p = _block_probs(part.q3, part.k3, part.shape, bias, part.q_positions, part.k_positions, part.pad,
                                  causal, step, stat)
                 out3[part.rows, i:j] = torch.bmm(p.to(v.dtype), part.v3[:, :ke])
@@ -59,9 +60,9 @@ class BlockedBiasAttention(torch.autograd.Function):
         acc = torch.promote_types(q.dtype, torch.float32)
         q3, k3, v3 = _flat(q * scale), _flat(k), _flat(v)
         do3 = _flat(grad_out.contiguous())
-        dq3, dk3, dv3 = (torch.zeros(x.shape, dtype=acc) for x in (q3, k3, v3))
-        dq_bias = torch.zeros(q.shape, dtype=acc)  # through the bias, which reads the unscaled q
-        dparams = [torch.zeros(p.shape, dtype=acc) if p.requires_grad else None for p in params]
+        dq3, dk3, dv3 = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q3, k3, v3))
+        dq_bias = torch.zeros(q.shape, dtype=acc, device=q.device)  # through the bias, which reads the unscaled q
+        dparams = [torch.zeros(p.shape, dtype=acc, device=p.device) if p.requires_grad else None for p in params]
         row_dot = (do3.to(acc) * _flat(out).to(acc)).sum(-1, keepdim=True)  # D_t = rowsum(dO * O)
         parts = [_Rows(b0, b1, H, q3, k3, v3, q_positions, k_positions, pad) for b0, b1 in chunks]
         for step in plan:
@@ -72,7 +73,7 @@ class BlockedBiasAttention(torch.autograd.Function):
                 r = part.rows
                 q_blk = q[part.b0:part.b1, :, i:j].detach().requires_grad_(ctx.needs_input_grad[0])
                 with torch.enable_grad():
-                    bias = _block_bias(bias_fn, q_blk, part, i, j, ke)
+                    bias = _block_bias(bias_fn, params, q_blk, part, i, j, ke)
                 p = _block_probs(part.q3, part.k3, part.shape, bias.detach(), part.q_positions, part.k_positions,
                                  part.pad, causal, step, acc)
                 do = do3[r, i:j]
@@ -107,15 +108,32 @@ def _bias_backward(bias, ds, q_blk, params, dparams, dq_bias, part, i, j):
             dparams[n] += g
 
 
-def blocked_bias_attention(q, k, v, bias_fn, *, scale, q_positions, k_positions, causal, key_padding_mask=None,
-                           bias_params=(), block=None):
-    """softmax(scale q k^T + bias, masked by position) @ v with the bias generated per block of queries.
+class _BiasOf(torch.nn.Module):
+    """enc.bias as a module call, so that torch.func.functional_call can swap the encoding's parameters."""
 
-    bias_fn(q_block, q_positions_block, k_positions_block) -> the bias (b|1, H|1, len q block, len k block)
-    for those queries (unscaled, (b, H, ., D)) and positions ((1|b, .) int64); it may read q and any of
-    `bias_params`, which then get their gradients (the bias is regenerated in the backward).
-    q (B, H, Tq, D); k, v (B, H_kv, Tk, .).
+    def __init__(self, enc, scale: float):
+        super().__init__()
+        self.enc, self.scale = enc, scale
+
+    def forward(self, q, q_positions, k_positions):
+        return self.enc.bias(q, q_positions, k_positions, self.scale)
+
+
+def blocked_bias_attention(q, k, v, enc, *, scale, q_positions, k_positions, causal, key_padding_mask=None,
+                           block=None):
+    """softmax(scale q k^T + enc.bias(...), masked by position) @ v, the bias generated per block of queries.
+
+    enc: an encoding of kind "bias"; its `bias(q_block, q_positions_block, k_positions_block, scale)` gives
+    (b|1, H|1, len q block, len k block) for those queries (unscaled q) and positions ((1|b, .) int64), and may
+    read q and the encoding's parameters, which get their gradients (the bias is regenerated in the backward
+    with the parameters this call was made with). q (B, H, Tq, D); k, v (B, H_kv, Tk, .).
     """
+    module = _BiasOf(enc, scale)
+    names, params = zip(*module.named_parameters()) if any(True for _ in module.parameters()) else ((), ())
+
+    def bias_fn(q_block, qp, kp, tensors):
+        return torch.func.functional_call(module, dict(zip(names, tensors)), (q_block, qp, kp), strict=False)
+
     g = q.shape[1] // k.shape[1]
     return BlockedBiasAttention.apply(q, repeat_kv(k, g), repeat_kv(v, g), scale, q_positions, k_positions, causal,
-                                      key_padding_mask, block or DEFAULT_BLOCK, bias_fn, *bias_params)
+                                      key_padding_mask, block or DEFAULT_BLOCK, bias_fn, *params)

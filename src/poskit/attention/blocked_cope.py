@@ -77,10 +77,10 @@ class BlockedCoPE(torch.autograd.Function):
         fn = _Setup(q, k, v, gk, z, slopes, scale, p_max, q_positions, k_positions, causal,
                     pad if has_pad else None, block)
         acc = fn.stat
-        zeros = lambda x: None if x is None else torch.zeros(x.shape, dtype=acc)  # noqa: E731
+        zeros = lambda x: None if x is None else torch.zeros(x.shape, dtype=acc, device=x.device)  # noqa: E731
         dq3, dk3, dv3, dg3 = zeros(fn.q3), zeros(fn.k3), zeros(fn.v3), zeros(fn.g3)
         dz3 = zeros(fn.z3)
-        dslope_rows = None if slopes is None else torch.zeros(fn.B * fn.H, dtype=acc)
+        dslope_rows = None if slopes is None else torch.zeros(fn.B * fn.H, dtype=acc, device=q.device)
         do3 = _flat(grad_out.contiguous())
         row_dot = (do3.to(acc) * _flat(out).to(acc)).sum(-1, keepdim=True)  # D_t = rowsum(dO * O)
         for st in fn.steps():
