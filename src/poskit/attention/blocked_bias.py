@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocked import DEFAULT_BLOCK, _batch_chunks, _block_plan, _block_probs, _flat, _Rows
-from .inputs import repeat_kv
+from ..encodings.base import PositionalEncoding
+from .blocked import DEFAULT_BLOCK, _batch_chunks, _block_plan, _block_probs, _flat, _partial_mask, _Rows
+from .inputs import AttentionInputs, repeat_kv
 
 
 def _block_bias(bias_fn, params, q_block, part: _Rows, i: int, j: int, ke: int):
@@ -137,3 +138,17 @@ def blocked_bias_attention(q, k, v, enc, *, scale, q_positions, k_positions, cau
     g = q.shape[1] // k.shape[1]
     return BlockedBiasAttention.apply(q, repeat_kv(k, g), repeat_kv(v, g), scale, q_positions, k_positions, causal,
                                       key_padding_mask, block or DEFAULT_BLOCK, bias_fn, *params)
+
+
+def check_positions_by_block(enc: PositionalEncoding, inp: AttentionInputs, block: int = DEFAULT_BLOCK) -> None:
+    """enc.check_positions over blocks of queries: the same verdict (ValueError for positions the encoding
+    cannot represent) without building the (Tq, Tk) visibility mask."""
+    if type(enc).check_positions is PositionalEncoding.check_positions:
+        return  # accepts every position
+    qp, kp, Tq, Tk = inp.q_positions, inp.k_positions, inp.q.shape[2], inp.k.shape[2]
+    for i in range(0, Tq, block):
+        j = min(i + block, Tq)
+        vis = _partial_mask(qp, kp, inp.key_padding_mask, inp.causal, i, j, 0, Tk)
+        if vis is None:  # neither causal nor padded: every key visible
+            vis = torch.ones(1, 1, j - i, Tk, dtype=torch.bool, device=qp.device)
+        enc.check_positions(qp[:, i:j], kp, vis)

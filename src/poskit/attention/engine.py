@@ -110,15 +110,19 @@ def _run_sdpa(inp, enc, gate_keys):
             return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
         q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
         return sdpa(inp, q, k, inp.v)
-    if enc.kind == "bias":
-        enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
-        if _is_static_bias(enc) and inp.q.device.type == "cpu":
+    if enc.kind == "bias" and inp.q.device.type == "cpu":
+        from .blocked_bias import check_positions_by_block
+
+        check_positions_by_block(enc, inp)  # no (Tq, Tk) visibility mask on the CPU paths
+        if _is_learned_bias_on_cpu(enc, inp.q):  # the bias and its gradient per query block, never T x T
+            return _run_blocked_bias(inp, enc)
+        if _is_static_bias(enc):
             # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
             qp, kp = inp.q_positions, inp.k_positions
             return blocked(inp, inp.q, inp.k, inp.v,
                            bias_fn=lambda i, j, ke: enc.bias(inp.q, qp[:, i:j], kp[:, :ke], inp.scale))
-        if _is_learned_bias_on_cpu(enc, inp.q):  # the bias and its gradient per query block, never T x T
-            return _run_blocked_bias(inp, enc)
+    if enc.kind == "bias":
+        enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
         bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
         return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
     return sdpa(inp, inp.q, inp.k, inp.v)
