@@ -6,14 +6,22 @@ backward). Here the queries are split into blocks of `block` rows and each block
 [0, key_end) at once: memory O(block * Tk) per head, batch rows chunked so that one block's logits stay
 in cache (blocked.CHUNK_BYTES). The keys are held in *reversed* order (nearest first), so the suffix sum
 is a plain cumulative sum along the row, exactly the reference's flip-cumsum-flip without two copies.
+(The Triton kernel walks key tiles backwards with a carried gate sum and an online softmax; on CPU one
+GEMM against the block's whole key row is faster than key tiles and needs neither.)
+
+Once a row's gate sum passes p_max - 1, every farther key sits at the clamped position p_max - 1: a bias
+that is constant along the row, and no gradient into those keys' gates. So the gates, positions and
+interpolation run only on a window of the nearest keys (see _Setup.recompute), widened to the whole row
+when some row has not saturated by its end; the far keys get the constant. This is what brings CoPE near
+plain attention's cost at long T, and it is exact whatever the gates are.
 
 z = q @ e (B, H, Tq, p_max) is computed outside the autograd Function, as the Triton kernel does
 (attention/triton_cope.py): autograd then turns dz into dq and de. The backward recomputes the block
 (gates, positions, bias, probabilities) instead of storing it, like FlashAttention:
 
     dA   = P * (dO v^T - rowsum(dO * O))          gradient of the biased logits
-    dz   = scatter of dA (1 - w) at floor p and dA w at ceil p        (cope)
-    dp   = dA (z[ceil p] - z[floor p])  or  -m_h dA (cope-alibi), 0 where the clamp is active
+    dz   = dA scattered at floor p, and dA w into the step table z[j + 1] - z[j]           (cope)
+    dp   = dA (z[floor p + 1] - z[floor p])  or  -m_h dA (cope-alibi), 0 where the clamp is active
     dg   = prefix sum of dp over keys (the adjoint of the suffix sum), dgate logit = dg g (1 - g)
 """
 from __future__ import annotations
@@ -119,13 +127,19 @@ class BlockedCoPE(torch.autograd.Function):
                 dg3[r, gkeys] += torch.bmm(dlogit.to(q.dtype).transpose(1, 2), q_blk).to(acc)
             dq3[r, i:j] += torch.bmm(da.to(q.dtype), fn.k3[r, keys]).to(acc)
             dk3[r, keys] += torch.bmm(da.to(q.dtype).transpose(1, 2), q_blk).to(acc)
-        dq = (dq3 * scale).view(q.shape).to(q.dtype)
-        dk = dk3.flip(1).view(k.shape).to(k.dtype)
-        dv = dv3.flip(1).view(v.shape).to(v.dtype)
-        dgk = None if gk is None else dg3.flip(1).view(gk.shape).to(gk.dtype)
+        dq = dq3.view(q.shape).to(q.dtype)  # (k3 and g3 carry the scale)
+        dk = _reversed(dk3.view(k.shape), scale).to(k.dtype)
+        dv = dv3.view(v.shape).flip(2).to(v.dtype)
+        dgk = None if gk is None else _reversed(dg3.view(gk.shape), scale).to(gk.dtype)
         dz = None if z is None else dz3.view(z.shape).to(z.dtype)
         dslopes = None if slopes is None else dslope_rows.view(fn.B, fn.H).sum(0).to(slopes.dtype)
         return dq, dk, dv, dgk, dz, dslopes, None, None, None, None, None, None, None
+
+
+def _reversed(x, scale):
+    """x (B, H, T, .) with its T axis reversed, times scale: one copy."""
+    x = x.flip(2)
+    return x if scale == 1.0 else x.mul_(scale)
 
 
 class _Block:
@@ -141,12 +155,16 @@ class _Setup:
         self.stat = torch.promote_types(q.dtype, torch.float32)  # gates, sums and softmax in fp32 for half
         self.scale, self.p_max, self.causal, self.pad = scale, p_max, causal, pad
         self.q_positions, self.k_positions = q_positions, k_positions
-        self.q3 = _flat(q * scale)  # the scale folded into q once: s = q3 k^T
-        self.k3, self.v3 = _flat(k.flip(2)), _flat(v.flip(2))
-        self.g3 = None if gk is None else _flat(gk.flip(2))
+        # the scale rides on the reversed copies of k and of the gate keys (made anyway): s = q3 k3^T
+        self.q3 = _flat(q)
+        self.k3, self.v3 = _flat(_reversed(k, scale)), _flat(v.flip(2))
+        self.g3 = None if gk is None else _flat(_reversed(gk, scale))
         self.z3 = None if z is None else _flat(z).to(self.stat)
         # z[j + 1] - z[j], ending with 0: the interpolation step, and no slope past the clamp at p_max - 1
-        self.zstep3 = None if z is None else torch.nn.functional.pad(self.z3.diff(dim=-1), (0, 1))
+        self.zstep3 = None
+        if z is not None:
+            self.zstep3 = torch.zeros_like(self.z3)
+            torch.sub(self.z3[..., 1:], self.z3[..., :-1], out=self.zstep3[..., :-1])
         self.slope_rows = None if slopes is None else slopes.to(self.stat).repeat(self.B)
         self.plan = _block_plan(q_positions, k_positions, pad, causal, self.Tq, self.Tk, block)
         elem = torch.empty(0, dtype=self.stat).element_size()
