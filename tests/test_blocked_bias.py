@@ -114,3 +114,15 @@ def test_no_tensor_of_size_t_by_t_forward_and_backward(name):
     # (at most keys + block - 1 of them): never the (T, T) logits
     block = blocked.DEFAULT_BLOCK
     assert mode.largest <= B * H * block * (T + block) < B * H * T * T, mode.largest
+
+
+def test_frozen_relative_embeddings_on_cpu_equal_the_reference(monkeypatch):
+    # parameters without grad make the bias "static" (blocked.py's constant-bias path), but relative's bias still
+    # reads q: each query block must get its own queries' bias (it got the first block's before)
+    monkeypatch.setattr(blocked, "DEFAULT_BLOCK", 4)
+    enc = poskit.build_encoding("relative", head_dim=8, num_heads=2, max_distance=20, init_std=1.0).double()
+    enc.requires_grad_(False)
+    q, k, v = (torch.randn(2, 2, 12, 8, dtype=torch.float64) for _ in range(3))
+    assert route(enc, q, k) == "blocked"
+    torch.testing.assert_close(poskit.attention(q, k, v, enc), poskit.attention(q, k, v, enc, backend="reference"),
+                               atol=1e-12, rtol=0)

@@ -49,13 +49,13 @@ class BlockedBiasAttention(torch.autograd.Function):
                 out3[part.rows, i:j] = torch.bmm(p.to(v.dtype), part.v3[:, :ke])
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
         ctx.save_for_backward(q, k, v, out, q_positions, k_positions, pad, *params)
-        ctx.args = (scale, causal, key_padding_mask is not None, plan, chunks, bias_fn, len(params))
+        ctx.args = (scale, causal, key_padding_mask is not None, plan, chunks, bias_fn)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, q_positions, k_positions, pad, *params = ctx.saved_tensors
-        scale, causal, has_pad, plan, chunks, bias_fn, n_params = ctx.args
+        scale, causal, has_pad, plan, chunks, bias_fn = ctx.args
         pad = pad if has_pad else None
         B, H = q.shape[:2]
         acc = torch.promote_types(q.dtype, torch.float32)

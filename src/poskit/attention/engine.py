@@ -118,9 +118,10 @@ def _run_sdpa(inp, enc, gate_keys):
             return _run_blocked_bias(inp, enc)
         if _is_static_bias(enc):
             # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
-            qp, kp = inp.q_positions, inp.k_positions
-            return blocked(inp, inp.q, inp.k, inp.v,
-                           bias_fn=lambda i, j, ke: enc.bias(inp.q, qp[:, i:j], kp[:, :ke], inp.scale))
+            # (the block's own queries: a frozen bias may still read q, as relative's does)
+            q, qp, kp = inp.q, inp.q_positions, inp.k_positions
+            return blocked(inp, q, inp.k, inp.v,
+                           bias_fn=lambda i, j, ke: enc.bias(q[:, :, i:j], qp[:, i:j], kp[:, :ke], inp.scale))
     if enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
         bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
