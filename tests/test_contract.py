@@ -274,13 +274,20 @@ def test_engine_sdpa_and_model_never_branch_on_encoding_names():
         assert not re.findall(r"getattr\((self\.)?enc", text), rel
 
 
+# the options only one variant reads (rope_scaling.VARIANT_OPTIONS), at head_dim 16 (8 frequencies)
+VARIANT_OPTIONS = {
+    "llama3": dict(low_freq_factor=1.0, high_freq_factor=4.0),
+    "longrope": dict(short_factor=[1.0 + i / 8 for i in range(8)], long_factor=[1.0 + i for i in range(8)]),
+}
+
+
 def test_every_rope_scaling_function_is_a_registered_encoding():
     # one function and one table entry make a variant: registered as "rope-<name>", frequencies from the table
     for scaling, variant in rope_scaling.ROPE_INIT_FUNCTIONS.items():
         name = "rope" if scaling == "none" else f"rope-{scaling}"
-        opts = {} if scaling == "none" else dict(factor=4.0, original_max_positions=64)
+        opts = {} if scaling == "none" else dict(factor=4.0, original_max_positions=64, **VARIANT_OPTIONS.get(scaling, {}))
         enc = poskit.build_encoding(name, head_dim=16, num_heads=2, **opts)
-        params = rope_scaling.RopeParameters(16, 10000.0, opts.get("factor"), opts.get("original_max_positions"))
+        params = rope_scaling.RopeParameters(16, 10000.0, **opts)  # the options are RopeParameters' field names
         inv_freq, gain = variant.init(params, None)
         assert torch.equal(enc.inv_freq, inv_freq) and enc.attention_factor == gain
         assert enc.cache_form == ("raw" if variant.length_dependent else "encoded")

@@ -54,5 +54,5 @@ def test_check_choice_and_bool():
         check_choice("bits", "mode", ("reads", "all"))
     assert check_bool(False, "flag") is False
     for bad in (1, "no", None):
-        with pytest.raises(ValueError, match="flag must be True or False"):
+        with pytest.raises(ValueError, match=r"flag must be true or false \(a bool\), got "):
             check_bool(bad, "flag")

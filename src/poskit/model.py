@@ -262,6 +262,8 @@ class Transformer(nn.Module):
             raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
         if cache is not None and cache.num_layers != len(self.blocks):
             raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
+        if T == 0:  # no token: empty logits for every encoding, the cache untouched (nothing to append)
+            return self.head(self.norm(self.embed(tokens)))  # (B, 0, vocab_size)
         x = self.embed(tokens)  # (B, T, d_model)
         if self.abs_encoding is not None:
             x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)

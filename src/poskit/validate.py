@@ -7,7 +7,7 @@ a choice, and words the error so that it names the argument, what is allowed and
     check_real(value, name, minimum=0, maximum=1, strict_maximum=True)
                                                          -> "p_ignore must be a finite number in [0, 1), got 1.0"
     check_choice(value, name, ("reads", "all"))          -> "train_loss_on must be one of ['reads', 'all'], got 'bits'"
-    check_bool(value, name)                              -> "strip_markdown must be True or False, got 'no'"
+    check_bool(value, name)                              -> "strip_markdown must be true or false (a bool), got 'no'"
 
 bool is refused wherever a number is asked for although Python counts it as one: ``num_heads=True`` is a mistake,
 never a size.  numpy integers count as ints and numpy floats as reals (they come out of generators and arrays);
@@ -82,7 +82,8 @@ def check_choice(value, name: str, allowed: Sequence):
 
 
 def check_bool(value, name: str) -> bool:
-    """``value``; ValueError unless it is True or False (1, "no" or None are not booleans)."""
+    """``value``; ValueError unless it is a real bool. bool("false") is True, so strings, 0/1 and None are refused
+    rather than guessed at (the CLI parses its own true/false words before calling here)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ValueError(f"{name} must be true or false (a bool), got {value!r}")
     return value

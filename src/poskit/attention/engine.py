@@ -24,7 +24,7 @@ from ..encodings.base import PositionalEncoding, encoding_class, registered_name
 from .inputs import AttentionInputs, prepare
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
-from .sdpa import blocked, sdpa, use_blocked
+from .sdpa import all_finite, blocked, sdpa, use_blocked
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 
@@ -66,7 +66,7 @@ def triton_serves(enc: PositionalEncoding) -> bool:
 
 def _run_reference(inp, enc, gate_keys):
     logits, visible = scores_from_inputs(inp, enc, gate_keys)
-    return softmax_rows(logits, visible) @ repeat_kv(inp.v, inp.groups)
+    return softmax_rows(logits, visible).to(inp.v.dtype) @ repeat_kv(inp.v, inp.groups)
 
 
 def _is_learned_bias_on_cpu(enc, q) -> bool:
@@ -142,6 +142,11 @@ def _run_triton_cope(inp, enc, gate_keys):
     from .triton_cope import cope_attention_triton
 
     source = enc.gate_source(inp.k, inp.v, gate_keys)
+    if not all_finite(inp.q, source):
+        # a NaN gate logit has no position: the kernel would turn it into an integer index and read out of
+        # bounds, so it is refused before the launch (the reference path propagates the NaN instead)
+        raise ValueError(f"q and the gate {'keys' if source is inp.k else 'source'} must be finite for cope on the "
+                         "triton path, got NaN or inf; backend='reference' returns NaN rows instead")
     pos_emb, slopes = enc.fused_operands()
     return cope_attention_triton(
         inp.q, inp.k, inp.v, pos_emb,
@@ -223,7 +228,10 @@ def attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, 
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
                   key_padding_mask=key_padding_mask)
-    return _RUNNERS[choose_backend(enc, q, backend)](inp, enc, gate_keys)
+    chosen = choose_backend(enc, q, backend)
+    if not inp.has_pairs:  # no query or no key: empty rows, or rows of zeros (no visible key), on every path
+        chosen = "reference"
+    return _RUNNERS[chosen](inp, enc, gate_keys)
 
 
 def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_keys=None, backend: str = "auto"):
@@ -247,6 +255,8 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
                          "tokens, e.g. torch.arange(cache.next_position(), cache.next_position() + Tn)")
     inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
     chosen = choose_backend(enc, q, backend)
+    if not inp.has_pairs:  # no new token: nothing to append, and no query to answer
+        return _run_reference(inp, enc, gate_keys)
     layer = cache.layer(layer_idx)
     enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take, or lacks
     if enc.cache_form == "magnitude" and chosen != "reference":

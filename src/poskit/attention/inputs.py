@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..encodings.base import PositionalEncoding, as_position_tensor
+from ..encodings.base import PositionalEncoding, as_position_tensor, check_real
 
 
 @dataclass
@@ -25,6 +25,12 @@ class AttentionInputs:
     def groups(self) -> int:
         return self.q.shape[1] // self.k.shape[1]
 
+    @property
+    def has_pairs(self) -> bool:
+        """False when there is no query or no key (or no batch row): then there is nothing to encode or score,
+        and the encodings' reductions over positions (max, min) would fail on the empty tensors."""
+        return self.q.shape[0] > 0 and self.q.shape[2] > 0 and self.k.shape[2] > 0
+
     def visible(self) -> torch.Tensor:
         """(1|B, 1, Tq, Tk) bool: causal by *position* (key s visible to query t iff pos_s <= pos_t), and padding."""
         qp, kp = self.q_positions, self.k_positions
@@ -37,10 +43,31 @@ class AttentionInputs:
         return vis
 
 
+# Devices the attention paths compute on. A "meta" tensor has shapes but no values: every path would return
+# another meta tensor (or fail deep inside an encoding), never numbers, so it is refused up front.
+SUPPORTED_DEVICES = ("cpu", "cuda")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_device(x, name: str) -> None:
+    if isinstance(x, torch.Tensor) and x.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"{name} must be on one of the devices {list(SUPPORTED_DEVICES)}, got a tensor on {x.device}")
+
+
 def _check4d(x, name: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a 4-d tensor (batch, heads, length, head_dim), got {shape}")
+    check_device(x, name)
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be a floating-point tensor ({', '.join(str(d)[6:] for d in FLOAT_DTYPES)}), "
+                         f"got dtype {x.dtype}")
+
+
+def check_scale(scale) -> float:
+    """The attention scale: a positive finite number (0 would flatten every softmax row, a negative one invert
+    it, and CPU SDPA turns scale=0 into NaN)."""
+    return check_real(scale, "scale", minimum=0, strict=True)
 
 
 def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_positions, scale, key_padding_mask=None) -> AttentionInputs:
@@ -63,10 +90,15 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
         raise ValueError(f"q must have num_heads={enc.num_heads} heads for this encoding, got {H}")
     if k.dtype != q.dtype or (v is not None and v.dtype != q.dtype):
         raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {None if v is None else v.dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"q, k and v must be on one device, got q on {q.device} and {name} on {x.device}")
+    check_device(q_positions, "q_positions")
+    check_device(k_positions, "k_positions")
+    check_device(key_padding_mask, "key_padding_mask")
     qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions")
     kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
+    scale = 1.0 / math.sqrt(D) if scale is None else check_scale(scale)
     if key_padding_mask is not None:
         key_padding_mask = torch.as_tensor(key_padding_mask, device=q.device)
         if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk):

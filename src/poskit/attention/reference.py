@@ -15,6 +15,12 @@ def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=
     q, k = inp.q, inp.k
     visible = inp.visible()
     enc.check_positions(inp.q_positions, inp.k_positions, visible)
+    if not inp.has_pairs:  # no query or no key: no logit to compute, for every encoding alike
+        if enc.kind == "contextual":
+            enc.gate_source(k, inp.v, gate_keys)  # the same argument checks as a non-empty call
+        elif gate_keys is not None:
+            raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
+        return no_pair_logits(inp), visible
     if enc.kind == "qk":
         q_enc, k_enc = enc.transform_qk(q, k, inp.q_positions, inp.k_positions)
     else:  # none / absolute (applied to the embeddings) / bias / contextual: q and k are used as they are
@@ -29,6 +35,12 @@ def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=
     elif gate_keys is not None:
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
     return logits.masked_fill(~visible, float("-inf")), visible
+
+
+def no_pair_logits(inp: AttentionInputs) -> torch.Tensor:
+    """The (B, H, Tq, Tk) logits of an input with no query or no key: empty, yet computed from q and k (a
+    product over an empty channel axis) so that autograd still reaches them and their gradients are zeros."""
+    return inp.q[..., :0] @ repeat_kv(inp.k[..., :0], inp.groups).transpose(-1, -2)
 
 
 def attention_scores(q, k, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
@@ -59,4 +71,4 @@ def reference_attention(q, k, v, enc, *, causal=True, q_positions=None, k_positi
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     logits, visible = scores_from_inputs(inp, enc, gate_keys)
-    return softmax_rows(logits, visible) @ repeat_kv(v, inp.groups)
+    return softmax_rows(logits, visible).to(v.dtype) @ repeat_kv(v, inp.groups)

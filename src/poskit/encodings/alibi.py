@@ -24,6 +24,11 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
+def bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype position biases are computed in: fp32 for half inputs, float64 kept for references."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def distance(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """t - s for every query/key pair: (1|B, 1, Tq, Tk) int64."""
     return (q_positions[:, None, :, None] - k_positions[:, None, None, :])
@@ -38,6 +43,9 @@ class ALiBiEncoding(PositionalEncoding):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads), dtype=torch.float64), persistent=False)
 
     def bias(self, q, q_positions, k_positions, scale):
-        # |t - s| equals t - s on every visible pair of a causal mask, and is the symmetric choice otherwise
-        dist = distance(q_positions, k_positions).abs().to(q.dtype)
-        return -self.slopes.to(q.dtype)[:, None, None] * dist  # (1|B, H, Tq, Tk)
+        # |t - s| equals t - s on every visible pair of a causal mask, and is the symmetric choice otherwise.
+        # fp32 (float64 for float64 q) whatever q's dtype: an fp16 distance overflows past 65504 and a bf16 one
+        # keeps 3 significant digits; the attention paths add the bias to fp32 logits for half inputs
+        dtype = bias_dtype(q.dtype)
+        dist = distance(q_positions, k_positions).abs().to(dtype)
+        return -self.slopes.to(dtype)[:, None, None] * dist  # (1|B, H, Tq, Tk)

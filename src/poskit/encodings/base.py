@@ -20,7 +20,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from ..validate import check_int, check_real
+from ..validate import check_bool, check_int, check_real
 
 KINDS = ("none", "absolute", "qk", "bias", "contextual")
 CACHE_FORMS = ("raw", "encoded", "magnitude")
@@ -190,6 +190,14 @@ def _allowed_options(cls: type) -> list[str]:
     return [p for p, v in params.items() if p != "self" and v.kind == v.KEYWORD_ONLY]
 
 
+def _bool_options(cls: type) -> set[str]:
+    """The options `cls` declares as booleans: annotated `bool` (a string under postponed annotations) or
+    defaulting to True/False. Found from the signature so that a new encoding's flags are checked too."""
+    params = inspect.signature(cls.__init__).parameters
+    return {p for p, v in params.items()
+            if v.kind == v.KEYWORD_ONLY and (v.annotation in (bool, "bool") or isinstance(v.default, bool))}
+
+
 def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None = None, **options) -> PositionalEncoding:
     """Build the encoding registered as `name` (see `available_encodings()`).
 
@@ -208,8 +216,11 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
         if dim is None:
             raise ValueError(f"dim (the model width) is required for the absolute encoding {name!r}")
         kwargs["dim"] = dim
+    flags = _bool_options(cls)
     for option, value in kwargs.items():
-        if value is not None and option in OPTION_CHECKS:
+        if option in flags:
+            check_bool(value, option)
+        elif value is not None and option in OPTION_CHECKS:
             OPTION_CHECKS[option](value)
     enc = cls(head_dim=head_dim, num_heads=num_heads, **kwargs)
     enc.name = name

@@ -23,21 +23,27 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .alibi import alibi_slopes
+from .alibi import alibi_slopes, bias_dtype
 from .base import PositionalEncoding, register
 
 GATES = ("keys", "values", "separate")
 
 
 def contextual_positions(gate_logits: torch.Tensor, visible: torch.Tensor, p_max: int) -> torch.Tensor:
-    """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk)."""
-    gates = torch.sigmoid(gate_logits) * visible
+    """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk), in fp32 for half
+    inputs (float64 kept): an fp16 running sum of gates steps by 2 past 2048 and overflows past 65504."""
+    gates = torch.sigmoid(gate_logits.to(bias_dtype(gate_logits.dtype))) * visible
     return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=p_max - 1)
 
 
 def interpolate(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """z (..., p_max) sampled at fractional p (..., Tk) by linear interpolation between floor and ceil."""
-    lo, hi = p.floor(), p.ceil()
+    """z (..., p_max) sampled at fractional p (..., Tk) by linear interpolation between floor and ceil.
+
+    A NaN position (from a NaN gate logit) must not become an index: NaN.long() is INT64_MIN, an out-of-range
+    read. It reads row 0 instead and its weight w = p - 0 stays NaN, which carries the NaN into the result.
+    """
+    safe = p.nan_to_num(0.0)
+    lo, hi = safe.floor(), safe.ceil()
     w = p - lo
     return z.gather(-1, hi.long()) * w + z.gather(-1, lo.long()) * (1 - w)
 
@@ -138,4 +144,4 @@ class CoPEALiBiEncoding(CoPEBase):
 
     def contextual_bias(self, q, gate_logits, visible):
         p = self.positions(gate_logits, visible)
-        return -self.slopes.to(q.dtype)[:, None, None] * p
+        return -self.slopes.to(p.dtype)[:, None, None] * p

@@ -1,5 +1,6 @@
 """RoPE (RoFormer eq. 14-16, 34) and its context-extension variants (paper 001):
-position interpolation ("rope-linear"), NTK-aware ("rope-ntk"), dynamic NTK ("rope-dynamic") and YaRN ("rope-yarn").
+position interpolation ("rope-linear"), NTK-aware ("rope-ntk"), dynamic NTK ("rope-dynamic") and YaRN ("rope-yarn");
+and HF transformers' "rope-llama3" and "rope-longrope" (rope_scaling.py).
 
 Angles are computed in float64 from integer positions and only the final cos/sin are cast to the
 input dtype, so positions up to 1e6 keep the relative-position property in fp32.
@@ -13,7 +14,7 @@ from .angles import AngleTables
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
-SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn")
+SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -51,6 +52,11 @@ class RotaryEncoding(PositionalEncoding):
         scaling: str = "none",
         factor: float | None = None,
         original_max_positions: int | None = None,
+        low_freq_factor: float | None = None,
+        high_freq_factor: float | None = None,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
+        attention_factor: float | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if head_dim % 2:
@@ -67,7 +73,12 @@ class RotaryEncoding(PositionalEncoding):
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.factor, self.original_max_positions = scaling, factor, original_max_positions
         self._variant = rope_scaling.ROPE_INIT_FUNCTIONS[scaling]
-        self._rope_parameters = rope_scaling.RopeParameters(rotary_dim, self.base, factor, original_max_positions)
+        # llama3 / longrope options (HF names); each variant checks those it reads, and no other variant takes them
+        self._rope_parameters = rope_scaling.RopeParameters(
+            rotary_dim, self.base, factor, original_max_positions, low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor, short_factor=short_factor, long_factor=long_factor,
+            attention_factor=attention_factor)
+        rope_scaling.check_variant_options(scaling, self._rope_parameters)
         # length-dependent variants (dynamic) start from their frequencies at construction; see inv_freq_for
         inv_freq, self.attention_factor = self._variant.init(self._rope_parameters, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
