@@ -30,6 +30,7 @@ import torch
 
 from .blocked import _batch_chunks, _batch_rows, _block_plan, _flat, _partial_mask
 from .inputs import repeat_kv
+from .sdpa import all_finite
 
 DEFAULT_BLOCK = 64
 # The gate machinery covers the masked keys plus this many keys per position before a block's rows are
@@ -155,6 +156,7 @@ class _Setup:
         self.stat = torch.promote_types(q.dtype, torch.float32)  # gates, sums and softmax in fp32 for half
         self.scale, self.p_max, self.causal, self.pad = scale, p_max, causal, pad
         self.q_positions, self.k_positions = q_positions, k_positions
+        self.finite = all_finite(q, k, gk)
         # the scale rides on the reversed copies of k and of the gate keys (made anyway): s = q3 k3^T
         self.q3 = _flat(q)
         self.k3, self.v3 = _flat(_reversed(k, scale)), _flat(v.flip(2))
@@ -216,7 +218,9 @@ class _Setup:
             # p >= 0, so truncation is the floor; z[lo] + w (z[lo + 1] - z[lo]) is the reference's
             # z[ceil] w + z[floor] (1 - w). Its derivative in p at an integer p is the right-hand one
             # (the reference's ceil == floor gives 0 there): a set of measure zero; at the clamp both are 0.
-            blk.lo = pos.long()
+            # a NaN position (NaN in q or a key) must not become an index (NaN.long() is INT64_MIN): it reads
+            # row 0 and its weight w stays NaN, carrying the NaN into the row as in the reference
+            blk.lo = (pos if self.finite else pos.nan_to_num(0.0)).long()
             w = pos - blk.lo
             blk.zstep = self.zstep3[r, i:j].gather(-1, blk.lo)
             near.add_(zrow.gather(-1, blk.lo)).addcmul_(w, blk.zstep)
