@@ -4,9 +4,7 @@ CoPE's bias needs, per query t and key s, the suffix sum p_ts of the gates over 
 materialised reference keeps several (B, H, T, T) tensors alive (8.9 GB at B=1, H=8, T=4096 forward and
 backward). Here the queries are split into blocks of `block` rows and each block sees its visible keys
 [0, key_end) at once: memory O(block * Tk) per head, batch rows chunked so that one block's logits stay
-in cache (blocked.CHUNK_BYTES). The keys are held in *reversed* order (nearest first), so the suffix sum
-is a plain cumulative sum along the row, exactly the reference's flip-cumsum-flip without two copies.
-(The Triton kernel walks key tiles backwards with a carried gate sum and an online softmax; on CPU one
+in cache (blocked.CHUNK_BYTES). (The Triton kernel walks key tiles backwards with a carried gate sum and an online softmax; on CPU one
 GEMM against the block's whole key row is faster than key tiles and needs neither.)
 
 Once a row's gate sum passes p_max - 1, every farther key sits at the clamped position p_max - 1: a bias
@@ -39,26 +37,23 @@ NEAR_KEYS_PER_POSITION = 4
 
 
 class _Step:
-    """One (query block, batch chunk) of the blocked CoPE computation, in the reversed key layout."""
+    """One (query block, batch chunk) of the blocked CoPE computation: queries [i, j) against keys [0, ke)."""
 
     def __init__(self, fn, b0, b1, step):
         i, j, full_end, ke = step
-        H, Tk = fn.H, fn.Tk
+        H = fn.H
         self.rows = slice(b0 * H, b1 * H)
         self.i, self.j, self.ke = i, j, ke
-        self.keys = slice(Tk - ke, Tk)  # keys ke-1, ..., 0 in the reversed layout
         self.shape = (b1 - b0, H, j - i, ke)
-        # keys [full_end, ke) need a mask: in the reversed layout the first ke - full_end columns
-        self.n_masked = ke - full_end
+        self.n_masked = ke - full_end  # keys [full_end, ke), the last columns, need a mask
         self.vis = None
         if self.n_masked:
-            vis = _partial_mask(_batch_rows(fn.q_positions, b0, b1), _batch_rows(fn.k_positions, b0, b1),
-                                None if fn.pad is None else fn.pad[b0:b1], fn.causal, i, j, full_end, ke)
-            self.vis = vis.flip(-1)
+            self.vis = _partial_mask(_batch_rows(fn.q_positions, b0, b1), _batch_rows(fn.k_positions, b0, b1),
+                                     None if fn.pad is None else fn.pad[b0:b1], fn.causal, i, j, full_end, ke)
 
     def masked(self, x):
-        """The masked columns of a (rows, bq, ke) tensor as a (b, H, bq, n_masked) view."""
-        return x.view(self.shape)[..., : self.n_masked]
+        """The masked (last) columns of a (rows, bq, width) tensor as a (b, H, bq, n_masked) view."""
+        return x.view(*self.shape[:3], x.shape[-1])[..., x.shape[-1] - self.n_masked:]
 
 
 class BlockedCoPE(torch.autograd.Function):
@@ -73,7 +68,7 @@ class BlockedCoPE(torch.autograd.Function):
         out3 = out.view(fn.B * fn.H, fn.Tq, -1)
         for st in fn.steps():
             probs = fn.recompute(st).probs
-            out3[st.rows, st.i:st.j] = torch.bmm(probs.to(v.dtype), fn.v3[st.rows, st.keys])
+            out3[st.rows, st.i:st.j] = torch.bmm(probs.to(v.dtype), fn.v3[st.rows, :st.ke])
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
         ctx.save_for_backward(q, k, v, gk, z, slopes, out, q_positions, k_positions, pad)
         ctx.args = (scale, p_max, causal, key_padding_mask is not None, block)
@@ -93,54 +88,46 @@ class BlockedCoPE(torch.autograd.Function):
         do3 = _flat(grad_out.contiguous())
         row_dot = (do3.to(acc) * _flat(out).to(acc)).sum(-1, keepdim=True)  # D_t = rowsum(dO * O)
         for st in fn.steps():
-            r, i, j, keys = st.rows, st.i, st.j, st.keys
+            r, i, j, ke = st.rows, st.i, st.j, st.ke
+            keys = slice(0, ke)
             blk = fn.recompute(st)
             p, do = blk.probs, do3[r, i:j]
             dv3[r, keys] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
             da = torch.bmm(do, fn.v3[r, keys].transpose(1, 2)).to(acc).sub_(row_dot[r, i:j]).mul_(p)
-            n = blk.width
-            near = da[..., :n]
+            n = ke - blk.width  # keys [n, ke) are the near window, [0, n) the far (saturated) keys
+            near = da[..., n:]
             if z is not None:
                 # bias = z[lo] + w (z[lo + 1] - z[lo]): scatter dA at lo and dA w into the step table
                 dz = torch.zeros_like(blk.zrow).scatter_add_(-1, blk.lo, near)
                 dstep = torch.zeros_like(blk.zrow).scatter_add_(-1, blk.lo, near * blk.w)[..., :-1]
                 dz[..., 1:] += dstep
                 dz[..., :-1] -= dstep
-                dz[..., -1] += da[..., n:].sum(-1)  # the far keys' constant z[p_max - 1]
+                dz[..., -1] += da[..., :n].sum(-1)  # the far keys' constant z[p_max - 1]
                 dz3[r, i:j] = dz
                 dpos = near * blk.zstep  # 0 where the clamp is active: the step table ends with a 0
             else:
-                dslope_rows[r] -= (near * blk.pos).sum((1, 2)) + (p_max - 1) * da[..., n:].sum((1, 2))
+                dslope_rows[r] -= (near * blk.pos).sum((1, 2)) + (p_max - 1) * da[..., :n].sum((1, 2))
                 dpos = near * (-blk.slope)
                 dpos.masked_fill_(blk.clamped, 0.0)
-            # adjoint of the suffix sum: dg_s' = sum of dpos over keys s <= s', i.e. over reversed columns
-            # from s' to the end of the row; the nonzero dpos are the near keys, so the subtraction is exact
-            # on the far (saturated) keys
-            run = dpos.cumsum(-1)
-            dgate = run[..., -1:] - run + dpos
-            dlogit = dgate.mul_(blk.gates).mul_(1 - blk.gates)  # gates are 0 at masked keys
+            # adjoint of the suffix sum: dg_s' = sum of dpos over keys s <= s', a prefix sum (the far keys
+            # before the window have dpos 0: clamped)
+            dlogit = dpos.cumsum_(-1).mul_(blk.gates).mul_(1 - blk.gates)  # gates are 0 at masked keys
             q_blk = fn.q3[r, i:j]
             if gk is None:
                 near.add_(dlogit)
             else:
-                gkeys = slice(keys.start, keys.start + n)
+                gkeys = slice(n, ke)
                 dq3[r, i:j] += torch.bmm(dlogit.to(q.dtype), fn.g3[r, gkeys]).to(acc)
                 dg3[r, gkeys] += torch.bmm(dlogit.to(q.dtype).transpose(1, 2), q_blk).to(acc)
             dq3[r, i:j] += torch.bmm(da.to(q.dtype), fn.k3[r, keys]).to(acc)
             dk3[r, keys] += torch.bmm(da.to(q.dtype).transpose(1, 2), q_blk).to(acc)
-        dq = dq3.view(q.shape).to(q.dtype)  # (k3 and g3 carry the scale)
-        dk = _reversed(dk3.view(k.shape), scale).to(k.dtype)
-        dv = dv3.view(v.shape).flip(2).to(v.dtype)
-        dgk = None if gk is None else _reversed(dg3.view(gk.shape), scale).to(gk.dtype)
+        dq = (dq3 * scale).view(q.shape).to(q.dtype)  # (q3 carries the scale, so dk3 and dg3 have it already)
+        dk = dk3.view(k.shape).to(k.dtype)
+        dv = dv3.view(v.shape).to(v.dtype)
+        dgk = None if gk is None else dg3.view(gk.shape).to(gk.dtype)
         dz = None if z is None else dz3.view(z.shape).to(z.dtype)
         dslopes = None if slopes is None else dslope_rows.view(fn.B, fn.H).sum(0).to(slopes.dtype)
         return dq, dk, dv, dgk, dz, dslopes, None, None, None, None, None, None, None
-
-
-def _reversed(x, scale):
-    """x (B, H, T, .) with its T axis reversed, times scale: one copy."""
-    x = x.flip(2)
-    return x if scale == 1.0 else x.mul_(scale)
 
 
 class _Block:
@@ -157,10 +144,9 @@ class _Setup:
         self.scale, self.p_max, self.causal, self.pad = scale, p_max, causal, pad
         self.q_positions, self.k_positions = q_positions, k_positions
         self.finite = all_finite(q, k, gk)
-        # the scale rides on the reversed copies of k and of the gate keys (made anyway): s = q3 k3^T
-        self.q3 = _flat(q)
-        self.k3, self.v3 = _flat(_reversed(k, scale)), _flat(v.flip(2))
-        self.g3 = None if gk is None else _flat(_reversed(gk, scale))
+        self.q3 = _flat(q if scale == 1.0 else q * scale)  # the scale folded into q once: s = q3 k3^T
+        self.k3, self.v3 = _flat(k), _flat(v)
+        self.g3 = None if gk is None else _flat(gk)
         self.z3 = None if z is None else _flat(z).to(self.stat)
         # z[j + 1] - z[j], ending with 0: the interpolation step, and no slope past the clamp at p_max - 1
         self.zstep3 = None
@@ -180,22 +166,22 @@ class _Setup:
                 yield _Step(self, b0, b1, step)
 
     def gates(self, st: _Step, s: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gates of the `width` nearest keys (0 at masked ones) and their suffix sums (unclamped)."""
-        r, i, j = st.rows, st.i, st.j
+        """Gates of the `width` nearest keys [ke - width, ke) (0 at masked ones) and their suffix sums
+        (unclamped), exact: a cumulative sum over the reversed window, as the reference's over the row."""
+        r, i, j, ke = st.rows, st.i, st.j, st.ke
         if self.g3 is None:
-            logits = s[..., :width]
+            logits = s[..., ke - width:]
         else:
-            near = slice(st.keys.start, st.keys.start + width)
-            logits = torch.bmm(self.q3[r, i:j], self.g3[r, near].transpose(1, 2)).to(self.stat)
+            logits = torch.bmm(self.q3[r, i:j], self.g3[r, ke - width:ke].transpose(1, 2)).to(self.stat)
         gates = torch.sigmoid(logits)  # key gates: the masked logits are -inf already, their gates 0
         if st.n_masked and self.g3 is not None:
-            gates.view(*st.shape[:3], width)[..., : st.n_masked].masked_fill_(~st.vis, 0.0)
-        return gates, gates.cumsum(-1)  # suffix sums over keys s..t: the keys are nearest first
+            st.masked(gates).masked_fill_(~st.vis, 0.0)
+        return gates, gates.flip(-1).cumsum_(-1).flip(-1)
 
     def recompute(self, st: _Step) -> _Block:
-        r, i, j, keys, P = st.rows, st.i, st.j, st.keys, self.p_max
+        r, i, j, ke, P = st.rows, st.i, st.j, st.ke, self.p_max
         q_blk = self.q3[r, i:j]
-        s = torch.bmm(q_blk, self.k3[r, keys].transpose(1, 2)).to(self.stat)
+        s = torch.bmm(q_blk, self.k3[r, :ke].transpose(1, 2)).to(self.stat)
         if st.n_masked:
             st.masked(s).masked_fill_(~st.vis, float("-inf"))
         # Once a row's gate sum passes p_max - 1, every farther key has the clamped position p_max - 1: a
@@ -204,7 +190,7 @@ class _Setup:
         # block has not saturated by its end; the far keys get the row's constant. Exact either way.
         width = min(st.ke, st.n_masked + NEAR_KEYS_PER_POSITION * P)
         gates, total = self.gates(st, s, width)
-        if width < st.ke and not bool((total[..., -1] > P - 1).all()):
+        if width < ke and not bool((total[..., 0] > P - 1).all()):  # the window's farthest key, largest sum
             width = st.ke
             gates, total = self.gates(st, s, width)
         blk = _Block()
@@ -212,7 +198,7 @@ class _Setup:
         if self.z3 is None:
             blk.clamped = total > P - 1  # (cope's step table gives 0 there by itself)
         pos = total.clamp_(max=P - 1)
-        near, far = s[..., :width], s[..., width:]
+        far, near = s[..., :ke - width], s[..., ke - width:]
         if self.z3 is not None:
             zrow = self.z3[r, i:j]
             # p >= 0, so truncation is the floor; z[lo] + w (z[lo + 1] - z[lo]) is the reference's
@@ -232,7 +218,7 @@ class _Setup:
             far.sub_((P - 1) * blk.slope)
             blk.pos = pos
         probs = torch.softmax(s, dim=-1)
-        if st.n_masked == st.ke:  # every key masked somewhere: a query that sees none gets weights 0, not NaN
+        if st.n_masked == ke:  # every key masked somewhere: a query that sees none gets weights 0, not NaN
             has_key = st.vis.any(-1, keepdim=True)
             if not bool(has_key.all()):
                 probs.view(st.shape).masked_fill_(~has_key, 0.0)
