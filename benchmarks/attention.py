@@ -3,9 +3,12 @@
     python benchmarks/attention.py                       # the issue's grid (B=8, H=8, d=64, T 256/1024/4096)
     python benchmarks/attention.py --T 1024 --dtypes fp32 --encodings rope,pope,alibi --quick
 
-Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode.
-Reference-only paths (CoPE on CPU, the naive complex PoPE) materialise T x T tensors and are skipped
-when their estimated memory exceeds --max-gb.
+Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode:
+`ratio` for the time, `mem_ratio` for the peak memory (every row reports its peak, `peak_MB`: the
+allocator's high-water mark during one call above what was allocated before it). Each row names the path
+poskit takes ([blocked-contextual] for CoPE on CPU, [blocked-bias] for the relative encodings). Only
+paths that materialise T x T tensors (the reference, the naive complex PoPE peers) are skipped when their
+estimated memory exceeds --max-gb.
 """
 from __future__ import annotations
 
@@ -132,8 +135,8 @@ def bench_grid(args):
                     path = route(enc, q, k)
                     label = f"{name} [{path}]" + (" (= none in attention)" if enc.kind == "absolute" else "")
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True))(enc)
-                    # the reference path and the relative bias (q . e for every offset: B x H x T x 2T) are O(T^2)
-                    heavy = (path == "reference" or enc.name.startswith("relative")) and est_reference_gb(B, H, T) > args.max_gb
+                    # only the reference path is O(T^2) in memory (the blocked paths keep one query block's logits)
+                    heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy))
                 if "pope" in names:
                     pope = build("pope", H, D, dtype)
@@ -144,13 +147,15 @@ def bench_grid(args):
                     ]
                 runs = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
                 times = interleaved_medians(runs, rounds=args.repeats)
+                peaks = {label: allocator_peak_bytes(run) / 2**20 for label, run in runs.items()}
                 for label, fn, heavy in cases:
                     if heavy:
-                        rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)"))
+                        rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)",
+                                         peak_MB=f"~{est_reference_gb(B, H, T) * 1024:.0f} (estimated)"))
                         continue
-                    mb = allocator_peak_bytes(runs[label]) / 2**20
                     rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms=f"{times[label]:.1f}",
-                                     ratio=f"{times[label] / times[baseline]:.2f}", peak_MB=f"{mb:.0f}"))
+                                     ratio=f"{times[label] / times[baseline]:.2f}", peak_MB=f"{peaks[label]:.0f}",
+                                     mem_ratio=f"{peaks[label] / max(peaks[baseline], 1e-9):.2f}"))
                     print(rows[-1], file=sys.stderr, flush=True)
                 pope_ms = next((ms for label, ms in times.items() if label.startswith("pope [")), None)
                 for label in PEERS:
@@ -202,7 +207,7 @@ def bench_decode(args):
     """One decode step (one new token per sequence) against a cache of L keys: append + attend."""
     B, H, D = args.B, args.H, args.D
     rows = []
-    forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"))
+    forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"), ("cope", "cope"))
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:
@@ -210,10 +215,12 @@ def bench_decode(args):
             with torch.no_grad():
                 steps = {label: decode_step(label, build(name, H, D, dtype), q, k, v) for label, name in forms}
                 times = interleaved_medians(steps, rounds=args.repeats * 5, warmup=3)
+                peaks = {label: allocator_peak_bytes(step) / 2**20 for label, step in steps.items()}
             for label, _ in forms:
                 ms = times[label]
                 rows.append(dict(dtype=dname, cache=L, encoding=label, ms_per_step=f"{ms:.3f}",
-                                 tokens_per_s=f"{B / ms * 1000:.0f}", vs_rope=f"{times['rope'] / ms:.2f}x"))
+                                 tokens_per_s=f"{B / ms * 1000:.0f}", vs_rope=f"{times['rope'] / ms:.2f}x",
+                                 peak_MB=f"{peaks[label]:.1f}"))
     return rows
 
 
@@ -232,6 +239,7 @@ def main(argv=None):
     p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--skip-grid", action="store_true")
+    p.add_argument("--skip-decode", action="store_true")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -239,14 +247,16 @@ def main(argv=None):
           f"threads; medians of {args.repeats} interleaved rounds; glibc keeps freed memory (benchmarks/_harness.py)\n")
     if not args.skip_grid:
         rows, peers = bench_grid(args)
-        print(table(rows, ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB"]))
+        print(table(rows, ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]))
         print()
         if peers:
             print("## pope: poskit's path against other PoPE implementations (speedup = their time / poskit's)\n")
             print(table(peers, ["T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]))
             print()
-    print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")
-    print(table(bench_decode(args), ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope"]))
+    if not args.skip_decode:
+        print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")
+        print(table(bench_decode(args), ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope",
+                                          "peak_MB"]))
 
 
 if __name__ == "__main__":

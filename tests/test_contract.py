@@ -76,7 +76,8 @@ class ToyStaticBias(PositionalEncoding):
 
 
 class ToyLearnedBias(PositionalEncoding):
-    """kind "bias" with a trainable per-head slope (not static: SDPA with a float mask)."""
+    """kind "bias" with a trainable per-head slope (not static: generated per block on CPU, a float mask for SDPA
+    elsewhere)."""
 
     kind = "bias"
 
@@ -91,9 +92,10 @@ class ToyLearnedBias(PositionalEncoding):
 
 TOYS = {"rotation": ToyRotation, "wide": ToyWide, "wide-raw-cache": ToyWideRawCache,
         "static-bias": ToyStaticBias, "learned-bias": ToyLearnedBias}
-# the path backend="sdpa" takes on CPU, by the toy's declarations (qk_width 2 or a static bias: blocked)
+# the path backend="sdpa" takes on CPU, by the toy's declarations (qk_width 2 or a static bias: blocked; a
+# learned bias: blocked-bias, its bias and gradient generated per query block)
 SDPA_ROUTE = {"rotation": "sdpa", "wide": "blocked", "wide-raw-cache": "blocked", "static-bias": "blocked",
-              "learned-bias": "sdpa"}
+              "learned-bias": "blocked-bias"}
 
 
 @pytest.fixture(scope="module", autouse=True)

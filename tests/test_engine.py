@@ -69,7 +69,7 @@ def test_rows_without_visible_keys_output_zero_on_every_path():
 def test_auto_never_picks_triton_on_cpu():
     q = torch.randn(1, 4, 2, 16)
     assert choose_backend(build("pope"), q, "auto") == "sdpa"
-    assert choose_backend(build("cope"), q, "auto") == "reference"
+    assert choose_backend(build("cope"), q, "auto") == "blocked-contextual"  # the exact blocked CPU path, not triton
     assert choose_backend(build("rope"), q, "auto") == "sdpa"
 
 

@@ -72,8 +72,8 @@ def test_route_names_the_path_taken():
     assert route(build("pope"), q) == "blocked"
     assert route(build("alibi"), q) == "blocked"
     assert route(build("rope"), q) == "sdpa"
-    assert route(build("relative"), q) == "sdpa"
-    assert route(build("cope"), q) == "reference"
+    assert route(build("relative"), q) == "blocked-bias"  # learned bias: generated per query block, never T x T
+    assert route(build("cope"), q) == "blocked-contextual"
     assert route(build("rope"), q, backend="reference") == "reference"
     long_keys = torch.zeros(1, 4, 4096, 16)
     assert route(build("pope"), long_keys, long_keys) == "sdpa"  # padded flash kernel beyond BLOCKED_MAX_KEYS

@@ -6,6 +6,10 @@ backend="sdpa":      F.scaled_dot_product_attention on encoded q/k (none, absolu
 backend="triton":    the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors.
 backend="auto":      triton for encodings with a fused kernel on CUDA when triton is importable, else sdpa
                      where it serves the encoding, else the reference. Triton is never chosen on CPU.
+                     On CPU, contextual encodings whose fused kernel has a blocked counterpart (cope) take
+                     attention/blocked_cope.py instead of the reference ("blocked-contextual").
+On CPU the sdpa backend never builds a T x T bias: a static bias (alibi) runs through attention/blocked.py,
+a learned one (relative) through attention/blocked_bias.py ("blocked-bias"), both generated per query block.
 
 Every choice here reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`,
 `fused_kernel`, `needs_gate_keys`: encodings/base.py), never its name.
@@ -66,6 +70,38 @@ def _run_reference(inp, enc, gate_keys):
     return softmax_rows(logits, visible).to(inp.v.dtype) @ repeat_kv(inp.v, inp.groups)
 
 
+def _is_learned_bias_on_cpu(enc, q) -> bool:
+    return enc.kind == "bias" and not _is_static_bias(enc) and q.device.type == "cpu"
+
+
+def _run_blocked_bias(inp, enc):
+    from .blocked_bias import blocked_bias_attention
+
+    return blocked_bias_attention(inp.q, inp.k, inp.v, enc, scale=inp.scale, q_positions=inp.q_positions,
+                                  k_positions=inp.k_positions, causal=inp.causal,
+                                  key_padding_mask=inp.key_padding_mask)
+
+
+def _run_blocked_cope(inp, enc, gate_keys):
+    from .blocked_cope import blocked_cope_attention
+
+    source = enc.gate_source(inp.k, inp.v, gate_keys)
+    pos_emb, slopes = enc.fused_operands()
+    return blocked_cope_attention(
+        inp.q, inp.k, inp.v, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
+        causal=inp.causal, p_max=enc.p_max, pos_emb=pos_emb, slopes=slopes,
+        gate_keys=None if source is inp.k else source, key_padding_mask=inp.key_padding_mask)
+
+
+# `fused_kernel` declared by a contextual encoding -> its exact blocked CPU counterpart, which reads the same
+# declared operands (p_max, gate_source, fused_operands)
+_BLOCKED_CONTEXTUAL = {"triton_cope": _run_blocked_cope}
+
+
+def _run_blocked_contextual(inp, enc, gate_keys):
+    return _BLOCKED_CONTEXTUAL[enc.fused_kernel](inp, enc, gate_keys)
+
+
 def _run_sdpa(inp, enc, gate_keys):
     if gate_keys is not None:  # sdpa serves no contextual encoding, so none that takes gate keys
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
@@ -75,13 +111,21 @@ def _run_sdpa(inp, enc, gate_keys):
             return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
         q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
         return sdpa(inp, q, k, inp.v)
+    if enc.kind == "bias" and inp.q.device.type == "cpu" and inp.attn_mask is None:
+        # (a general attn_mask goes to SDPA with the mask merged into the bias, below)
+        from .blocked_bias import check_positions_by_block
+
+        check_positions_by_block(enc, inp)  # no (Tq, Tk) visibility mask on the CPU paths
+        if _is_learned_bias_on_cpu(enc, inp.q):  # the bias and its gradient per query block, never T x T
+            return _run_blocked_bias(inp, enc)
+        if _is_static_bias(enc):
+            # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
+            # (the block's own queries: a frozen bias may still read q, as relative's does)
+            q, qp, kp = inp.q, inp.q_positions, inp.k_positions
+            return blocked(inp, q, inp.k, inp.v,
+                           bias_fn=lambda i, j, ke: enc.bias(q[:, :, i:j], qp[:, i:j], kp[:, :ke], inp.scale))
     if enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
-        if _is_static_bias(enc) and inp.q.device.type == "cpu" and inp.attn_mask is None:
-            # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
-            qp, kp = inp.q_positions, inp.k_positions
-            return blocked(inp, inp.q, inp.k, inp.v,
-                           bias_fn=lambda i, j, ke: enc.bias(inp.q, qp[:, i:j], kp[:, :ke], inp.scale))
         bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
         return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
     return sdpa(inp, inp.q, inp.k, inp.v)
@@ -134,6 +178,8 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
     if backend == "auto":
         if q.is_cuda and triton_available() and triton_serves(enc):
             return "triton"
+        if q.device.type == "cpu" and enc.kind == "contextual" and enc.fused_kernel in _BLOCKED_CONTEXTUAL:
+            return "blocked-contextual"
         return "sdpa" if sdpa_serves(enc) else "reference"
     if backend == "sdpa" and not sdpa_serves(enc):
         raise ValueError(f"backend='sdpa' cannot serve the {enc.kind} encoding {enc.name!r}; use 'reference' or 'triton'")
@@ -154,19 +200,24 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
 
 def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = None, backend: str = "auto") -> str:
     """The path `attention(q, k, ...)` takes: "reference", "sdpa", "blocked" (the exact CPU path of
-    attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias)
-    or "triton". k defaults to q's length."""
+    attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias),
+    "blocked-bias" (attention/blocked_bias.py: a learned bias such as relative's, on CPU),
+    "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto) or "triton".
+    k defaults to q's length."""
     chosen = choose_backend(enc, q, backend)
     if chosen == "sdpa" and q.device.type == "cpu":
         if _is_static_bias(enc):
             return "blocked"
+        if _is_learned_bias_on_cpu(enc, q):
+            return "blocked-bias"
         inp = AttentionInputs(q, q if k is None else k, None, None, None, 1.0, True, None)
         if use_blocked(inp, enc):
             return "blocked"
     return chosen
 
 
-_RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton}
+_RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton,
+            "blocked-contextual": _run_blocked_contextual}
 
 
 def _check_dropout(dropout_p) -> None:
@@ -207,7 +258,7 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
     chosen = choose_backend(enc, q, backend)
     if not inp.has_pairs:  # no query or no key: empty rows, or rows of zeros (no visible key), on every path
         chosen = "reference"
-    elif inp.attn_mask is not None and chosen == "triton":
+    elif inp.attn_mask is not None and chosen in ("triton", "blocked-contextual"):  # key padding only
         if backend == "triton":
             raise ValueError("backend='triton' serves attn_mask only when it varies along the keys alone (a key "
                              "padding mask, shape (B, 1, 1, Tk)); use backend='auto' for a general mask")
