@@ -111,6 +111,18 @@ class PositionalEncoding(nn.Module):
     def check_positions(self, q_positions, k_positions, visible) -> None:
         """Raise ValueError for positions the encoding cannot represent (default: none)."""
 
+    def project_parameters_(self) -> None:
+        """Put the encoding's parameters back into their allowed set, in place, after an optimizer step
+        (PoPE: delta into [-2 pi, 0]). Default: nothing to do. Users call
+        `poskit.encodings.project_parameters_(model)` after `optimizer.step()`; the trainer does it."""
+
+    @classmethod
+    def required_options(cls, fixed_options: dict) -> tuple[str, ...]:
+        """Options that have no default for the registration with `fixed_options` (the paper gives none, e.g.
+        the scale factor of a context extension): build_encoding lists every one that is missing in one error.
+        Default: none (absolute encodings also need `dim`, which build_encoding adds itself)."""
+        return ()
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
 
@@ -129,6 +141,24 @@ OPTION_CHECKS: dict[str, Callable] = {
     "cache_rows": lambda v: check_int(v, "cache_rows", minimum=1),
     "init_std": lambda v: check_real(v, "init_std", minimum=0),
 }
+
+
+# What a required option means and a typical value, for the error that lists the missing ones (build_encoding).
+OPTION_HELP: dict[str, tuple[str, object]] = {
+    "dim": ("dim (the model width) must be an int >= 1 for absolute encodings", 512),
+    "factor": ("factor must be a number >= 1: the context extension s = L'/L, target over training length "
+               "(paper 001)", 4.0),
+    "original_max_positions": ("original_max_positions (the training context) must be an int >= 1: the length L "
+                               "the model was trained at", 2048),
+}
+
+
+def _missing_options_error(name: str, missing: list[str], given: dict) -> ValueError:
+    lines = [f"  {OPTION_HELP[o][0] if o in OPTION_HELP else o + ' must be given'}" for o in missing]
+    example = dict(given, **{o: OPTION_HELP[o][1] if o in OPTION_HELP else "..." for o in missing})
+    call = ", ".join(f"{k}={v!r}" for k, v in example.items())
+    return ValueError(f"encoding {name!r} has no default for {len(missing)} option(s) {missing}:\n" + "\n".join(lines)
+                      + f"\nfor example: poskit.build_encoding({name!r}, head_dim=64, num_heads=8, {call})")
 
 
 _REGISTRY: dict[str, tuple[type[PositionalEncoding], dict]] = {}
@@ -202,7 +232,8 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     """Build the encoding registered as `name` (see `available_encodings()`).
 
     `dim` (the model width) is required by absolute encodings and ignored by the others.
-    Unknown options raise ValueError listing the allowed ones.
+    Unknown options raise ValueError listing the allowed ones; options without a default (`required_options`,
+    e.g. rope-yarn's factor and original_max_positions) raise one ValueError listing every missing one.
     """
     if name not in _REGISTRY:
         raise ValueError(f"name must be one of {available_encodings()}, got {name!r}")
@@ -212,9 +243,12 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for encoding {name!r}; allowed options: {sorted(allowed)}")
     kwargs = dict(fixed, **options)
+    # every option without a default that is missing, in one error with an example call (not one at a time)
+    required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(fixed)))
+    missing = [o for o in required if (dim if o == "dim" else kwargs.get(o)) is None]
+    if missing:
+        raise _missing_options_error(name, missing, {k: v for k, v in options.items() if v is not None})
     if cls.kind == "absolute":
-        if dim is None:
-            raise ValueError(f"dim (the model width) is required for the absolute encoding {name!r}")
         kwargs["dim"] = dim
     flags = _bool_options(cls)
     for option, value in kwargs.items():

@@ -42,6 +42,8 @@ class RopeVariant(NamedTuple):
     #: the frequencies change with the current length (dynamic NTK): nothing can be cached across lengths,
     #: and the KV cache keeps raw keys
     length_dependent: bool = False
+    #: options this variant needs and no paper gives a default for (build_encoding lists the missing ones)
+    requires: tuple[str, ...] = ()
 
 
 def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
@@ -133,8 +135,8 @@ def yarn_scaling(p: RopeParameters, seq_len: int | None = None):
 # scaling name -> variant; rotary.py registers "rope" for "none" and "rope-<name>" for every other entry
 ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
     "none": RopeVariant(default_rope),
-    "linear": RopeVariant(linear_scaling),
-    "ntk": RopeVariant(ntk_aware_scaling),
-    "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True),
-    "yarn": RopeVariant(yarn_scaling),
+    "linear": RopeVariant(linear_scaling, requires=("factor",)),
+    "ntk": RopeVariant(ntk_aware_scaling, requires=("factor",)),
+    "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True, requires=("factor", "original_max_positions")),
+    "yarn": RopeVariant(yarn_scaling, requires=("factor", "original_max_positions")),
 }

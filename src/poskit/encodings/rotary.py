@@ -24,8 +24,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
     rd = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :rd], x[..., rd:]
     if layout == "interleaved":  # pairs (x_2i, x_2i+1): the paper's form
-        if x.dtype in (torch.float32, torch.float64):
-            # a complex multiply is one fused kernel forward and backward: ~6x faster than stack/flatten on CPU
+        if x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+            # a complex multiply is one fused kernel forward and backward: ~6x faster than stack/flatten on CPU;
+            # inductor has no complex codegen (it falls back to eager ops), so traced code takes the real form
             pairs = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], rd // 2, 2).contiguous())
             out = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
         else:
@@ -73,6 +74,11 @@ class RotaryEncoding(PositionalEncoding):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
         self._angles = AngleTables(gain=self.attention_factor)
 
+    @classmethod
+    def required_options(cls, fixed_options: dict) -> tuple[str, ...]:
+        # the scaling variant declares the options it cannot default (factor, original_max_positions)
+        return rope_scaling.ROPE_INIT_FUNCTIONS[fixed_options.get("scaling", "none")].requires
+
     @property
     def length_dependent(self) -> bool:
         """The frequencies change with the current length (dynamic NTK)."""
@@ -82,6 +88,11 @@ class RotaryEncoding(PositionalEncoding):
         if self.length_dependent:
             return self._variant.init(self._rope_parameters, seq_len)[0].to(self.inv_freq.device)
         return self.inv_freq
+
+    @staticmethod
+    def call_length(q_positions: torch.Tensor, k_positions: torch.Tensor) -> int:
+        """The current length of a call for length-dependent variants: its largest position + 1."""
+        return int(torch.maximum(q_positions.max(), k_positions.max())) + 1
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
         """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
@@ -105,8 +116,9 @@ class RotaryEncoding(PositionalEncoding):
         return out * scale if scale != 1.0 else out
 
     def transform_qk(self, q, k, q_positions, k_positions):
-        # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics)
-        seq_len = int(torch.maximum(q_positions.max(), k_positions.max())) + 1
+        # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics); the
+        # other variants need no length, and reading one would cost a data-dependent int (a graph break)
+        seq_len = self.call_length(q_positions, k_positions) if self.length_dependent else None
         qc, qs = self.cos_sin(q_positions, q.dtype, seq_len)
         kc, ks = self.cos_sin(k_positions, k.dtype, seq_len)
         return (
