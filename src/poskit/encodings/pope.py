@@ -30,6 +30,25 @@ def _table_dtype(x: torch.Tensor) -> torch.dtype:
 
 @register("pope")
 class PolarEncoding(PositionalEncoding):
+    """PoPE: polar coordinates, magnitude from content and phase from position alone.
+
+    logit(t, s) = scale * sum_c softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_hc), with
+    theta_c = base^(-c/d), c = 0..d-1 (eq. 2-5), computed in the Cartesian form of eq. 6-9 (q'/k' 2d wide).
+    delta (num_heads, head_dim) is a learned phase bias clamped to [-2 pi, 0] in the forward pass; with
+    delta_projection it is also projected back into that interval after every optimizer step
+    (`project_parameters_`), so that no entry is stranded outside the clamp, where it gets no gradient.
+
+    Paper: Gopalakrishnan, Csordas, Schmidhuber, Mozer, "Decoupling the What and Where With Polar
+    Coordinate Positional Embedding" (eq. 2-9; ablations without softplus / delta: Table 8).
+
+    Options (defaults):
+        base=10000.0: the frequency base theta of theta_c = theta^(-c/d).
+        delta_init='zero': delta starts at 0, or 'uniform' in [-2 pi, 0].
+        softplus=True: magnitudes softplus(x); False uses x itself (the paper's ablation).
+        phase_bias=True: learn delta; False fixes it at 0 (the paper's ablation).
+        delta_projection=True: project delta into [-2 pi, 0] after each optimizer step (docs/reproductions.md
+            measures it against the clamp alone).
+    """
     kind = "qk"
 
     def __init__(

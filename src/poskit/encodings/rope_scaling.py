@@ -46,9 +46,10 @@ class RopeVariant(NamedTuple):
     requires: tuple[str, ...] = ()
 
 
-def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
-    """theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 15)."""
-    return 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+def default_inv_freq(rotary_dim: int, base) -> torch.Tensor:
+    """theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 15). `base` a float, or a 0-d float64 tensor (traced)."""
+    device = base.device if isinstance(base, torch.Tensor) else None
+    return 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
 
 
 def _required_factor(p: RopeParameters, variant: str) -> float:
@@ -89,7 +90,13 @@ def ntk_aware_scaling(p: RopeParameters, seq_len: int | None = None):
 
 def dynamic_ntk_base(rotary_dim: int, base: float, factor: float, seq_len: int, original_max_positions: int) -> float:
     """HF 'dynamic': for seq_len > original_max_positions the base becomes
-    base * ((s * L / L_orig) - (s - 1))^(d / (d - 2)); otherwise it is unchanged."""
+    base * ((s * L / L_orig) - (s - 1))^(d / (d - 2)); otherwise it is unchanged.
+
+    seq_len may be a 0-d int tensor (under torch.compile, where reading it as an int is a graph break): the
+    same formula, the branch taken by torch.where, a 0-d float64 tensor returned."""
+    if isinstance(seq_len, torch.Tensor):
+        grown = base * ((factor * seq_len.double() / original_max_positions) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+        return torch.where(seq_len > original_max_positions, grown, torch.full_like(grown, base))
     if seq_len <= original_max_positions:
         return base
     return base * ((factor * seq_len / original_max_positions) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))

@@ -39,6 +39,26 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
 
 
 class RotaryEncoding(PositionalEncoding):
+    """RoPE: rotates each pair of q/k channels by position * theta_i, so q_t . k_s depends only on t - s.
+
+    q'_t = R(t theta) q_t, k'_s = R(s theta) k_s with R a block-diagonal 2x2 rotation per channel pair and
+    theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 14-16, element-wise form eq. 34). The registered
+    variants change the frequencies (rope_scaling.py, paper 001): "rope-linear" theta_i / s (position
+    interpolation), "rope-ntk" base * s^(d/(d-2)), "rope-dynamic" the NTK base grown with the current length
+    past original_max_positions, "rope-yarn" NTK-by-parts with ramp ends beta_fast=32, beta_slow=1 and the
+    attention temperature 0.1 ln(s) + 1 on cos and sin.
+
+    Paper: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (eq. 14-16, 34); the
+    scalings: "Why Position Matters" (paper 001: linear scaling, NTK-aware scaling, YaRN).
+
+    Options (defaults):
+        base=10000.0: the frequency base (RoFormer's 10000).
+        layout='interleaved': channel pairs (x_2i, x_2i+1) as in the paper, or 'half': (x_i, x_i+d/2) (HF/Llama).
+        rotary_dim=None: rotate only the first rotary_dim channels (even); None = all head_dim.
+        scaling='none': fixed by the registered name (rope, rope-linear, rope-ntk, rope-dynamic, rope-yarn).
+        factor=None: the scale s = L'/L; required by every scaled variant (no paper default).
+        original_max_positions=None: the training length L; required by rope-dynamic and rope-yarn.
+    """
     kind = "qk"
 
     def __init__(
@@ -91,8 +111,11 @@ class RotaryEncoding(PositionalEncoding):
 
     @staticmethod
     def call_length(q_positions: torch.Tensor, k_positions: torch.Tensor) -> int:
-        """The current length of a call for length-dependent variants: its largest position + 1."""
-        return int(torch.maximum(q_positions.max(), k_positions.max())) + 1
+        """The current length of a call for length-dependent variants: its largest position + 1. Traced by
+        torch.compile, a 0-d tensor: an int would be a data-dependent graph break (fullgraph=True refuses it),
+        and the variant computes its frequencies from the tensor instead (rope_scaling.dynamic_ntk_base)."""
+        longest = torch.maximum(q_positions.max(), k_positions.max()) + 1
+        return longest if torch.compiler.is_compiling() else int(longest)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
         """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
