@@ -131,7 +131,7 @@ def bench_grid(args):
                     enc = build(name, H, D, dtype, T)
                     path = route(enc, q, k)
                     label = f"{name} [{path}]" + (" (= none in attention)" if enc.kind == "absolute" else "")
-                    fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc))(enc)
+                    fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True))(enc)
                     # the reference path and the relative bias (q . e for every offset: B x H x T x 2T) are O(T^2)
                     heavy = (path == "reference" or enc.name.startswith("relative")) and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy))

@@ -66,6 +66,9 @@ ENCODING_OPTIONS = {
     "rope-ntk": dict(factor=2.0),
     "rope-dynamic": dict(factor=2.0, original_max_positions=4),
     "rope-yarn": dict(factor=4.0, original_max_positions=8),
+    "rope-llama3": dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8),
+    # rotary_dim=4: two factors fit every head_dim the tests use; the context (64) stays short of the long factors
+    "rope-longrope": dict(rotary_dim=4, short_factor=[1.0, 1.5], long_factor=[2.0, 4.0], factor=4.0, original_max_positions=64),
     "relative": dict(max_distance=64),
     "relative-capped": dict(max_distance=3),
     "learned": dict(max_positions=64),

@@ -100,12 +100,12 @@ def test_no_position_inside_attention_equals_plain_attention(name, causal):
     q = torch.randn(2, 4, 5, 16, dtype=torch.float64)
     k, v = torch.randn(2, 2, 5, 16, dtype=torch.float64), torch.randn(2, 2, 5, 8, dtype=torch.float64)
     want_logits, want = plain_attention(q, k, v, causal)
-    got_logits = poskit.attention_scores(q, k, enc, causal=causal)
+    got_logits = poskit.attention_scores(q, k, enc, is_causal=causal, enable_gqa=True)
     assert torch.equal(torch.isinf(got_logits), torch.isinf(want_logits))
     fin = torch.isfinite(want_logits)
     assert torch.allclose(got_logits[fin], want_logits[fin], atol=1e-12)
     for backend in ("reference", "auto"):
-        assert torch.allclose(poskit.attention(q, k, v, enc, causal=causal, backend=backend), want, atol=1e-12)
+        assert torch.allclose(poskit.attention(q, k, v, enc, is_causal=causal, backend=backend, enable_gqa=True), want, atol=1e-12)
 
 
 def test_learned_table_gradcheck():

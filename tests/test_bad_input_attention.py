@@ -37,8 +37,8 @@ def _call(fn="attention", enc="rope", mutate=None, **kw):
         if mutate is not None:
             q, k, v = mutate(q, k, v)
         if fn == "scores":
-            return poskit.attention_scores(q, k, build(enc), **kw)
-        return poskit.attention(q, k, v, build(enc), **kw)
+            return poskit.attention_scores(q, k, build(enc), **{"is_causal": True, **kw}, enable_gqa=True)
+        return poskit.attention(q, k, v, build(enc), **{"is_causal": True, **kw}, enable_gqa=True)
     return run
 
 
@@ -62,8 +62,8 @@ BAD_INPUTS = [
      "q_positions must be on one of the devices"),
     ("k_positions on meta", _call(k_positions=torch.arange(7, device="meta")), ValueError,
      "k_positions must be on one of the devices"),
-    ("mask on meta", _call(key_padding_mask=torch.ones(2, 7, dtype=torch.bool, device="meta")), ValueError,
-     "key_padding_mask must be on one of the devices"),
+    ("mask on meta", _call(attn_mask=torch.ones(2, 1, 1, 7, dtype=torch.bool, device="meta")), ValueError,
+     "attn_mask must be on one of the devices"),
     ("float positions", _call(q_positions=torch.arange(7.0)), ValueError, "q_positions must be an integer tensor"),
     ("positions too short", _call(k_positions=torch.arange(6)), ValueError, "k_positions must have shape"),
     ("scale 0", _call(scale=0.0), ValueError, "scale must be a finite number > 0, got 0.0"),
@@ -76,7 +76,7 @@ BAD_INPUTS = [
     ("scale 0 on sdpa", _call(enc="none", scale=0.0, backend="sdpa"), ValueError, "scale must be a finite number > 0"),
     ("scale 0 on blocked", _call(enc="pope", scale=-1.0), ValueError, "scale must be a finite number > 0"),
     ("bad backend", _call(backend="cuda"), ValueError, "backend must be one of"),
-    ("relative past max_distance", _call(enc="relative", k_positions=torch.arange(7) * 10**6, causal=False),
+    ("relative past max_distance", _call(enc="relative", k_positions=torch.arange(7) * 10**6, is_causal=False),
      ValueError, "relative offsets must be within max_distance=64"),
     ("cope unsorted keys", _call(enc="cope", k_positions=torch.tensor([0, 2, 1, 3, 4, 5, 6])), ValueError,
      "k_positions must be non-decreasing"),
@@ -135,7 +135,7 @@ def _nan_row_case(name, T, dtype, backend, where):
         q[0, 1, T // 2, 3] = float("nan")
     else:  # the first key: under the causal mask it is the only key query 0 sees
         k[0, 0, 0, 2] = float("nan")
-    return poskit.attention(q, k, v, enc, backend=backend)
+    return poskit.attention(q, k, v, enc, backend=backend, is_causal=True, enable_gqa=True)
 
 
 # T=5 has fewer keys than one AVX-512 register of fp32 lanes: CPU SDPA's flash kernel zeroed the NaN row there
@@ -196,7 +196,7 @@ def test_property_non_finite_query_never_gives_a_finite_row(T, row, name, value)
     enc = build(name)
     q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=T, Tk=T)
     q[0, 0, row, 0] = value
-    out = poskit.attention(q, k, v, enc)
+    out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
     # an infinite query channel gives +-inf logits (NaN where they meet -inf or 0): the row is never finite
     assert not torch.isfinite(out[0, 0, row]).all()
     assert torch.isfinite(out[0, 1:]).all()
@@ -210,13 +210,13 @@ def test_property_non_finite_query_never_gives_a_finite_row(T, row, name, value)
 def test_empty_sequences(name, backend, Tq, Tk):
     enc = build(name)
     q, k, v = make_qkv(Tq=Tq, Tk=Tk, Dv=12, requires_grad=True)
-    kw = dict(causal=Tk == 0 or Tq == 0, gate_keys=k.detach() if getattr(enc, "gates", "") == "separate" else None)
-    out = poskit.attention(q, k, v, enc, backend=backend, **kw)
+    kw = dict(is_causal=Tk == 0 or Tq == 0, gate_keys=k.detach() if getattr(enc, "gates", "") == "separate" else None)
+    out = poskit.attention(q, k, v, enc, backend=backend, **{"is_causal": True, **kw}, enable_gqa=True)
     assert out.shape == (2, 4, Tq, 12) and out.dtype == q.dtype
     assert (out == 0).all()  # a query that sees no key outputs 0 (README), and there is none with Tq = 0
     out.sum().backward()  # still part of the graph: zero gradients, not an error
     assert (q.grad == 0).all() and q.grad.shape == q.shape
-    scores = poskit.attention_scores(q, k, enc, v=v, **kw)
+    scores = poskit.attention_scores(q, k, enc, v=v, **{"is_causal": True, **kw}, enable_gqa=True)
     assert scores.shape == (2, 4, Tq, Tk)
 
 
@@ -249,7 +249,7 @@ def test_cope_nan_gate_is_never_an_index(name):
     enc = build(name)
     q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=6, Tk=6)
     k[0, 2, 3, 0] = float("nan")  # query head 2's gates over key 3 are NaN: the rows that count key 3
-    out = poskit.attention(q, k, v, enc, backend="reference")
+    out = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     assert out[0, 2, 3:].isnan().all() and torch.isfinite(out[0, [0, 1, 3]]).all()
 
 
@@ -259,7 +259,7 @@ def test_cope_nan_is_refused_before_the_triton_launch(name):
     q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=16, Tk=16, dtype=torch.float32)
     q[0, 0, 5, 1] = float("nan")
     with pytest.raises(ValueError, match="q and the gate keys must be finite for cope on the triton path"):
-        poskit.attention(q, k, v, enc, backend="triton")
+        poskit.attention(q, k, v, enc, backend="triton", is_causal=True, enable_gqa=True)
 
 
 def test_cope_gate_sums_in_fp32_for_half_inputs():
@@ -348,9 +348,9 @@ def test_alibi_far_positions_in_half_precision(dtype, backend):
     # out) and bf16 ones round to multiples of 512 (uniform weights)
     qp = torch.arange(200_000, 200_004)
     kp = torch.tensor([0, 100_000, 100_100, 100_200, 100_300, 100_400])
-    ref = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend="reference")
+    ref = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend="reference", is_causal=True, enable_gqa=True)
     out = poskit.attention(q.to(dtype), k.to(dtype), v.to(dtype), enc, q_positions=qp, k_positions=kp,
-                           backend=backend)
+                           backend=backend, is_causal=True, enable_gqa=True)
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     assert (out.double() - ref).abs().max() < tol
 

@@ -58,7 +58,7 @@ def test_alibi_logits(causal):
     q = torch.randn(1, H, 4, D, dtype=torch.float64)
     k = torch.randn(1, H, 5, D, dtype=torch.float64)
     qp, kp = [1, 2, 3, 4], [0, 1, 2, 3, 4]
-    got = poskit.attention_scores(q, k, enc, causal=causal, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, is_causal=causal, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), enable_gqa=True)
     want = alibi_reference_logits(q, k, qp, kp, PRESS_SLOPES[3], causal)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
@@ -77,7 +77,7 @@ def test_alibi_gradients_equal_reference_gradients(backend):
     q, k, v = torch.randn(2, H, T, D), torch.randn(2, 3, T, D), torch.randn(2, 3, T, D)
     pos = list(range(T))
     assert_same_gradients(
-        lambda q, k, v: poskit.attention(q, k, v, enc, backend=backend),
+        lambda q, k, v: poskit.attention(q, k, v, enc, backend=backend, is_causal=True, enable_gqa=True),
         lambda q, k, v: softmax_attention(alibi_reference_logits(q, k, pos, pos, PRESS_SLOPES[6], True), v),
         [q.double(), k.double(), v.double()],
     )
@@ -110,7 +110,7 @@ def test_relative_logits_match_definition():
     q = torch.randn(2, H, 4, D, dtype=torch.float64)
     k = torch.randn(2, 1, 6, D, dtype=torch.float64)
     qp, kp = [2, 3, 4, 5], [0, 1, 2, 3, 4, 5]
-    got = poskit.attention_scores(q, k, enc, causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, is_causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), enable_gqa=True)
     assert torch.allclose(got, relative_reference_logits(q, k, qp, kp, e, M, causal=False), atol=1e-12, rtol=0)
 
 
@@ -121,7 +121,7 @@ def test_relative_gradients_equal_reference_gradients(cap):
     q, k, v = torch.randn(1, H, T, D), torch.randn(1, 1, T, D), torch.randn(1, 1, T, D)
     pos = list(range(T))
     assert_same_gradients(
-        lambda q, k, v, e: call_with_params(enc, {"embeddings": e}, lambda: poskit.attention(q, k, v, enc)),
+        lambda q, k, v, e: call_with_params(enc, {"embeddings": e}, lambda: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)),
         lambda q, k, v, e: softmax_attention(relative_reference_logits(q, k, pos, pos, e, M, True, cap), v),
         [q.double(), k.double(), v.double(), enc.embeddings.detach()],
     )
@@ -132,9 +132,9 @@ def test_relative_rejects_offsets_beyond_table_and_capped_uses_last_embedding():
     q = torch.randn(1, 1, 8, D, dtype=torch.float64)
     k = torch.randn(1, 1, 8, D, dtype=torch.float64)
     with pytest.raises(ValueError, match="max_distance=3"):
-        poskit.attention_scores(q, k, build("relative", head_dim=D, num_heads=1, max_distance=M))
+        poskit.attention_scores(q, k, build("relative", head_dim=D, num_heads=1, max_distance=M), is_causal=True, enable_gqa=True)
     capped = build("relative", head_dim=D, num_heads=1, max_distance=M, cap=True)
-    got = poskit.attention_scores(q, k, capped)
+    got = poskit.attention_scores(q, k, capped, is_causal=True, enable_gqa=True)
     e = capped.embeddings.detach()
     for t, s in [(7, 0), (7, 3), (5, 1), (2, 1)]:
         off = min(t - s, M)
@@ -142,7 +142,7 @@ def test_relative_rejects_offsets_beyond_table_and_capped_uses_last_embedding():
         assert got[0, 0, t, s].item() == pytest.approx(want.item(), abs=1e-12)
     alias = build("relative-capped", head_dim=D, num_heads=1, max_distance=M)
     alias.load_state_dict(capped.state_dict())
-    assert torch.equal(poskit.attention_scores(q, k, alias), got)
+    assert torch.equal(poskit.attention_scores(q, k, alias, is_causal=True, enable_gqa=True), got)
 
 
 @pytest.mark.parametrize("name", ["relative", "alibi"])
@@ -151,8 +151,8 @@ def test_bias_encodings_gradcheck(name):
     q = torch.randn(1, 2, 4, 4, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 4, 4, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 4, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc, backend="reference"), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True), (q, k, v))
     if name == "relative":
         e = enc.embeddings.detach().clone().requires_grad_(True)
-        attend = lambda: poskit.attention(q.detach(), k.detach(), v.detach(), enc, backend="reference")
+        attend = lambda: poskit.attention(q.detach(), k.detach(), v.detach(), enc, backend="reference", is_causal=True, enable_gqa=True)
         assert torch.autograd.gradcheck(lambda e: call_with_params(enc, {"embeddings": e}, attend), (e,))

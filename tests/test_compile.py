@@ -51,8 +51,8 @@ def _assert_compiled_equals_eager(f, inputs, backend, atol):
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_attention_traces_with_fullgraph_default_positions(name):
     enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **OPTIONS[name]).double()
-    _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc), _inputs(torch.float64),
-                                  "eager", 1e-12)
+    _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True),
+                                  _inputs(torch.float64), "eager", 1e-12)
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -63,9 +63,24 @@ def test_attention_traces_with_fullgraph_explicit_positions_and_cached_keys(name
     kp = torch.stack((torch.arange(20) * 2, torch.arange(20) + 13))
 
     def f(q, k, v):
-        return poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp)
+        return poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True, q_positions=qp, k_positions=kp)
 
     _assert_compiled_equals_eager(f, _inputs(torch.float64, Tq=3, Tk=20), "eager", 1e-12)
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float64])
+def test_attention_traces_with_fullgraph_and_an_attn_mask(name, mask_dtype):
+    # padding (the last keys of row 1 hidden) as a bool or an additive float mask, with the causal mask
+    enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **OPTIONS[name]).double()
+    keep = torch.ones(2, 1, 1, 24, dtype=torch.bool)
+    keep[1, ..., 18:] = False
+    mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape, dtype=mask_dtype).masked_fill(~keep, -1e4)
+
+    def f(q, k, v):
+        return poskit.attention(q, k, v, enc, attn_mask=mask, is_causal=True, enable_gqa=True)
+
+    _assert_compiled_equals_eager(f, _inputs(torch.float64), "eager", 1e-12)
 
 
 @pytest.mark.parametrize("name", QK)
@@ -83,11 +98,12 @@ def test_transform_qk_traces_with_fullgraph(name):
 def test_rope_dynamic_compiled_picks_its_base_from_the_longest_position():
     # traced, the length is a tensor: below and above original_max_positions take the two branches of the formula
     enc = poskit.build_encoding("rope-dynamic", head_dim=16, num_heads=4, factor=2.0, original_max_positions=16)
-    compiled = torch.compile(lambda q, k, v: poskit.attention(q, k, v, enc), fullgraph=True, backend="eager")
+    compiled = torch.compile(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True),
+                             fullgraph=True, backend="eager")
     for T in (8, 40):
         q, k, v = _inputs(torch.float64, Tq=T, Tk=T, requires_grad=False)
         enc_ref = poskit.build_encoding("rope-dynamic", head_dim=16, num_heads=4, factor=2.0, original_max_positions=16)
-        scores = poskit.attention_scores(q, k, enc_ref.double())
+        scores = poskit.attention_scores(q, k, enc_ref.double(), is_causal=True, enable_gqa=True)
         ref = torch.softmax(scores, -1) @ v.repeat_interleave(2, 1)
         torch.testing.assert_close(compiled(q, k, v), ref, atol=1e-12, rtol=1e-12)
 
@@ -104,7 +120,7 @@ def test_poskit_attention_is_a_traceable_function_that_still_reads_as_the_packag
     assert poskit.attention.attention_scores is attention_scores is poskit.attention_scores
     enc = poskit.build_encoding("rope", head_dim=16, num_heads=4)
     q, k, v = _inputs(torch.float32, requires_grad=False)
-    assert torch.equal(poskit.attention(q, k, v, enc), attention(q, k, v, enc))
+    assert torch.equal(poskit.attention(q, k, v, enc, enable_gqa=True), attention(q, k, v, enc, enable_gqa=True))
 
 
 def test_setting_an_attribute_through_the_function_sets_it_on_the_package(monkeypatch):
@@ -118,5 +134,5 @@ def test_setting_an_attribute_through_the_function_sets_it_on_the_package(monkey
 @pytest.mark.parametrize("name", ["rope", "pope", "alibi"])
 def test_inductor_fullgraph_forward_and_backward_equal_eager(name):
     enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **OPTIONS[name])
-    _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc), _inputs(torch.float32),
-                                  "inductor", 2e-5)
+    _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True),
+                                  _inputs(torch.float32), "inductor", 2e-5)

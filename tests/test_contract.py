@@ -152,10 +152,10 @@ def test_toy_attention_equals_its_formula(toy, backend):
     q, k, v = qkv()
     qp, kp = torch.tensor([2, 3, 5, 8, 9, 11, 12, 20, 21]), torch.tensor([0, 1, 2, 4, 5, 9, 10, 12, 21])
     want = formula_attention(toy, q, k, v, qp, kp)
-    got = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend)
+    got = poskit.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     # default positions (arange) go through SDPA's own causal flag
-    torch.testing.assert_close(poskit.attention(q, k, v, enc, backend=backend),
+    torch.testing.assert_close(poskit.attention(q, k, v, enc, backend=backend, is_causal=True, enable_gqa=True),
                                formula_attention(toy, q, k, v, torch.arange(9), torch.arange(9)), atol=1e-12, rtol=0)
 
 
@@ -178,7 +178,7 @@ def test_blocked_path_over_several_blocks_equals_the_formula(toy, monkeypatch):
     q, k, v = qkv(T=19)
     pos = torch.arange(19) * 2
     assert route(enc, q, k, backend="sdpa") == "blocked"
-    got = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, backend="sdpa")
+    got = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, backend="sdpa", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, formula_attention(toy, q, k, v, pos, pos), atol=1e-12, rtol=0)
 
 
@@ -233,7 +233,7 @@ def test_defaults_declare_the_plain_paths():
     with pytest.raises(NotImplementedError, match="encode_q"):
         enc.encode_q(torch.zeros(1, 4, 1, 8), torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="backend='triton' serves only pope, cope and cope-alibi"):
-        poskit.attention(*qkv(), enc, backend="triton")
+        poskit.attention(*qkv(), enc, backend="triton", is_causal=True, enable_gqa=True)
 
 
 def test_builtin_encodings_declare_what_the_engine_reads():
@@ -272,13 +272,20 @@ def test_engine_sdpa_and_model_never_branch_on_encoding_names():
         assert not re.findall(r"getattr\((self\.)?enc", text), rel
 
 
+# the options only one variant reads (rope_scaling.VARIANT_OPTIONS), at head_dim 16 (8 frequencies)
+VARIANT_OPTIONS = {
+    "llama3": dict(low_freq_factor=1.0, high_freq_factor=4.0),
+    "longrope": dict(short_factor=[1.0 + i / 8 for i in range(8)], long_factor=[1.0 + i for i in range(8)]),
+}
+
+
 def test_every_rope_scaling_function_is_a_registered_encoding():
     # one function and one table entry make a variant: registered as "rope-<name>", frequencies from the table
     for scaling, variant in rope_scaling.ROPE_INIT_FUNCTIONS.items():
         name = "rope" if scaling == "none" else f"rope-{scaling}"
-        opts = {} if scaling == "none" else dict(factor=4.0, original_max_positions=64)
+        opts = {} if scaling == "none" else dict(factor=4.0, original_max_positions=64, **VARIANT_OPTIONS.get(scaling, {}))
         enc = poskit.build_encoding(name, head_dim=16, num_heads=2, **opts)
-        params = rope_scaling.RopeParameters(16, 10000.0, opts.get("factor"), opts.get("original_max_positions"))
+        params = rope_scaling.RopeParameters(16, 10000.0, **opts)  # the options are RopeParameters' field names
         inv_freq, gain = variant.init(params, None)
         assert torch.equal(enc.inv_freq, inv_freq) and enc.attention_factor == gain
         assert enc.cache_form == ("raw" if variant.length_dependent else "encoded")
@@ -304,7 +311,7 @@ def test_backend_triton_dispatches_on_the_declared_fused_kernel(name, options):
     q, k, v = (t.float().to(device) for t in qkv(T=6, D=16))
     gk = k.flip(-1) if enc.needs_gate_keys else None
     with torch.no_grad():
-        got = poskit.attention(q, k, v, enc, gate_keys=gk, backend="triton")
+        got = poskit.attention(q, k, v, enc, gate_keys=gk, backend="triton", is_causal=True, enable_gqa=True)
         want = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference",
-                                gate_keys=None if gk is None else gk.double())
+                                gate_keys=None if gk is None else gk.double(), is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)

@@ -48,9 +48,9 @@ def test_cope_equals_listing(p_max):
     cope = ListingCoPE(p_max, D, enc.pos_emb.detach())
     mask = torch.ones(T, T, dtype=torch.float64).tril().expand(B * H, T, T)
     want_out, want_logits = listing_self_attn(q.reshape(B * H, T, D), k.reshape(B * H, T, D), v.reshape(B * H, T, D), mask, cope)
-    got_logits = poskit.attention_scores(q, k, enc)
+    got_logits = poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True)
     assert torch.allclose(got_logits.reshape(B * H, T, T), want_logits, atol=1e-12)
-    got_out = poskit.attention(q, k, v, enc)
+    got_out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
     assert torch.allclose(got_out.reshape(B * H, T, D), want_out, atol=1e-12)
 
 
@@ -60,7 +60,7 @@ def test_cope_gqa_and_decode_rows_equal_listing():
     q = torch.randn(B, H, T, D, dtype=torch.float64)
     k = torch.randn(B, Hkv, T, D, dtype=torch.float64)
     v = torch.randn(B, Hkv, T, D, dtype=torch.float64)
-    full = poskit.attention(q, k, v, enc)
+    full = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
     kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     cope = ListingCoPE(5, D, enc.pos_emb.detach())
     mask = torch.ones(T, T, dtype=torch.float64).tril().expand(B * H, T, T)
@@ -69,7 +69,7 @@ def test_cope_gqa_and_decode_rows_equal_listing():
     # decoding query t against keys 0..t reproduces row t: gates are recomputed per query
     for t in (0, 3, 6):
         row = poskit.attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, q_positions=torch.tensor([t]),
-                               k_positions=torch.arange(t + 1))
+                               k_positions=torch.arange(t + 1), is_causal=True, enable_gqa=True)
         assert torch.allclose(row[:, :, 0], full[:, :, t], atol=1e-12)
 
 
@@ -79,8 +79,8 @@ def test_cope_value_gates_and_separate_gate_keys():
     values = build("cope", head_dim=D, num_heads=H, gates="values", init_std=1.0)
     separate = build("cope", head_dim=D, num_heads=H, gates="separate", init_std=1.0)
     separate.load_state_dict(values.state_dict())
-    a = poskit.attention_scores(q, k, values, v=v)
-    b = poskit.attention_scores(q, k, separate, gate_keys=v)
+    a = poskit.attention_scores(q, k, values, v=v, is_causal=True, enable_gqa=True)
+    b = poskit.attention_scores(q, k, separate, gate_keys=v, is_causal=True, enable_gqa=True)
     assert torch.allclose(a, b)
     # manual: gates from q . v, logits from q . k
     logits = q @ k.transpose(-1, -2) / 2
@@ -92,9 +92,9 @@ def test_cope_value_gates_and_separate_gate_keys():
     bias = z.gather(-1, p.ceil().long()) * w + z.gather(-1, p.floor().long()) * (1 - w)
     assert torch.allclose(a, (logits + bias).masked_fill(~vis, float("-inf")), atol=1e-12)
     with pytest.raises(ValueError, match="gate_keys"):
-        poskit.attention_scores(q, k, separate)
+        poskit.attention_scores(q, k, separate, is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="gates='values' needs v"):
-        poskit.attention_scores(q, k, values, v=torch.randn(B, H, T, 3, dtype=torch.float64))
+        poskit.attention_scores(q, k, values, v=torch.randn(B, H, T, 3, dtype=torch.float64), is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.parametrize("learned", [False, True])
@@ -106,7 +106,7 @@ def test_cope_alibi_eq10(learned):
         with torch.no_grad():
             enc.slopes.copy_(torch.tensor([0.5, -0.25, 1.0, 2.0]))
     q, k = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(2))
-    got = poskit.attention_scores(q, k, enc)
+    got = poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True)
     vis = torch.ones(T, T, dtype=torch.bool).tril()
     logits = q @ k.transpose(-1, -2) / 2
     p = (torch.sigmoid(logits) * vis).flip(-1).cumsum(-1).flip(-1).clamp(max=3)
@@ -120,9 +120,9 @@ def test_cope_gradcheck():
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True), (q, k, v))
     e = enc.pos_emb.detach().clone().requires_grad_(True)
-    attend = lambda: poskit.attention(q.detach(), k.detach(), v.detach(), enc, backend="reference")
+    attend = lambda: poskit.attention(q.detach(), k.detach(), v.detach(), enc, backend="reference", is_causal=True, enable_gqa=True)
     assert torch.autograd.gradcheck(lambda e: call_with_params(enc, {"pos_emb": e}, attend), (e,))
 
 
@@ -130,7 +130,7 @@ def test_cope_alibi_learned_slopes_gradcheck():
     enc = build("cope-alibi", head_dim=4, num_heads=3, p_max=4, learned_slopes=True)
     q, k, v = (torch.randn(1, 3, 5, 4, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.5, -0.3, 1.2], dtype=torch.float64, requires_grad=True)
-    attend = lambda: poskit.attention(q, k, v, enc, backend="reference")
+    attend = lambda: poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     assert torch.autograd.gradcheck(lambda m: call_with_params(enc, {"slopes": m}, attend), (slopes,))
 
 
@@ -150,7 +150,7 @@ def test_cope_gradients_equal_listing_gradients(gqa):
 
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
     assert_same_gradients(
-        lambda q, k, v, e: call_with_params(enc, {"pos_emb": e}, lambda: poskit.attention(q, k, v, enc)),
+        lambda q, k, v, e: call_with_params(enc, {"pos_emb": e}, lambda: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)),
         listing,
         [q.double(), k.double(), v.double(), enc.pos_emb.detach()],
     )
@@ -168,7 +168,7 @@ def test_cope_alibi_learned_slope_gradients_equal_reference_gradients():
 
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
     assert_same_gradients(
-        lambda q, k, v, m: call_with_params(enc, {"slopes": m}, lambda: poskit.attention(q, k, v, enc)),
+        lambda q, k, v, m: call_with_params(enc, {"slopes": m}, lambda: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)),
         reference,
         [q.double(), k.double(), v.double(), torch.tensor([0.5, -0.3, 1.2], dtype=torch.float64)],
     )
@@ -187,7 +187,7 @@ def test_cope_alibi_fixed_slopes_option(slopes):
     enc = build("cope-alibi", head_dim=D, num_heads=H, p_max=4, slopes=slopes)
     assert not any(p.requires_grad for p in enc.parameters())  # fixed: nothing to train
     q, k = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(2))
-    got = poskit.attention_scores(q, k, enc)
+    got = poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True)
     vis = torch.ones(T, T, dtype=torch.bool).tril()
     logits = q @ k.transpose(-1, -2) / 2
     p = (torch.sigmoid(logits) * vis).flip(-1).cumsum(-1).flip(-1).clamp(max=3)
@@ -220,4 +220,4 @@ def test_cope_bad_options():
 def test_cope_rejects_unordered_keys():
     q, k, v = (torch.randn(1, 2, 3, 4, dtype=torch.float64) for _ in range(3))
     with pytest.raises(ValueError, match="k_positions must be non-decreasing"):
-        poskit.attention(q, k, v, build("cope", head_dim=4, num_heads=2), k_positions=torch.tensor([0, 2, 1]), causal=False)
+        poskit.attention(q, k, v, build("cope", head_dim=4, num_heads=2), k_positions=torch.tensor([0, 2, 1]), is_causal=False, enable_gqa=True)

@@ -31,14 +31,14 @@ def test_auto_backend_equals_reference(name, T, n_new, causal, groups, padding, 
     n_new = min(n_new, T)
     enc = build(name, **({"max_distance": 2000} if name == "relative" else {}), **({"max_positions": 2000} if name == "learned" else {}))
     q, k, v = make_qkv(B=2, H=4, Hkv=4 // groups, Tq=n_new, Tk=T, requires_grad=True, gen_seed=seed)
-    kw = dict(causal=causal, q_positions=torch.arange(T - n_new, T) + offset, k_positions=torch.arange(T) + offset)
+    kw = dict(is_causal=causal, q_positions=torch.arange(T - n_new, T) + offset, k_positions=torch.arange(T) + offset)
     if padding:
-        kw["key_padding_mask"] = torch.rand(2, T, generator=torch.Generator().manual_seed(seed)) > 0.3
+        kw["attn_mask"] = (torch.rand(2, T, generator=torch.Generator().manual_seed(seed)) > 0.3)[:, None, None, :]
     if getattr(enc, "gates", None) == "separate":
         kw["gate_keys"] = k.flip(-1)
     params = [p for p in enc.parameters() if p.requires_grad]
-    fast = poskit.attention(q, k, v, enc, **kw)
-    ref = poskit.attention(q, k, v, enc, backend="reference", **kw)
+    fast = poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
+    ref = poskit.attention(q, k, v, enc, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True)
     assert torch.allclose(fast, ref, atol=1e-10), (fast - ref).abs().max()
     for a, b in zip(_grads(fast, [q, k, v, *params], seed), _grads(ref, [q, k, v, *params], seed)):
         if a is None or b is None:
@@ -51,8 +51,8 @@ def test_auto_backend_equals_reference(name, T, n_new, causal, groups, padding, 
 def test_fp32_fast_path_matches_float64_reference(name):
     enc = build(name, dtype=torch.float32, head_dim=32, num_heads=4, **({"max_distance": 256} if name == "relative" else {}))
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=150, Tk=150, D=32, dtype=torch.float32)
-    out = poskit.attention(q, k, v, enc)
-    ref = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference")
+    out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc.double(), backend="reference", is_causal=True, enable_gqa=True)
     assert torch.allclose(out.double(), ref, atol=2e-5)
 
 
@@ -61,9 +61,9 @@ def test_rows_without_visible_keys_output_zero_on_every_path():
         enc = build(name)
         q, k, v = make_qkv(Tq=3, Tk=3)
         kw = dict(q_positions=torch.tensor([0, 1, 2]), k_positions=torch.tensor([1, 2, 3]))
-        out = poskit.attention(q, k, v, enc, **kw)
+        out = poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
         assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
-        assert torch.allclose(out, poskit.attention(q, k, v, enc, backend="reference", **kw))
+        assert torch.allclose(out, poskit.attention(q, k, v, enc, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True))
 
 
 def test_auto_never_picks_triton_on_cpu():
@@ -94,8 +94,8 @@ def test_triton_backend_through_engine_matches_reference(name, triton_device):
     enc = build(name, dtype=torch.float32).to(triton_device)
     q, k, v = (t.to(triton_device).requires_grad_() for t in make_qkv(B=1, H=4, Hkv=2, Tq=40, Tk=40,
                                                                         dtype=torch.float32))
-    out = poskit.attention(q, k, v, enc, backend="triton")
-    ref = poskit.attention(q, k, v, enc, backend="reference")
+    out = poskit.attention(q, k, v, enc, backend="triton", is_causal=True, enable_gqa=True)
+    ref = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     assert torch.allclose(out, ref, atol=2e-4)
     for a, b in zip(_grads(out, [q, k, v]), _grads(ref, [q, k, v])):
         assert torch.allclose(a, b, atol=5e-4)
@@ -128,12 +128,12 @@ def test_triton_engine_batch_cache_block_gqa_padding(name, positions, triton_dev
     mask = torch.ones(B, Tk, dtype=torch.bool, device=triton_device)
     mask[0, :7] = False  # left padding
     mask[1, 20:23] = False
-    kw = dict(q_positions=qp, k_positions=kp, key_padding_mask=mask)
+    kw = dict(q_positions=qp, k_positions=kp, attn_mask=mask[:, None, None, :])
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = poskit.attention(*leaves, enc, backend="triton", **kw)
+    out = poskit.attention(*leaves, enc, backend="triton", **{"is_causal": True, **kw}, enable_gqa=True)
     leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
-    ref = poskit.attention(*leaves64, enc64, backend="reference", **kw)
+    ref = poskit.attention(*leaves64, enc64, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True)
     assert out.shape == (B, H, Tq, D)
     assert (out.double() - ref).abs().max() < 1e-4
     params = [p for p in enc.parameters() if p.requires_grad]
@@ -166,8 +166,8 @@ def test_triton_pope_fp16_delta_stays_fp32(triton_device):
     enc64 = copy.deepcopy(enc).double()
     q, k, v = (t.to(triton_device).half() for t in make_qkv(B=B, H=H, Hkv=Hkv, Tq=T, Tk=T, D=D,
                                                               dtype=torch.float32, gen_seed=11))
-    out = poskit.attention(q, k, v, enc, backend="triton")
-    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference")
+    out = poskit.attention(q, k, v, enc, backend="triton", is_causal=True, enable_gqa=True)
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference", is_causal=True, enable_gqa=True)
 
     # the phases: the engine's output is the kernel's with the fp32 delta, not with delta rounded to fp16
     pos = torch.arange(T, device=triton_device)
@@ -198,11 +198,11 @@ def test_triton_cope_unsorted_key_positions_raise_like_reference(name, causal, t
     _triton_kernels_runnable(name)
     enc = build(name, dtype=torch.float32).to(triton_device)
     q, k, v = (t.to(triton_device) for t in make_qkv(B=2, H=4, Hkv=2, Tq=6, Tk=6, dtype=torch.float32))
-    kw = dict(causal=causal, q_positions=torch.arange(6, device=triton_device),
+    kw = dict(is_causal=causal, q_positions=torch.arange(6, device=triton_device),
               k_positions=torch.tensor([[0, 1, 2, 3, 4, 5], [0, 2, 1, 3, 4, 5]], device=triton_device))
     for backend in ("reference", "triton"):
         with pytest.raises(ValueError, match="k_positions must be non-decreasing for cope/cope-alibi"):
-            poskit.attention(q, k, v, enc, backend=backend, **kw)
+            poskit.attention(q, k, v, enc, backend=backend, **{"is_causal": True, **kw}, enable_gqa=True)
 
 
 def test_choose_backend_triton_needs_cuda_or_the_interpreter(monkeypatch):

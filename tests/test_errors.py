@@ -30,7 +30,7 @@ def test_non_dividing_kv_heads():
     enc = build("rope", num_heads=4)
     q, k, v = make_qkv(H=4, Hkv=3)
     with pytest.raises(ValueError, match=r"H_kv=3 must divide the query heads H=4; allowed H_kv: \[1, 2, 4\]"):
-        poskit.attention(q, k, v, enc)
+        poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.parametrize(
@@ -47,14 +47,14 @@ def test_bad_shapes(mutate, match):
     enc = build("rope")
     q, k, v = mutate(*make_qkv())
     with pytest.raises(ValueError, match=match):
-        poskit.attention(q, k, v, enc)
+        poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
 
 
 def test_wrong_number_of_heads_for_encoding():
     enc = build("alibi", num_heads=8)
     q, k, v = make_qkv(H=4, Hkv=4)
     with pytest.raises(ValueError, match="num_heads=8"):
-        poskit.attention(q, k, v, enc)
+        poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_wrong_number_of_heads_for_encoding():
         (dict(q_positions=torch.arange(7.0)), "q_positions must be an integer tensor"),
         (dict(k_positions=torch.arange(6)), r"k_positions must have shape \(7,\) or \(2, 7\)"),
         (dict(q_positions=torch.zeros(3, 7, dtype=torch.long)), r"q_positions must have shape"),
-        (dict(key_padding_mask=torch.ones(2, 7)), "key_padding_mask must be a bool tensor"),
+        (dict(attn_mask=torch.ones(2, 1, 1, 7, dtype=torch.long)), "attn_mask must be bool"),
         (dict(backend="cuda"), r"backend must be one of \['auto', 'reference', 'sdpa', 'triton'\]"),
     ],
 )
@@ -71,22 +71,22 @@ def test_bad_attention_arguments(kw, match):
     enc = build("rope")
     q, k, v = make_qkv()
     with pytest.raises(ValueError, match=match):
-        poskit.attention(q, k, v, enc, **kw)
+        poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
 
 
 def test_backend_that_cannot_serve_raises():
     q, k, v = make_qkv()
     with pytest.raises(ValueError, match="backend='sdpa' cannot serve"):
-        poskit.attention(q, k, v, build("cope"), backend="sdpa")
+        poskit.attention(q, k, v, build("cope"), backend="sdpa", is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="backend='triton' serves only pope, cope and cope-alibi"):
-        poskit.attention(q, k, v, build("rope"), backend="triton")
+        poskit.attention(q, k, v, build("rope"), backend="triton", is_causal=True, enable_gqa=True)
 
 
 def test_gate_keys_rejected_for_other_encodings():
     q, k, v = make_qkv()
     for backend in ("reference", "sdpa"):
         with pytest.raises(ValueError, match="gate_keys is only accepted"):
-            poskit.attention(q, k, v, build("rope"), gate_keys=k, backend=backend)
+            poskit.attention(q, k, v, build("rope"), gate_keys=k, backend=backend, is_causal=True, enable_gqa=True)
 
 
 def test_learned_table_and_relative_distance_limits():
@@ -94,7 +94,7 @@ def test_learned_table_and_relative_distance_limits():
         build("learned", dim=8).embed(torch.tensor([100]))
     q, k, v = make_qkv(Tq=10, Tk=10)
     with pytest.raises(ValueError, match="max_distance=3"):
-        poskit.attention(q, k, v, build("relative", max_distance=3))
+        poskit.attention(q, k, v, build("relative", max_distance=3), is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.parametrize(
@@ -133,12 +133,12 @@ def test_bad_encoding_options_name_the_argument_and_allowed_values(name, kwargs,
 def test_zero_kv_heads():
     q, k, v = make_qkv(H=4, Hkv=2)
     with pytest.raises(ValueError, match=r"H_kv=0 must divide the query heads H=4; allowed H_kv: \[1, 2, 4\]"):
-        poskit.attention_scores(q, k[:, :0], build("rope"))
+        poskit.attention_scores(q, k[:, :0], build("rope"), is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match=r"H_kv=0 must divide"):
-        poskit.attention(q, k[:, :0], v[:, :0], build("alibi"))
+        poskit.attention(q, k[:, :0], v[:, :0], build("alibi"), is_causal=True, enable_gqa=True)
 
 
 def test_cope_value_gates_without_v():
     q, k, _ = make_qkv()
     with pytest.raises(ValueError, match=r"gates='values' needs v"):
-        poskit.attention_scores(q, k, build("cope", gates="values"))
+        poskit.attention_scores(q, k, build("cope", gates="values"), is_causal=True, enable_gqa=True)

@@ -47,8 +47,8 @@ def test_fast_path_equals_reference_for_any_positions(name, offset, Tq, extra, g
         kp = kp[torch.randperm(Tk, generator=torch.Generator().manual_seed(seed))]
     qp = kp[extra:]
     kw = dict(q_positions=qp, k_positions=kp)
-    fast = poskit.attention(q, k, v, enc, **kw)
-    ref = poskit.attention(q, k, v, enc, backend="reference", **kw)
+    fast = poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
+    ref = poskit.attention(q, k, v, enc, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True)
     torch.testing.assert_close(fast, ref, atol=1e-10, rtol=1e-10)
 
 
@@ -58,9 +58,9 @@ def test_grouped_decode_on_the_blocked_path_matches_reference_in_both_directions
     q, k, v = make_qkv(B=2, H=8, Hkv=2, Tq=3, Tk=11, requires_grad=True)
     kw = dict(q_positions=torch.tensor([8, 9, 10]), k_positions=torch.arange(11))
     assert route(enc, q) == "blocked"
-    fast = poskit.attention(q, k, v, enc, **kw)
+    fast = poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
     grads = torch.autograd.grad(fast.square().sum(), (q, k, v, enc.delta))
-    ref = poskit.attention(q, k, v, enc, backend="reference", **kw)
+    ref = poskit.attention(q, k, v, enc, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True)
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, enc.delta))
     torch.testing.assert_close(fast, ref)
     for g, r in zip(grads, ref_grads):
@@ -87,8 +87,8 @@ def test_long_pope_sequences_take_padded_sdpa_exactly(monkeypatch):
     enc = build("pope")
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=70, Tk=70, requires_grad=True)
     assert route(enc, q, k) == "sdpa"
-    out = poskit.attention(q, k, v, enc)
-    ref = poskit.attention(q, k, v, enc, backend="reference")
+    out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
+    ref = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, ref)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v, enc.delta))
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, enc.delta))
@@ -107,7 +107,7 @@ def test_cache_grows_past_its_allocation_and_keeps_every_token():
     assert cache.length == 150 and cache.layer(0)._keys.data.shape[2] == 256
     torch.testing.assert_close(cache.layer(0).values, v)
     torch.testing.assert_close(cache.layer(0).positions, torch.arange(150)[None])
-    full = poskit.attention(q, k, v, enc, backend="reference")
+    full = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(torch.cat(outs, 2), full)
 
 
@@ -119,7 +119,7 @@ def test_crop_rolls_back_and_decoding_continues_exactly():
     cache.crop(4)  # drop tokens 4 and 5, decode them again
     assert cache.length == 4 and cache.next_position() == 4 and cache.layer(1).length == 0
     out = cached_attention(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], enc, cache, 0, torch.arange(4, 8))
-    full = poskit.attention(q, k, v, enc, backend="reference")
+    full = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, full[:, :, 4:])
     with pytest.raises(ValueError, match=r"length must be an int in \[0, 8\]"):
         cache.crop(9)
@@ -135,7 +135,7 @@ def test_cache_mixes_shared_and_per_batch_positions():
     per_batch = torch.tensor([[3, 4], [3, 4]])
     out = cached_attention(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], enc, cache, 0, per_batch)
     assert cache.layer(0).positions.shape == (2, 5)
-    torch.testing.assert_close(out, poskit.attention(q, k, v, enc, backend="reference")[:, :, 3:])
+    torch.testing.assert_close(out, poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)[:, :, 3:])
 
 
 def test_gate_keys_must_be_given_at_every_append():
@@ -158,7 +158,7 @@ def test_backpropagating_through_several_decode_steps_equals_the_full_forward(na
     params = [p for p in enc.parameters() if p.requires_grad]
     out = torch.cat(outs, 2)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v, *params))
-    ref = poskit.attention(q, k, v, enc, backend="reference")
+    ref = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, *params))
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, ref_grads):
@@ -178,13 +178,13 @@ def test_blocked_backward_is_exact_whether_probabilities_are_kept_or_recomputed(
     enc = build(name)
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=70, Tk=70, requires_grad=True)  # two query blocks
     params = [p for p in enc.parameters() if p.requires_grad]
-    out = poskit.attention(q, k, v, enc)
+    out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
     assert route(enc, q) == "blocked" and len(calls) == 2
     upstream = torch.randn_like(out)
     first = torch.autograd.grad(out, (q, k, v, *params), upstream, retain_graph=True)
     assert len(calls) == (4 if budget == 0 else 2)  # the backward recomputed both blocks, or reused them
     second = torch.autograd.grad(out, (q, k, v, *params), upstream)  # kept probabilities are not consumed
-    ref = poskit.attention(q, k, v, enc, backend="reference")
+    ref = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     ref_grads = torch.autograd.grad(ref, (q, k, v, *params), upstream)
     for a, b, r in zip(first, second, ref_grads):
         torch.testing.assert_close(a, r)
@@ -203,10 +203,10 @@ def test_blocked_path_in_chunks_of_batch_rows_is_exact(name, monkeypatch):
     qp = kp[:, 30:]
     pad = torch.ones(3, 70, dtype=torch.bool)
     pad[1, :7] = False
-    kw = dict(q_positions=qp, k_positions=kp, key_padding_mask=pad)
+    kw = dict(q_positions=qp, k_positions=kp, attn_mask=pad[:, None, None, :])
     params = [p for p in enc.parameters() if p.requires_grad]
-    out = poskit.attention(q, k, v, enc, **kw)
-    ref = poskit.attention(q, k, v, enc, backend="reference", **kw)
+    out = poskit.attention(q, k, v, enc, **{"is_causal": True, **kw}, enable_gqa=True)
+    ref = poskit.attention(q, k, v, enc, backend="reference", **{"is_causal": True, **kw}, enable_gqa=True)
     torch.testing.assert_close(out, ref)
     upstream = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v, *params), upstream)

@@ -19,7 +19,7 @@ def test_token_by_token_decode_equals_full_forward(name, T, prefill, groups, see
     enc = build(name)
     q, k, v = make_qkv(H=4, Hkv=4 // groups, Tq=T, Tk=T, gen_seed=seed)
     gk = k.flip(-1) if getattr(enc, "gates", None) == "separate" else None
-    full = poskit.attention(q, k, v, enc, backend="reference", gate_keys=gk)
+    full = poskit.attention(q, k, v, enc, backend="reference", gate_keys=gk, is_causal=True, enable_gqa=True)
     cache = KVCache(num_layers=2)
     outs = []
     steps = ([(0, prefill)] if prefill else []) + [(t, t + 1) for t in range(prefill, T)]
@@ -32,7 +32,7 @@ def test_token_by_token_decode_equals_full_forward(name, T, prefill, groups, see
     if name == "rope-dynamic":
         # its base depends on the length seen so far: each step equals the full forward over its prefix
         for (a, b), out in zip(steps, outs):
-            prefix = poskit.attention(q[:, :, :b], k[:, :, :b], v[:, :, :b], enc, backend="reference")
+            prefix = poskit.attention(q[:, :, :b], k[:, :, :b], v[:, :, :b], enc, backend="reference", is_causal=True, enable_gqa=True)
             assert torch.allclose(out, prefix[:, :, a:b], atol=1e-10)
     else:
         assert torch.allclose(torch.cat(outs, dim=2), full, atol=1e-10)

@@ -134,7 +134,7 @@ def test_a_refused_step_leaves_the_cache_exactly_as_it_was(label, fault, prefill
     outs = [out, cached_attention(**dict(step_args(enc, q, k, v, gk, prefill, prefill + 1), cache=cache))]
     n = prefill + 1
     full = poskit.attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], enc, backend="reference",
-                            gate_keys=None if gk is None else gk[:, :, :n])
+                            gate_keys=None if gk is None else gk[:, :, :n], is_causal=True, enable_gqa=True)
     assert cache.layer(0).length == n
     if label == "rope-dynamic":  # its base depends on the length seen so far: compare the last step only
         torch.testing.assert_close(outs[1], full[:, :, prefill:], atol=1e-10, rtol=0)

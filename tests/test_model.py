@@ -22,6 +22,9 @@ OPTIONS = {
     "rope-ntk": {"factor": 2.0},
     "rope-dynamic": {"factor": 2.0, "original_max_positions": 64},
     "rope-yarn": {"factor": 2.0, "original_max_positions": 16},
+    "rope-llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positions": 16},
+    "rope-longrope": {"short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0], "factor": 4.0,
+                      "original_max_positions": 64},
     "learned": {"max_positions": 64},
     "relative": {"max_distance": 64},
 }

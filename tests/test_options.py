@@ -12,6 +12,8 @@ MISSING = {
     "rope-ntk": ["factor"],
     "rope-dynamic": ["factor", "original_max_positions"],
     "rope-yarn": ["factor", "original_max_positions"],
+    "rope-llama3": ["factor", "original_max_positions", "low_freq_factor", "high_freq_factor"],
+    "rope-longrope": ["original_max_positions", "short_factor", "long_factor", "factor"],
     "sinusoidal": ["dim"],
     "learned": ["dim"],
     "legendre": ["dim"],

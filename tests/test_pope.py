@@ -33,7 +33,7 @@ def test_pope_logits_equal_eq5(softplus, phase_bias):
     q = torch.randn(2, H, 5, d, dtype=torch.float64)
     k = torch.randn(2, 2, 6, d, dtype=torch.float64)
     qp, kp = [2, 3, 9, 10, 11], [0, 1, 2, 3, 9, 11]
-    got = poskit.attention_scores(q, k, enc, causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, is_causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), enable_gqa=True)
     delta = enc.delta.detach().clamp(-2 * math.pi, 0) if phase_bias else torch.zeros(H, d, dtype=torch.float64)
     want = reference_pope_logits(q, k, qp, kp, delta, 100.0, 1 / math.sqrt(d), softplus)
     assert torch.allclose(got, want, atol=1e-12)
@@ -56,7 +56,7 @@ def test_eq5_equals_cartesian_eq6_to_9():
     kx, ky = mu_k * torch.cos(phi_k), mu_k * torch.sin(phi_k)
     cart = torch.cat((qx, qy), -1) @ torch.cat((kx, ky), -1).transpose(-1, -2) / math.sqrt(d)
     complex_form = (torch.conj(torch.complex(qx, qy)) @ torch.complex(kx, ky).transpose(-1, -2)).real / math.sqrt(d)
-    got = poskit.attention_scores(q, k, enc, causal=False)
+    got = poskit.attention_scores(q, k, enc, is_causal=False, enable_gqa=True)
     assert torch.allclose(cart, complex_form, atol=1e-12)
     assert torch.allclose(got, cart, atol=1e-12)
 
@@ -77,10 +77,10 @@ def test_delta_is_clamped_in_forward_and_initialised_in_range():
     with torch.no_grad():
         enc.delta.fill_(1.0)  # outside [-2 pi, 0]: behaves as 0
     zero = build("pope", head_dim=8, num_heads=2, delta_init="zero")
-    assert torch.allclose(poskit.attention_scores(q, k, enc), poskit.attention_scores(q, k, zero))
+    assert torch.allclose(poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True), poskit.attention_scores(q, k, zero, is_causal=True, enable_gqa=True))
     with torch.no_grad():
         enc.delta.fill_(-10.0)  # behaves as -2 pi, i.e. as 0 again (a full turn)
-    assert torch.allclose(poskit.attention_scores(q, k, enc), poskit.attention_scores(q, k, zero), atol=1e-12)
+    assert torch.allclose(poskit.attention_scores(q, k, enc, is_causal=True, enable_gqa=True), poskit.attention_scores(q, k, zero, is_causal=True, enable_gqa=True), atol=1e-12)
 
 
 def test_zero_initialised_delta_still_gets_gradient():
@@ -88,7 +88,7 @@ def test_zero_initialised_delta_still_gets_gradient():
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     v = torch.randn(1, 2, 5, 8, dtype=torch.float64)
-    poskit.attention(q, k, v, enc).square().sum().backward()
+    poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True).square().sum().backward()
     assert enc.delta.grad is not None and enc.delta.grad.abs().sum() > 0
 
 
@@ -99,7 +99,7 @@ def test_pope_gradcheck_q_k_v_delta():
     v = torch.randn(1, 1, 4, 3, dtype=torch.float64, requires_grad=True)
 
     delta = (enc.delta.detach() * 0.9 - 0.1).requires_grad_(True)  # away from the clamp boundaries
-    attend = lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend="reference"))
+    attend = lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True))
     assert torch.autograd.gradcheck(attend, (q, k, v, delta))
 
 
@@ -119,7 +119,7 @@ def test_pope_gradients_equal_eq5_gradients(backend):
     delta = enc.delta.detach() * 0.9 - 0.1  # inside (-2 pi, 0): the clamp passes gradients
     q, k, v = torch.randn(2, H, T, d), torch.randn(2, 1, T, d), torch.randn(2, 1, T, 3)
     assert_same_gradients(
-        lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend=backend)),
+        lambda q, k, v, dl: call_with_params(enc, {"delta": dl}, lambda: poskit.attention(q, k, v, enc, backend=backend, is_causal=True, enable_gqa=True)),
         reference,
         [q.double(), k.double(), v.double(), delta],
     )
@@ -130,8 +130,8 @@ def test_pope_fp32_relative_property_at_a_million():
     enc = build("pope", head_dim=d, num_heads=2, dtype=torch.float32, delta_init="uniform")
     q, k = torch.randn(1, 2, 6, d), torch.randn(1, 2, 6, d)
     pos = torch.arange(6)
-    a = poskit.attention_scores(q, k, enc, q_positions=pos, k_positions=pos)
-    b = poskit.attention_scores(q, k, enc, q_positions=pos + 1_000_000, k_positions=pos + 1_000_000)
+    a = poskit.attention_scores(q, k, enc, q_positions=pos, k_positions=pos, is_causal=True, enable_gqa=True)
+    b = poskit.attention_scores(q, k, enc, q_positions=pos + 1_000_000, k_positions=pos + 1_000_000, is_causal=True, enable_gqa=True)
     fin = torch.isfinite(a)
     assert torch.allclose(a[fin], b[fin], atol=1e-3)
 

@@ -25,7 +25,7 @@ def _reference(enc, q, k, v, positions):
     enc64 = build("pope", head_dim=enc.head_dim, num_heads=enc.num_heads)
     enc64.load_state_dict(enc.state_dict())
     return poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference",
-                            q_positions=positions, k_positions=positions)
+                            q_positions=positions, k_positions=positions, is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.parametrize("per_batch", [False, True])
@@ -50,7 +50,7 @@ def test_fused_cpu_decode_of_the_ablations(options):
     positions = torch.arange(9)
     enc64 = build("pope", **options)
     enc64.load_state_dict(enc.state_dict())
-    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference")
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference", is_causal=True, enable_gqa=True)
     with torch.no_grad():
         out = _decode(enc, q, k, v, positions, prefill=3)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)

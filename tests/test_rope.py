@@ -40,7 +40,7 @@ def test_rope_logits_equal_rotation_matrix_form(layout, rotary_dim):
     q = torch.randn(1, 2, 5, D, dtype=torch.float64)
     k = torch.randn(1, 2, 6, D, dtype=torch.float64)
     qp, kp = [3, 7, 8, 20, 21], [0, 2, 7, 8, 15, 21]
-    got = poskit.attention_scores(q, k, enc, causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, is_causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), enable_gqa=True)
     want = reference_rope_logits(q, k, qp, kp, rotary_dim or D, 500.0, layout, 1 / math.sqrt(D))
     assert torch.allclose(got, want, atol=1e-12)
 
@@ -59,8 +59,8 @@ def test_half_layout_is_a_permutation_of_interleaved():
     perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # half-layout channel j holds interleaved channel perm[j]
     q = torch.randn(1, 1, 4, D, dtype=torch.float64)
     k = torch.randn(1, 1, 4, D, dtype=torch.float64)
-    a = poskit.attention_scores(q, k, build("rope", head_dim=D, num_heads=1))
-    b = poskit.attention_scores(q[..., perm], k[..., perm], build("rope", head_dim=D, num_heads=1, layout="half"))
+    a = poskit.attention_scores(q, k, build("rope", head_dim=D, num_heads=1), is_causal=True, enable_gqa=True)
+    b = poskit.attention_scores(q[..., perm], k[..., perm], build("rope", head_dim=D, num_heads=1, layout="half"), is_causal=True, enable_gqa=True)
     assert torch.allclose(a, b, atol=1e-12)
 
 
@@ -71,7 +71,7 @@ def logits_by_distance(enc, q_vec, k_vec, max_distance):
     q = q_vec.reshape(1, 1, 1, d)
     k = k_vec.reshape(1, 1, 1, d).expand(1, 1, max_distance + 1, d)
     row = poskit.attention_scores(q, k, enc, q_positions=torch.tensor([max_distance]),
-                                  k_positions=torch.arange(max_distance + 1), scale=1.0)[0, 0, 0]
+                                  k_positions=torch.arange(max_distance + 1), scale=1.0, is_causal=True, enable_gqa=True)[0, 0, 0]
     return row.flip(0)  # key s sits at distance max_distance - s
 
 
@@ -120,8 +120,8 @@ def test_rope_fp32_relative_property_at_a_million():
     q = torch.randn(1, 2, 6, D)
     k = torch.randn(1, 2, 6, D)
     pos = torch.arange(6)
-    base = poskit.attention_scores(q, k, enc, q_positions=pos, k_positions=pos)
-    far = poskit.attention_scores(q, k, enc, q_positions=pos + 1_000_000, k_positions=pos + 1_000_000)
+    base = poskit.attention_scores(q, k, enc, q_positions=pos, k_positions=pos, is_causal=True, enable_gqa=True)
+    far = poskit.attention_scores(q, k, enc, q_positions=pos + 1_000_000, k_positions=pos + 1_000_000, is_causal=True, enable_gqa=True)
     finite = torch.isfinite(base)
     assert torch.allclose(base[finite], far[finite], atol=1e-3)
 
@@ -131,7 +131,7 @@ def test_rope_gradcheck():
     q = torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 1, 4, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 1, 4, 8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc, backend="reference"), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True), (q, k, v))
 
 
 @pytest.mark.parametrize(

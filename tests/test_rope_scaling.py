@@ -143,7 +143,7 @@ def test_scaled_rope_logits_equal_float64_reference(name, layout):
     q = torch.randn(2, 2, 5, D, dtype=torch.float64)
     k = torch.randn(2, 1, 6, D, dtype=torch.float64)
     qp, kp = [3, 7, 8, 20, 21], [0, 2, 7, 8, 15, 21]  # longest position 21: dynamic's base grows (21 + 1 > 8)
-    got = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), is_causal=True, enable_gqa=True)
     want = reference_scaled_rope_logits(q, k, qp, kp, VARIANTS[name][0], layout, D, 10000.0, factor, VARIANTS[name][1])
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
@@ -157,7 +157,7 @@ def test_partial_rotary_scaling_uses_rotary_dim(name):
     enc = build_variant(name, D, "half", rotary_dim=rd, factor=8.0)
     q, k = torch.randn(1, 2, 4, D, dtype=torch.float64), torch.randn(1, 1, 4, D, dtype=torch.float64)
     qp, kp = [0, 5, 9, 40], [1, 5, 30, 40]
-    got = poskit.attention_scores(q, k, enc, causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, is_causal=False, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), enable_gqa=True)
     want = reference_scaled_rope_logits(q, k, qp, kp, VARIANTS[name][0], "half", rd, 10000.0, 8.0, VARIANTS[name][1],
                                         causal=False)
     assert torch.allclose(got, want, atol=1e-12, rtol=0)
@@ -172,7 +172,7 @@ def test_dynamic_ntk_base_follows_the_longest_position_of_the_call(seq_end):
     q = torch.randn(1, 2, 1, D, dtype=torch.float64)
     k = torch.randn(1, 1, seq_end, D, dtype=torch.float64)
     qp, kp = [seq_end - 1], list(range(seq_end))
-    got = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp))
+    got = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(qp), k_positions=torch.tensor(kp), is_causal=True, enable_gqa=True)
     want = reference_scaled_rope_logits(q, k, qp, kp, "dynamic", "interleaved", D, 10000.0, 2.0, 16)
     assert torch.allclose(got, want, atol=1e-12, rtol=0)
     plain = reference_scaled_rope_logits(q, k, qp, kp, "linear", "interleaved", D, 10000.0, 1.0, None)  # s = 1
@@ -187,13 +187,13 @@ def test_scaled_rope_fp32_at_a_million(name):
     enc = build_variant(name, D, dtype=torch.float32)
     q, k = torch.randn(1, 2, T, D), torch.randn(1, 1, T, D)
     pos = list(range(offset, offset + T))
-    far = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(pos), k_positions=torch.tensor(pos))
+    far = poskit.attention_scores(q, k, enc, q_positions=torch.tensor(pos), k_positions=torch.tensor(pos), is_causal=True, enable_gqa=True)
     want = reference_scaled_rope_logits(q, k, pos, pos, VARIANTS[name][0], "interleaved", D, 10000.0, 4.0, VARIANTS[name][1])
     fin = torch.isfinite(want)
     assert torch.equal(torch.isfinite(far), fin)
     assert torch.allclose(far[fin].double(), want[fin], atol=1e-3, rtol=0)
     if name != "rope-dynamic":
-        near = poskit.attention_scores(q, k, enc, q_positions=torch.arange(T), k_positions=torch.arange(T))
+        near = poskit.attention_scores(q, k, enc, q_positions=torch.arange(T), k_positions=torch.arange(T), is_causal=True, enable_gqa=True)
         assert torch.allclose(far[fin], near[fin], atol=1e-3, rtol=0)
 
 
@@ -210,7 +210,7 @@ def test_yarn_attention_factor_scales_logits_by_its_square():
     x = torch.randn(1, 2, 1, D, dtype=torch.float64)
     y = torch.randn(1, 2, 1, D, dtype=torch.float64)
     yarn = build("rope-yarn", head_dim=D, num_heads=2, factor=4.0, original_max_positions=8)
-    got = poskit.attention_scores(x, y, yarn, q_positions=torch.tensor([5]), k_positions=torch.tensor([5]))
+    got = poskit.attention_scores(x, y, yarn, q_positions=torch.tensor([5]), k_positions=torch.tensor([5]), is_causal=True, enable_gqa=True)
     want = (0.1 * math.log(4) + 1) ** 2 * (x * y).sum(-1, keepdim=True) / math.sqrt(D)
     assert torch.allclose(got, want, atol=1e-12)
 

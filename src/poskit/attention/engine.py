@@ -17,7 +17,8 @@ import functools
 import torch
 
 from ..encodings.base import PositionalEncoding, encoding_class, registered_names
-from .inputs import AttentionInputs, prepare
+from .inputs import AttentionInputs, prepare, refuse_renamed
+from .padding import real_token_mask
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
 from .sdpa import all_finite, blocked, sdpa, use_blocked
@@ -79,7 +80,7 @@ def _run_sdpa(inp, enc, gate_keys):
         return sdpa(inp, q, k, inp.v)
     if enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
-        if _is_static_bias(enc) and inp.q.device.type == "cpu":
+        if _is_static_bias(enc) and inp.q.device.type == "cpu" and inp.attn_mask is None:
             # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
             qp, kp = inp.q_positions, inp.k_positions
             return blocked(inp, inp.q, inp.k, inp.v,
@@ -171,29 +172,65 @@ def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = Non
 _RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton}
 
 
-def attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
-              key_padding_mask=None, gate_keys=None, backend: str = "auto") -> torch.Tensor:
+def _check_dropout(dropout_p) -> None:
+    # accepted for drop-in compatibility with SDPA calls that spell out dropout_p=0.0; attention-weight dropout
+    # is not implemented by any poskit path
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 (poskit.attention has no attention-weight dropout), got {dropout_p!r}")
+
+
+def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
+              enable_gqa: bool = False, q_positions=None, k_positions=None, gate_keys=None, backend: str = "auto",
+              **removed) -> torch.Tensor:
     """(B, H, Tq, Dv) == softmax(attention_scores(q, k, enc, ...)) @ v, by the fastest exact path.
 
-    See `poskit.attention_scores` for the conventions (shapes, GQA order, positions, scale).
+    The keywords are those of `F.scaled_dot_product_attention`, with the same meanings and defaults, plus
+    the encoding `enc` and poskit's own `q_positions`, `k_positions`, `gate_keys`, `backend`:
+
+    attn_mask: bool (True = attend) or float of q's dtype (added to the logits), broadcastable to
+        (B, H, Tq, Tk). May be combined with is_causal (both apply).
+    is_causal: causal *by position*: key s is visible to query t iff k_positions[s] <= q_positions[t]. With
+        the default positions (arange) that is SDPA's top-left aligned mask, for any Tq and Tk; to attend a
+        few new queries to a longer cache (bottom-right), give their positions, e.g.
+        q_positions=torch.arange(Tk - Tq, Tk).
+    scale: default 1/sqrt(head_dim) of q (before any encoding widens it).
+    enable_gqa: False requires H == H_kv, as SDPA; True lets H_kv divide H (query head h reads kv head
+        h // (H // H_kv)).
+    dropout_p: only 0.0 (no attention-weight dropout).
+
+    A query that sees no key outputs zeros on every path (CPU SDPA of torch 2.13 also gives 0 there).
+    See `poskit.attention_scores` for the other conventions (shapes, positions).
     """
+    refuse_renamed("attention", removed)
+    _check_dropout(dropout_p)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
-    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                  key_padding_mask=key_padding_mask)
+    inp = prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  attn_mask=attn_mask, enable_gqa=enable_gqa)
     chosen = choose_backend(enc, q, backend)
     if not inp.has_pairs:  # no query or no key: empty rows, or rows of zeros (no visible key), on every path
         chosen = "reference"
+    elif inp.attn_mask is not None and chosen == "triton":
+        if backend == "triton":
+            raise ValueError("backend='triton' serves attn_mask only when it varies along the keys alone (a key "
+                             "padding mask, shape (B, 1, 1, Tk)); use backend='auto' for a general mask")
+        chosen = "sdpa" if sdpa_serves(enc) else "reference"  # the paths that are exact with a general mask
     return _RUNNERS[chosen](inp, enc, gate_keys)
 
 
-def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_keys=None, backend: str = "auto"):
+def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attention_mask=None, gate_keys=None,
+                     backend: str = "auto", **removed):
     """Append the new keys/values at `q_positions` to layer `layer_idx` of `cache`, then attend the new
     queries to everything cached, causally by position. Equals the corresponding rows of a full forward.
 
-    q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens; q_positions (Tn,) or (B, Tn), required
+    q: (B, H, Tn, D); k, v: (B, H_kv, Tn, .) for the same Tn new tokens (H_kv dividing H: grouped-query
+    attention is implicit here); q_positions (Tn,) or (B, Tn), required
     (e.g. `torch.arange(cache.next_position(), cache.next_position() + Tn)`): a default of arange(Tn) would
     silently put a later token at position 0.
+    attention_mask: (B, Tn) bool or 0/1 ints, True/1 = real token, 0 = padding (Hugging Face's convention),
+    for the new tokens; stored in the cache beside their keys, so that no later query attends to a pad, and
+    for CoPE pads count in no gate sum. Give pads positions that keep each row's real tokens at 0, 1, 2, ...
+    (`poskit.attention.padding.padded_positions`).
     The encoding's `cache_form` says what is cached: rope (static frequencies) caches the rotated key and pope
     the key magnitude softplus(k) (attention/pope_decode.py), so a decode step encodes only the new token;
     every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
@@ -201,12 +238,15 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
     Everything is validated before the cache is touched (shapes, dtypes and widths against the cached ones,
     gate keys, the positions the encoding accepts over the whole cache): a refused step leaves it unchanged.
     """
+    refuse_renamed("cached_attention", removed)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tn, Dv), got None")
     if q_positions is None:
         raise ValueError("q_positions must be given to cached_attention: the (Tn,) or (B, Tn) positions of the new "
                          "tokens, e.g. torch.arange(cache.next_position(), cache.next_position() + Tn)")
-    inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None)
+    real = None if attention_mask is None else real_token_mask(attention_mask, q.shape[0], q.shape[2], q.device)
+    inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None,
+                  key_padding_mask=real)
     chosen = choose_backend(enc, q, backend)
     if not inp.has_pairs:  # no new token: nothing to append, and no query to answer
         return _run_reference(inp, enc, gate_keys)
@@ -219,13 +259,16 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, gate_k
         return cached_pope_attention(enc, inp, layer, use_triton=chosen == "triton")  # its append validates first
     encoded = enc.cache_form == "encoded" and chosen == "sdpa"
     keys = enc.encode_k(k, inp.k_positions) if encoded else k
-    layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded)
+    layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded, key_mask=real)
     _check_positions_over_cache(enc, inp, layer)
-    layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None)  # checked above
+    layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None, real)  # checked above
     if not encoded:
-        return attention(q, layer.keys, layer.values, enc, causal=True, q_positions=inp.q_positions,
-                         k_positions=layer.positions, gate_keys=layer.gate_keys, backend=backend)
-    full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True, None, False)
+        pad = layer.key_mask
+        return attention(q, layer.keys, layer.values, enc, is_causal=True, enable_gqa=True,
+                         q_positions=inp.q_positions, k_positions=layer.positions, gate_keys=layer.gate_keys,
+                         attn_mask=None if pad is None else pad[:, None, None, :], backend=backend)
+    full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True,
+                           layer.key_mask, False)
     if use_blocked(full, enc):
         q_enc = enc.encode_q(q, inp.q_positions, scale=inp.scale)
         return blocked(full, q_enc, layer.keys, layer.values, prescaled=True)
@@ -246,4 +289,20 @@ def _check_positions_over_cache(enc: PositionalEncoding, inp: AttentionInputs, l
         b = max(cached.shape[0], kp.shape[0])
         kp = torch.cat((cached.expand(b, -1), kp.expand(b, -1)), -1)
     visible = kp[:, None, None, :] <= inp.q_positions[:, None, :, None]
+    real = _key_mask_after_append(layer, inp)
+    if real is not None:
+        visible = visible & real[:, None, None, :]
     enc.check_positions(inp.q_positions, kp, visible)
+
+
+def _key_mask_after_append(layer, inp: AttentionInputs):
+    """(B, L + Tn) bool: the layer's key mask once the new tokens are appended, or None when all are real."""
+    new, cached = inp.key_padding_mask, layer.key_mask
+    if new is None and cached is None:
+        return None
+    B, Tn = inp.k.shape[0], inp.k.shape[2]
+    if new is None:
+        new = torch.ones(B, Tn, dtype=torch.bool, device=inp.k.device)
+    if cached is None:
+        cached = torch.ones(B, layer.length, dtype=torch.bool, device=inp.k.device)
+    return torch.cat((cached, new), -1)

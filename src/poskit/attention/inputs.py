@@ -18,8 +18,13 @@ class AttentionInputs:
     k_positions: torch.Tensor  # (1|B, Tk) int64
     scale: float
     causal: bool
-    key_padding_mask: torch.Tensor | None  # (B, Tk) bool, True = keep
+    # (B, Tk) bool, True = a real key (attend), False = padding. Internal only: the public API takes SDPA's
+    # `attn_mask`; a mask that varies only along the keys is turned into this, which every fast path serves.
+    key_padding_mask: torch.Tensor | None
     default_positions: bool = False  # both position tensors were omitted (arange): SDPA's is_causal is exact then
+    # any other `attn_mask`, broadcast to 4-d (1|B, 1|H, 1|Tq, 1|Tk): bool (True = attend) or float (added to
+    # the logits; -inf hides the pair). Served by the reference and by SDPA with a merged mask only.
+    attn_mask: torch.Tensor | None = None
 
     @property
     def groups(self) -> int:
@@ -40,7 +45,14 @@ class AttentionInputs:
             vis = torch.ones(1, 1, qp.shape[-1], kp.shape[-1], dtype=torch.bool, device=qp.device)
         if self.key_padding_mask is not None:
             vis = vis & self.key_padding_mask[:, None, None, :]
+        if self.attn_mask is not None:
+            vis = vis & (self.attn_mask if self.attn_mask.dtype == torch.bool else self.attn_mask != float("-inf"))
         return vis
+
+    def additive_mask(self) -> torch.Tensor | None:
+        """The float `attn_mask` to add to the logits (broadcastable to (B, H, Tq, Tk)), or None."""
+        m = self.attn_mask
+        return None if m is None or m.dtype == torch.bool else m
 
 
 # Devices the attention paths compute on. A "meta" tensor has shapes but no values: every path would return
@@ -70,7 +82,11 @@ def check_scale(scale) -> float:
     return check_real(scale, "scale", minimum=0, strict=True)
 
 
-def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_positions, scale, key_padding_mask=None) -> AttentionInputs:
+def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_positions, scale, attn_mask=None,
+            enable_gqa: bool = True, key_padding_mask=None) -> AttentionInputs:
+    """Validate and normalise one attention call. `attn_mask` is the public SDPA-style mask (split here into
+    a key-padding part and a general part); `key_padding_mask` (B, Tk) bool, True = real key, is the internal
+    form the KV cache passes. `enable_gqa` False refuses H != H_kv, as SDPA does."""
     _check4d(q, "q")
     _check4d(k, "k")
     B, H, Tq, D = q.shape
@@ -80,6 +96,9 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
     if Hkv == 0 or H % Hkv:  # Hkv == 0 tested first: H % 0 would be a ZeroDivisionError
         allowed = [d for d in range(1, H + 1) if H % d == 0]
         raise ValueError(f"the number of key/value heads H_kv={Hkv} must divide the query heads H={H}; allowed H_kv: {allowed}")
+    if Hkv != H and not enable_gqa:
+        raise ValueError(f"k and v have H_kv={Hkv} heads and q has H={H}: pass enable_gqa=True for grouped-query "
+                         "attention (as F.scaled_dot_product_attention, which otherwise refuses H != H_kv)")
     if v is not None:
         _check4d(v, "v")
         if v.shape[:3] != k.shape[:3]:
@@ -95,17 +114,73 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
             raise ValueError(f"q, k and v must be on one device, got q on {q.device} and {name} on {x.device}")
     check_device(q_positions, "q_positions")
     check_device(k_positions, "k_positions")
-    check_device(key_padding_mask, "key_padding_mask")
+    check_device(attn_mask, "attn_mask")
     qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions")
     kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions")
     scale = 1.0 / math.sqrt(D) if scale is None else check_scale(scale)
-    if key_padding_mask is not None:
-        key_padding_mask = torch.as_tensor(key_padding_mask, device=q.device)
-        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {Tk}) (True = keep), got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+    general = None
+    if attn_mask is not None:
+        padding, general = split_attn_mask(attn_mask, (B, H, Tq, Tk), q.dtype, q.device)
+        key_padding_mask = padding if key_padding_mask is None or padding is None else key_padding_mask & padding
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk)):
+        raise ValueError(f"the key padding mask must be a bool tensor of shape ({B}, {Tk}) (True = real key), got "
+                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
     default = q_positions is None and k_positions is None
-    return AttentionInputs(q, k, v, qp, kp, float(scale), bool(causal), key_padding_mask, default)
+    return AttentionInputs(q, k, v, qp, kp, float(scale), bool(causal), key_padding_mask, default, general)
+
+
+def split_attn_mask(attn_mask, shape: tuple, dtype: torch.dtype, device) -> tuple:
+    """Check an SDPA-style `attn_mask` against the logits' `shape` (B, H, Tq, Tk) and split it into
+    (key padding mask (B, Tk) bool or None, general 4-d mask or None), exactly one of them set.
+
+    bool: True = attend; float (of q's dtype, as SDPA requires): added to the logits, -inf hides a pair.
+    A mask that varies only along the keys (shape (B|1, 1, 1, Tk) once broadcast to 4-d; a float one holding
+    only 0 and -inf) is a key padding mask, which every fast path (blocked, Triton) serves; any other mask
+    goes to the paths that are exact with it (SDPA with a merged mask, or the reference).
+    """
+    B, H, Tq, Tk = shape
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a tensor (bool: True = attend; or float: added to the logits), got "
+                         f"{type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype != dtype:
+        raise ValueError(f"attn_mask must be bool (True = attend) or float of q's dtype {dtype} (added to the "
+                         f"logits), as in F.scaled_dot_product_attention; got {attn_mask.dtype}")
+    try:
+        fits = attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, shape) == torch.Size(shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"attn_mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(attn_mask.shape)}")
+    mask = attn_mask.to(device).reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    if mask.shape[1] == 1 and mask.shape[2] == 1:
+        keys = mask[:, 0, 0, :].expand(B, Tk).contiguous()  # the Triton kernels read it with strides (B, Tk)
+        if keys.dtype == torch.bool:
+            return keys, None
+        hidden = keys == float("-inf")
+        # a float padding mask (0 = keep, -inf = pad); not looked for under torch.compile, where reading the
+        # values is a graph break: the mask then stays general, which the traced path (traced.py) adds exactly
+        if not torch.compiler.is_compiling() and bool(((keys == 0) | hidden).all()):
+            return ~hidden, None
+    return None, mask
+
+
+# keywords poskit.attention took before it followed F.scaled_dot_product_attention: refused with their replacement
+_RENAMED = {
+    "causal": "causal= is now is_causal= (F.scaled_dot_product_attention's name), whose default is False as in "
+              "SDPA: pass is_causal=True for causal attention",
+    "key_padding_mask": "key_padding_mask= is removed: pass attn_mask=keep[:, None, None, :] with a (B, Tk) bool "
+                        "`keep`, True = attend (the opposite of nn.MultiheadAttention's key_padding_mask, "
+                        "True = pad: use attn_mask=~key_padding_mask[:, None, None, :] for one of those)",
+}
+
+
+def refuse_renamed(function: str, kwargs: dict) -> None:
+    """TypeError for keywords that `function` does not take, naming the replacement of a renamed one."""
+    for name in kwargs:
+        if name in _RENAMED:
+            raise TypeError(f"{function}(): {_RENAMED[name]}")
+    if kwargs:
+        raise TypeError(f"{function}() got an unexpected keyword argument {next(iter(kwargs))!r}")
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

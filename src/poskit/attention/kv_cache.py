@@ -9,7 +9,11 @@ instead, which saves re-encoding the whole cache at every step.
 Storage is preallocated and grows by doubling, so appending one token copies one token (amortised), not
 the whole cache as `torch.cat` would: with `cat`, a decode step at 8k cached keys spent most of its time
 copying the cache. Pass `max_length` to allocate once. `keys`, `values`, `positions` are views of the
-filled part. Tensors that require grad are appended out of place instead, so backpropagating through
+filled part.
+
+Padded batches: each append may carry a (B, T) bool `key_mask` (True = real token, False = padding), stored
+beside the keys (grown, cropped and validated with them) so that later steps never attend to the pads. A
+layer that never received one has `key_mask` None (every key real). Tensors that require grad are appended out of place instead, so backpropagating through
 several decode steps stays correct.
 """
 from __future__ import annotations
@@ -82,6 +86,7 @@ class LayerCache:
         self._keys, self._values, self._gate_keys = _Buffer(2), _Buffer(2), _Buffer(2)
         self._positions = _Buffer(1)
         self._angles = _Buffer(1)  # per-position tables an encoding keeps beside its cached keys (pope)
+        self._key_mask = _Buffer(1)  # (B, T) bool, True = real token; empty until a mask is first appended
         self.encoded = False
 
     @property
@@ -105,16 +110,32 @@ class LayerCache:
         return self._angles.view()
 
     @property
+    def key_mask(self) -> torch.Tensor | None:  # (B, T) bool, True = real token; None: every cached key is real
+        return self._key_mask.view()
+
+    @property
     def length(self) -> int:
         return self._keys.length
 
-    def check_append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> None:
+    def next_positions(self) -> torch.Tensor | None:
+        """(B,) or (1,) int64: per sequence, the position after its last real cached key (0 when it has none);
+        None for an empty layer."""
+        pos = self.positions
+        if pos is None or pos.shape[-1] == 0:
+            return None
+        mask = self.key_mask
+        if mask is not None:
+            pos = pos.masked_fill(~mask, -1)
+        return pos.amax(-1) + 1
+
+    def check_append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None,
+                     key_mask=None) -> None:
         """Raise ValueError unless `append` with these arguments can extend this layer; touches nothing.
         `append` calls it before writing anything, so a refused append leaves the layer as it was."""
         for name, t in (("keys", keys), ("values", values), ("positions", positions)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-        for name, t in (("gate_keys", gate_keys), ("angles", angles)):
+        for name, t in (("gate_keys", gate_keys), ("angles", angles), ("key_mask", key_mask)):
             if t is not None and not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name} must be a tensor or None, got {type(t).__name__}")
         if keys.dim() != 4 or values.dim() != 4 or values.shape[:3] != keys.shape[:3]:
@@ -135,6 +156,11 @@ class LayerCache:
                                    or angles.shape[0] not in (1, keys.shape[0])):
             raise ValueError(f"angles must be (1|B, T, E) with T={keys.shape[2]} and B={keys.shape[0]}, "
                              f"got {tuple(angles.shape)}")
+        if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != (keys.shape[0], keys.shape[2])
+                                     or key_mask.device != keys.device):
+            raise ValueError(f"key_mask must be a bool tensor of shape (B, T) = {(keys.shape[0], keys.shape[2])} on "
+                             f"{keys.device} (True = real token), got {key_mask.dtype} {tuple(key_mask.shape)} on "
+                             f"{key_mask.device}")
         if not self.length:
             return
         if self.encoded != encoded:
@@ -155,12 +181,14 @@ class LayerCache:
         if angles is not None:
             self._angles.check_extends("angles", angles)
 
-    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None) -> "LayerCache":
-        """Extend the layer by the new tokens (validated first: a refused append changes nothing); returns it."""
-        self.check_append(keys, values, positions, gate_keys, encoded, angles)
-        return self._write(keys, values, positions, gate_keys, encoded, angles)
+    def append(self, keys, values, positions, gate_keys=None, encoded: bool = False, angles=None,
+               key_mask=None) -> "LayerCache":
+        """Extend the layer by the new tokens (validated first: a refused append changes nothing); returns it.
+        key_mask: (B, T) bool, True = real token, for padded batches (see the module docstring)."""
+        self.check_append(keys, values, positions, gate_keys, encoded, angles, key_mask)
+        return self._write(keys, values, positions, gate_keys, encoded, angles, key_mask)
 
-    def _write(self, keys, values, positions, gate_keys, encoded, angles) -> "LayerCache":
+    def _write(self, keys, values, positions, gate_keys, encoded, angles, key_mask=None) -> "LayerCache":
         # arguments already passed check_append (the engine checks once, then also the encoding's positions)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
@@ -173,6 +201,7 @@ class LayerCache:
         # would invalidate them, so differentiable decoding grows out of place (a copy per step, like cat)
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (keys, values, gate_keys, self.keys, self.values, self.gate_keys))
+        self._append_key_mask(key_mask, keys, grad)  # before the keys: it reads the cached length
         self._keys.append(keys, self._reserve, grad)
         self._values.append(values, self._reserve, grad)
         self._positions.append(positions, self._reserve, grad)
@@ -185,6 +214,18 @@ class LayerCache:
         self.encoded = encoded
         return self
 
+    def _append_key_mask(self, key_mask, keys, out_of_place: bool) -> None:
+        # stored only once some append is padded: the keys cached before it are all real (filled with True),
+        # and unpadded appends after it extend the mask with True
+        if key_mask is None and self._key_mask.length == 0:
+            return
+        B, T = keys.shape[0], keys.shape[2]
+        if key_mask is None:
+            key_mask = torch.ones(B, T, dtype=torch.bool, device=keys.device)
+        if self._key_mask.length == 0 and self.length:
+            self._key_mask.append(torch.ones(B, self.length, dtype=torch.bool, device=keys.device), self._reserve)
+        self._key_mask.append(key_mask, self._reserve, out_of_place)  # (autograd may hold the old view)
+
     def crop(self, length: int) -> None:
         """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
@@ -193,6 +234,7 @@ class LayerCache:
             buf.length = length
         self._angles.length = min(self._angles.length, length)
         self._gate_keys.length = min(self._gate_keys.length, length)
+        self._key_mask.length = min(self._key_mask.length, length)
 
 
 class KVCache:
@@ -223,9 +265,14 @@ class KVCache:
         pos = self.layers[0].positions
         return 0 if pos is None or pos.numel() == 0 else int(pos.max()) + 1
 
+    def next_positions(self) -> torch.Tensor | None:
+        """(B,) (or (1,) when positions are shared) int64: per sequence, the position after its last real
+        cached token, pads excluded (0 for a sequence with none); None for an empty cache."""
+        return self.layers[0].next_positions()
+
     def append(self, idx: int, keys, values, positions, gate_keys=None, encoded: bool = False,
-               angles=None) -> LayerCache:
-        return self.layer(idx).append(keys, values, positions, gate_keys, encoded, angles)
+               angles=None, key_mask=None) -> LayerCache:
+        return self.layer(idx).append(keys, values, positions, gate_keys, encoded, angles, key_mask)
 
     def crop(self, length: int) -> None:
         """Keep the first `length` tokens of every layer (a layer holding fewer keeps what it has)."""

@@ -16,6 +16,7 @@ inside the cached block, no compiler), the Cartesian keys are rebuilt from the m
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import AttentionInputs
+from .reference import softmax_rows
 from .sdpa import blocked, mask_plan, sdpa, use_blocked
 
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,7 +89,7 @@ def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bo
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
             and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
-            and mask_plan(inp) == "none")
+            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
 
 
 def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
@@ -96,33 +98,39 @@ def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) ->
     table_dtype = torch.float64 if inp.q.dtype == torch.float64 else torch.float32
     kcos, ksin = enc.cos_sin(inp.k_positions, table_dtype)  # (1|B, Tn, d): looked up once per token, kept
     angles = torch.cat((kcos, ksin), -1)
-    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles)
+    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles,
+                         key_mask=inp.key_padding_mask)
     return attend_magnitudes(enc, inp.q, angles, layer.keys, layer.values, inp.q_positions, layer.positions,
-                             layer.angles, inp.scale, use_triton)
+                             layer.angles, inp.scale, use_triton, key_mask=layer.key_mask)
 
 
 def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor,
                       q_positions: torch.Tensor, k_positions: torch.Tensor, k_angles: torch.Tensor, scale: float,
-                      use_triton: bool) -> torch.Tensor:
+                      use_triton: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(PoPE logits of q against cached magnitudes) @ v; causal by position.
 
     q (B, H, Tq, d) raw queries; q_angles (1|B, Tq, 2d) = [cos | sin] of q_positions * theta;
     mu_k (B, Hkv, L, d) = enc.magnitude(k); v (B, Hkv, L, Dv); q_positions (1|B, Tq), k_positions (1|B, L);
-    k_angles (1|B, L, 2d) likewise. Returns (B, H, Tq, Dv).
+    k_angles (1|B, L, 2d) likewise; key_mask (B, L) bool, True = real key, or None. Returns (B, H, Tq, Dv).
     """
-    inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, None, False)
+    inp = AttentionInputs(q, mu_k, v, q_positions, k_positions, scale, True, key_mask, False)
     if use_triton:
         from .triton_pope import pope_attention_for
 
         # the kernel takes magnitudes when its softplus is off
         return pope_attention_for(enc, enc.magnitude(q), mu_k, v, q_positions=q_positions, k_positions=k_positions,
-                                  scale=scale, causal=True, softplus=False)
+                                  scale=scale, causal=True, softplus=False, key_padding_mask=key_mask)
     d = mu_k.shape[-1]
     if _can_fuse(inp, q, mu_k):
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
                                scale, enc.softplus)
         if logits is not None:
-            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
+            if key_mask is not None:  # padded keys; a query that sees no key gets zero weights, not NaN
+                logits = logits.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+                weights = softmax_rows(logits, key_mask[:, None, None, :].expand(logits.shape))
+            else:
+                weights = torch.softmax(logits, dim=-1)
+            out = weights.to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
             return out.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     from ..encodings.polar_pair import polar_pair
 
@@ -131,4 +139,4 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
     k2 = polar_pair(mu_k, kcos, ksin, False)  # (B, Hkv, L, 2d)
     if use_blocked(inp, enc):
         return blocked(inp, q2, k2, v, prescaled=True)
-    return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, None, False), q2, k2, v)
+    return sdpa(AttentionInputs(q2, k2, v, q_positions, k_positions, 1.0, True, key_mask, False), q2, k2, v)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..encodings.base import PositionalEncoding
-from .inputs import AttentionInputs, prepare, repeat_kv
+from .inputs import AttentionInputs, prepare, refuse_renamed, repeat_kv
 
 
 def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,6 +26,8 @@ def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=
     else:  # none / absolute (applied to the embeddings) / bias / contextual: q and k are used as they are
         q_enc, k_enc = q, k
     logits = inp.scale * (q_enc @ repeat_kv(k_enc, inp.groups).transpose(-1, -2))
+    if inp.additive_mask() is not None:  # a float attn_mask: added to the logits before any contextual gate
+        logits = logits + inp.additive_mask()
     if enc.kind == "bias":
         logits = logits + enc.bias(q, inp.q_positions, inp.k_positions, inp.scale)
     elif enc.kind == "contextual":
@@ -43,17 +45,19 @@ def no_pair_logits(inp: AttentionInputs) -> torch.Tensor:
     return inp.q[..., :0] @ repeat_kv(inp.k[..., :0], inp.groups).transpose(-1, -2)
 
 
-def attention_scores(q, k, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
-                     key_padding_mask=None, v=None, gate_keys=None) -> torch.Tensor:
+def attention_scores(q, k, enc, *, attn_mask=None, is_causal: bool = False, scale=None, enable_gqa: bool = False,
+                     q_positions=None, k_positions=None, v=None, gate_keys=None, **removed) -> torch.Tensor:
     """Reference logits (B, H, Tq, Tk) after the encoding's contribution and the scale; masked entries are -inf.
 
-    q: (B, H, Tq, head_dim); k: (B, H_kv, Tk, head_dim) with H_kv dividing H (query head h uses kv head
-    h // (H // H_kv)). Positions: int tensors (Tq,)/(Tk,) or (B, T), default arange; with `causal` a key is
-    visible to a query iff its position is <= the query's. `v` is needed only for CoPE value gates and
-    `gate_keys` only for CoPE separate gates.
+    q: (B, H, Tq, head_dim); k: (B, H_kv, Tk, head_dim), H_kv == H unless enable_gqa (then H_kv divides H and
+    query head h uses kv head h // (H // H_kv)). Positions: int tensors (Tq,)/(Tk,) or (B, T), default arange;
+    with `is_causal` a key is visible to a query iff its position is <= the query's. attn_mask: as in
+    `F.scaled_dot_product_attention` (bool: True = attend; float: added to the logits). `v` is needed only for
+    CoPE value gates and `gate_keys` only for CoPE separate gates.
     """
-    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                  key_padding_mask=key_padding_mask)
+    refuse_renamed("attention_scores", removed)
+    inp = prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  attn_mask=attn_mask, enable_gqa=enable_gqa)
     return scores_from_inputs(inp, enc, gate_keys)[0]
 
 
@@ -63,11 +67,13 @@ def softmax_rows(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.masked_fill(~has_key, 0.0), dim=-1) * has_key
 
 
-def reference_attention(q, k, v, enc, *, causal=True, q_positions=None, k_positions=None, scale=None,
-                        key_padding_mask=None, gate_keys=None) -> torch.Tensor:
-    """(B, H, Tq, Dv) = softmax(attention_scores(...)) @ v, materialising the logits."""
-    inp = prepare(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                  key_padding_mask=key_padding_mask)
+def reference_attention(q, k, v, enc, *, attn_mask=None, is_causal: bool = False, scale=None,
+                        enable_gqa: bool = False, q_positions=None, k_positions=None, gate_keys=None,
+                        **removed) -> torch.Tensor:
+    """(B, H, Tq, Dv) = softmax(attention_scores(...)) @ v, materialising the logits; rows with no visible key are 0."""
+    refuse_renamed("reference_attention", removed)
+    inp = prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                  attn_mask=attn_mask, enable_gqa=enable_gqa)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     logits, visible = scores_from_inputs(inp, enc, gate_keys)

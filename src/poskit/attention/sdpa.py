@@ -20,7 +20,7 @@ def mask_plan(inp: AttentionInputs) -> str:
     mask, and identical strictly increasing q/k positions are SDPA's causal flag. A bool mask would cost
     a (Tq, Tk) tensor per call and, for prefill, the slower masked kernel.
     """
-    if inp.key_padding_mask is not None:
+    if inp.key_padding_mask is not None or inp.attn_mask is not None:
         return "explicit"
     if not inp.causal:
         return "none"
@@ -47,8 +47,8 @@ def use_blocked(inp: AttentionInputs, enc) -> bool:
     path than through padded SDPA, up to BLOCKED_MAX_KEYS keys, and always for a few queries (decode)."""
     from .blocked import DEFAULT_BLOCK
 
-    if inp.q.device.type != "cpu" or enc.qk_width == 1:
-        return False
+    if inp.q.device.type != "cpu" or enc.qk_width == 1 or inp.attn_mask is not None:
+        return False  # a general attn_mask is served by SDPA with a merged mask, not by the blocked path
     return inp.k.shape[2] <= BLOCKED_MAX_KEYS or inp.q.shape[2] <= DEFAULT_BLOCK
 
 
@@ -81,16 +81,19 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     groups = q.shape[1] // k.shape[1]
     if not all_finite(q, k, bias):
-        return _materialised(inp, q, k, v, bias)
+        return _materialised(inp, q, k, v, bias)  # checked before merging the attn_mask, whose -inf is a mask
     dv = v.shape[-1]
     if dv < q.shape[-1] and q.device.type == "cpu":
         v = F.pad(v, (0, q.shape[-1] - dv))
+    added = inp.additive_mask()  # a float attn_mask rides with the encoding's bias
+    if added is not None:
+        bias = added if bias is None else bias + added.to(bias.dtype)
     plan = "explicit" if bias is not None else mask_plan(inp)
     mask, is_causal, visible = None, False, None
     if plan == "explicit":
         visible = inp.visible()  # (1|B, 1, Tq, Tk) bool
         if bias is not None:
-            mask = bias.masked_fill(~visible, float("-inf"))
+            mask = torch.where(visible, bias, float("-inf"))  # (either may be the broader one)
             if mask.dim() == 3:  # a 3-d float mask sends CPU SDPA to the math path
                 mask = mask.unsqueeze(0)
         else:
@@ -129,6 +132,8 @@ def _materialised(inp: AttentionInputs, q, k, v, bias):
     logits = inp.scale * (q @ repeat_kv(k, q.shape[1] // k.shape[1]).transpose(-1, -2))
     if bias is not None:
         logits = logits + bias
+    if inp.additive_mask() is not None:
+        logits = logits + inp.additive_mask()
     visible = inp.visible()
     weights = softmax_rows(logits.masked_fill(~visible, float("-inf")), visible)  # fp32 with an fp32 bias
     return weights.to(v.dtype) @ repeat_kv(v, q.shape[1] // v.shape[1])

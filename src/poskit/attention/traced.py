@@ -28,6 +28,9 @@ def traced_sdpa(inp: AttentionInputs, enc) -> torch.Tensor:
     elif enc.kind == "bias":
         enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
         bias = enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
+    added = inp.additive_mask()  # a float attn_mask rides with the encoding's bias, as in sdpa.sdpa
+    if added is not None:
+        bias = added if bias is None else bias + added.to(bias.dtype)
     dv = v.shape[-1]
     if dv < q.shape[-1]:  # SDPA needs one head dim: zero columns of v add nothing and are sliced off
         v = F.pad(v, (0, q.shape[-1] - dv))
@@ -35,7 +38,7 @@ def traced_sdpa(inp: AttentionInputs, enc) -> torch.Tensor:
     mask, visible = None, None
     if plan == "explicit":
         visible = inp.visible()  # (1|B, 1, Tq, Tk) bool
-        mask = visible if bias is None else bias.to(q.dtype).masked_fill(~visible, float("-inf"))
+        mask = visible if bias is None else torch.where(visible, bias, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan == "causal", scale=inp.scale,
                                          enable_gqa=q.shape[1] != k.shape[1])[..., :dv]
     if visible is not None:  # a query that sees no key outputs 0, as in the reference

@@ -70,6 +70,55 @@ class PositionalEncoding(nn.Module):
         self.head_dim = head_dim
         self.num_heads = num_heads
 
+    # -- the public encode API: encode q and k, then call F.scaled_dot_product_attention yourself ---------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, *, q_positions=None, k_positions=None):
+        """`q_enc, k_enc = enc(q, k, positions)`: q and k with the position information applied, for
+        `F.scaled_dot_product_attention(q_enc, k_enc, v, scale=enc.sdpa_scale(head_dim), ...)`.
+
+        q (B, H, Tq, head_dim), k (B, H_kv, Tk, head_dim) -> (B, H, Tq, E), (B, H_kv, Tk, E) with
+        E = qk_width * head_dim (PoPE's Cartesian form is 2 * head_dim wide: pass `sdpa_scale`, SDPA's default
+        1/sqrt(E) would be wrong). positions: (T,) or (B, T) ints for both q and k (Tq == Tk), default arange;
+        q_positions / k_positions give them apart (e.g. a decode step against a longer cache).
+        Only encodings that act on q and k serve this (kind "qk"; "none" returns q and k unchanged); bias and
+        contextual encodings (ALiBi, relative, CoPE) change the logits themselves and absolute ones the
+        embeddings: those raise TypeError pointing to `poskit.attention` or `embed`.
+        """
+        if self.kind not in ("qk", "none"):
+            use = ("add enc.embed(positions) to the token embeddings" if self.kind == "absolute" else
+                   "use poskit.attention(q, k, v, enc, ...), which applies it inside the softmax")
+            raise TypeError(f"the {self.kind} encoding {self.name or type(self).__name__!r} cannot be applied to q and "
+                            f"k alone: {use}")
+        if positions is not None and (q_positions is not None or k_positions is not None):
+            raise ValueError("give either positions (shared by q and k) or q_positions/k_positions, not both")
+        for name, x in (("q", q), ("k", k)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} must be a (B, heads, T, {self.head_dim}) tensor, got {shape}")
+        B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
+        if positions is not None:
+            if Tq != Tk:
+                raise ValueError(f"positions is shared by q and k, which have {Tq} and {Tk} tokens: give q_positions "
+                                 "and k_positions instead")
+            q_positions = k_positions = positions
+        qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions" if positions is None else "positions")
+        kp = as_position_tensor(k_positions, Tk, B, k.device, "k_positions" if positions is None else "positions")
+        if self.kind == "none":
+            return q, k
+        return self.transform_qk(q, k, qp, kp)
+
+    def sdpa_scale(self, head_dim: int | None = None) -> float:
+        """The `scale` to give `F.scaled_dot_product_attention` with the outputs of `enc(q, k)`: 1/sqrt(head_dim)
+        of the raw q and k, which is poskit.attention's default. SDPA's own default, 1/sqrt of the last dim of
+        its inputs, differs for encodings that widen q and k (PoPE: 2 * head_dim). head_dim: the raw head dim,
+        default (and checked against) the encoding's."""
+        if head_dim is None:
+            head_dim = self.head_dim
+        check_int(head_dim, "head_dim", minimum=1)
+        if head_dim != self.head_dim:
+            raise ValueError(f"head_dim must be this encoding's head_dim={self.head_dim} (q and k before encoding), "
+                             f"got {head_dim}")
+        return head_dim ** -0.5
+
     # -- hooks (one per kind); the engine calls only the hook of `kind` --------------------
     def embed(self, positions: torch.Tensor) -> torch.Tensor:  # kind == "absolute"
         raise NotImplementedError
@@ -117,11 +166,16 @@ class PositionalEncoding(nn.Module):
         `poskit.encodings.project_parameters_(model)` after `optimizer.step()`; the trainer does it."""
 
     @classmethod
-    def required_options(cls, fixed_options: dict) -> tuple[str, ...]:
-        """Options that have no default for the registration with `fixed_options` (the paper gives none, e.g.
-        the scale factor of a context extension): build_encoding lists every one that is missing in one error.
-        Default: none (absolute encodings also need `dim`, which build_encoding adds itself)."""
+    def required_options(cls, options: dict) -> tuple[str, ...]:
+        """Options without a default (no paper gives one, e.g. the scale factor of a context extension), given
+        the registration's fixed options and the user's `options`: build_encoding lists every one that is
+        missing in one error. Default: none (absolute encodings also need `dim`, added by build_encoding)."""
         return ()
+
+    @classmethod
+    def options_context(cls, options: dict) -> str:
+        """Where the required options apply, for the missing-option error (e.g. " for rope scaling 'yarn'")."""
+        return ""
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
@@ -144,19 +198,32 @@ OPTION_CHECKS: dict[str, Callable] = {
 
 
 # What a required option means and a typical value, for the error that lists the missing ones (build_encoding).
-OPTION_HELP: dict[str, tuple[str, object]] = {
-    "dim": ("dim (the model width) must be an int >= 1 for absolute encodings", 512),
-    "factor": ("factor must be a number >= 1: the context extension s = L'/L, target over training length "
-               "(paper 001)", 4.0),
-    "original_max_positions": ("original_max_positions (the training context) must be an int >= 1: the length L "
-                               "the model was trained at", 2048),
+# A required option: what it must be, what it means, and an example value (Python source), for the one error
+# that lists every missing option (build_encoding).
+OPTION_HELP: dict[str, tuple[str, str, str]] = {
+    "dim": ("(the model width) must be an int >= 1", "absolute encodings add vectors this wide to the embeddings",
+            "512"),
+    "factor": ("must be a number >= 1", "the context extension s = L'/L, target over training length (paper 001)",
+               "4.0"),
+    "original_max_positions": ("(the training context) must be an int >= 1", "the length L the model was trained at",
+                               "2048"),
+    "low_freq_factor": ("must be a finite number > 0", "wavelengths above L / low_freq_factor are interpolated "
+                        "(Llama 3.1: 1)", "1.0"),
+    "high_freq_factor": ("must be a finite number > 0", "wavelengths below L / high_freq_factor are kept, > "
+                         "low_freq_factor (Llama 3.1: 4)", "4.0"),
+    "short_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
+                     "the divisors of the frequencies within the original context", "[1.0] * 32"),
+    "long_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
+                    "the divisors of the frequencies past the original context", "[4.0] * 32"),
 }
 
 
-def _missing_options_error(name: str, missing: list[str], given: dict) -> ValueError:
-    lines = [f"  {OPTION_HELP[o][0] if o in OPTION_HELP else o + ' must be given'}" for o in missing]
-    example = dict(given, **{o: OPTION_HELP[o][1] if o in OPTION_HELP else "..." for o in missing})
-    call = ", ".join(f"{k}={v!r}" for k, v in example.items())
+def _missing_options_error(name: str, context: str, missing: list[str], given: dict) -> ValueError:
+    lines = [f"  {o} {OPTION_HELP[o][0]}{context}, got None: {OPTION_HELP[o][1]}" if o in OPTION_HELP
+             else f"  {o} must be given{context}" for o in missing]
+    example = {k: repr(v) for k, v in given.items()}
+    example.update({o: OPTION_HELP[o][2] if o in OPTION_HELP else "..." for o in missing})
+    call = ", ".join(f"{k}={v}" for k, v in example.items())
     return ValueError(f"encoding {name!r} has no default for {len(missing)} option(s) {missing}:\n" + "\n".join(lines)
                       + f"\nfor example: poskit.build_encoding({name!r}, head_dim=64, num_heads=8, {call})")
 
@@ -244,10 +311,11 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
         raise ValueError(f"unknown option(s) {unknown} for encoding {name!r}; allowed options: {sorted(allowed)}")
     kwargs = dict(fixed, **options)
     # every option without a default that is missing, in one error with an example call (not one at a time)
-    required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(fixed)))
+    required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(kwargs)))
     missing = [o for o in required if (dim if o == "dim" else kwargs.get(o)) is None]
     if missing:
-        raise _missing_options_error(name, missing, {k: v for k, v in options.items() if v is not None})
+        raise _missing_options_error(name, cls.options_context(dict(kwargs)), missing,
+                                     {k: v for k, v in options.items() if v is not None})
     if cls.kind == "absolute":
         kwargs["dim"] = dim
     flags = _bool_options(cls)

@@ -9,8 +9,11 @@ it needs and raises ValueError naming a missing one. `poskit.encodings.rotary` r
 entry ("rope" for "none", "rope-<name>" for the others), so a new variant is one function and one entry.
 
 The formulas follow the article "Why Position Matters" (paper 001) and are written to agree with HF
-transformers' rope types "default", "linear", "dynamic" and "yarn" (``modeling_rope_utils``), which are
-the de-facto reference for checkpoints in the wild.
+transformers' rope types "default", "linear", "dynamic", "yarn", "llama3" and "longrope"
+(``modeling_rope_utils``), which are the de-facto reference for checkpoints in the wild. "llama3" and
+"longrope" are not in our papers: they follow HF (see their functions for where HF's longrope departs from
+the LongRoPE paper). The options keep HF's names (``original_max_positions`` is HF's
+``original_max_position_embeddings``).
 """
 from __future__ import annotations
 
@@ -32,6 +35,17 @@ class RopeParameters:
     base: float
     factor: float | None = None
     original_max_positions: int | None = None
+    # llama3: the wavelength band (in units of the original context) between kept and interpolated frequencies
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    # longrope: one divisor per frequency below / above the original context, and the cos/sin multiplier
+    short_factor: "tuple[float, ...] | list[float] | None" = None
+    long_factor: "tuple[float, ...] | list[float] | None" = None
+    attention_factor: float | None = None
+
+
+#: options read by one variant only (the `options` of its RopeVariant); giving one to another variant is an error
+VARIANT_OPTIONS = ("low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "attention_factor")
 
 
 RopeInitFunction = Callable[[RopeParameters, "int | None"], "tuple[torch.Tensor, float]"]
@@ -42,8 +56,12 @@ class RopeVariant(NamedTuple):
     #: the frequencies change with the current length (dynamic NTK): nothing can be cached across lengths,
     #: and the KV cache keeps raw keys
     length_dependent: bool = False
+    #: which of VARIANT_OPTIONS the variant reads
+    options: tuple[str, ...] = ()
     #: options this variant needs and no paper gives a default for (build_encoding lists the missing ones)
     requires: tuple[str, ...] = ()
+    #: options of which this variant needs one (the first is listed as missing when none is given)
+    requires_one_of: tuple[str, ...] = ()
 
 
 def default_inv_freq(rotary_dim: int, base) -> torch.Tensor:
@@ -64,6 +82,39 @@ def _required_original_max(p: RopeParameters, variant: str) -> int:
         raise ValueError(f"original_max_positions (the training context) must be an int >= 1 for rope "
                          f"scaling {variant!r}, got None")
     return p.original_max_positions
+
+
+def _required_real(p: RopeParameters, name: str, variant: str, minimum: float = 0.0) -> float:
+    # a finite number > minimum (these options are not in base.OPTION_CHECKS: only their variant reads them)
+    value = getattr(p, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= minimum:
+        raise ValueError(f"{name} must be a finite number > {minimum:g} for rope scaling {variant!r}, got {value!r}")
+    return float(value)
+
+
+def _per_frequency(p: RopeParameters, name: str, variant: str) -> torch.Tensor:
+    # one positive finite number per rotated pair: rotary_dim // 2 of them (HF: head_dim * partial_rotary_factor // 2)
+    value, n = getattr(p, name), p.rotary_dim // 2
+    values = None
+    if isinstance(value, (list, tuple)):
+        try:
+            values = [float(x) for x in value if not isinstance(x, bool)]
+        except (TypeError, ValueError):
+            pass
+    if values is None or len(values) != len(value) or len(values) != n or not all(math.isfinite(x) and x > 0 for x in values):
+        raise ValueError(f"{name} must be a list of rotary_dim // 2 = {n} positive finite numbers (one per frequency) "
+                         f"for rope scaling {variant!r}, got {value!r}")
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def check_variant_options(scaling: str, p: RopeParameters) -> None:
+    """Reject options that only another variant reads (HF ignores them; here a typo'd rope type would go unseen)."""
+    used = ROPE_INIT_FUNCTIONS[scaling].options
+    for name in VARIANT_OPTIONS:
+        if getattr(p, name) is not None and name not in used:
+            readers = [f"rope-{v}" for v, variant in ROPE_INIT_FUNCTIONS.items() if name in variant.options]
+            this = "rope" if scaling == "none" else f"rope-{scaling}"
+            raise ValueError(f"{name} applies only to {', '.join(readers)}, not to {this}")
 
 
 def default_rope(p: RopeParameters, seq_len: int | None = None):
@@ -139,6 +190,57 @@ def yarn_scaling(p: RopeParameters, seq_len: int | None = None):
     return inv_freq, yarn_attention_factor(factor)
 
 
+def llama3_scaling(p: RopeParameters, seq_len: int | None = None):
+    """Llama 3.1's frequency-dependent interpolation (HF 'llama3'). With L = original_max_positions and
+    r_i = L theta_i / (2 pi) the rotations of frequency i within the original context: r_i <= low_freq_factor
+    (wavelength >= L / low_freq_factor) is interpolated, theta_i / factor; r_i >= high_freq_factor is kept;
+    in between, theta_i ((1 - g) / factor + g) with g = (r_i - low) / (high - low), which meets both ends.
+    The attention factor is 1."""
+    factor, original = _required_factor(p, "llama3"), _required_original_max(p, "llama3")
+    low = _required_real(p, "low_freq_factor", "llama3")
+    high = _required_real(p, "high_freq_factor", "llama3")
+    if not high > low:
+        raise ValueError(f"high_freq_factor must be > low_freq_factor for rope scaling 'llama3' (the band between them is "
+                         f"blended), got high_freq_factor={high!r}, low_freq_factor={low!r}")
+    inv_freq = default_inv_freq(p.rotary_dim, p.base)
+    rotations = original * inv_freq / (2 * math.pi)
+    g = ((rotations - low) / (high - low)).clamp(0, 1)  # 0: interpolate, 1: keep
+    return inv_freq * ((1 - g) / factor + g), 1.0
+
+
+def longrope_attention_factor(factor: float, original_max_positions: int) -> float:
+    """HF 'longrope' (from Phi-3): sqrt(1 + ln(s) / ln(L_orig)) for s > 1, else 1; multiplies cos and sin."""
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original_max_positions))
+
+
+def longrope_scaling(p: RopeParameters, seq_len: int | None = None):
+    """LongRoPE as HF 'longrope' runs it (Phi-3 checkpoints): theta_i / lambda_i with lambda = long_factor when
+    the current length exceeds original_max_positions, short_factor otherwise (and at construction); the
+    attention factor is `attention_factor` if given, else longrope_attention_factor(factor).
+
+    Where HF departs from the LongRoPE paper (Ding et al. 2024; not among poskit's papers): the paper also
+    leaves the first n^ positions un-interpolated, which HF (and so poskit) does not; the short/long switch on
+    the current length and the sqrt attention factor come from Phi-3's implementation, not the paper. poskit
+    follows HF so that Phi-3-style configs load unchanged. HF derives a missing `factor` from
+    max_position_embeddings / original_max_position_embeddings; poskit has no max_position_embeddings, so
+    one of factor or attention_factor must be given."""
+    original = _required_original_max(p, "longrope")
+    short = _per_frequency(p, "short_factor", "longrope")
+    long = _per_frequency(p, "long_factor", "longrope")
+    if p.attention_factor is not None:
+        attention = _required_real(p, "attention_factor", "longrope")
+    elif p.factor is not None:
+        attention = longrope_attention_factor(p.factor, original)
+    else:
+        raise ValueError("rope scaling 'longrope' needs factor (target context / original_max_positions, a number >= 1) "
+                         "or attention_factor (a number > 0), got neither")
+    if isinstance(seq_len, torch.Tensor):  # traced by torch.compile: the switch without a data-dependent branch
+        ext = torch.where(seq_len > original, long.to(seq_len.device), short.to(seq_len.device))
+    else:
+        ext = long if seq_len is not None and seq_len > original else short
+    return default_inv_freq(p.rotary_dim, p.base) / ext, attention
+
+
 # scaling name -> variant; rotary.py registers "rope" for "none" and "rope-<name>" for every other entry
 ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
     "none": RopeVariant(default_rope),
@@ -146,4 +248,10 @@ ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
     "ntk": RopeVariant(ntk_aware_scaling, requires=("factor",)),
     "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True, requires=("factor", "original_max_positions")),
     "yarn": RopeVariant(yarn_scaling, requires=("factor", "original_max_positions")),
+    "llama3": RopeVariant(llama3_scaling, options=("low_freq_factor", "high_freq_factor"),
+                          requires=("factor", "original_max_positions", "low_freq_factor", "high_freq_factor")),
+    "longrope": RopeVariant(longrope_scaling, length_dependent=True,
+                            options=("short_factor", "long_factor", "attention_factor"),
+                            requires=("original_max_positions", "short_factor", "long_factor"),
+                            requires_one_of=("factor", "attention_factor")),
 }

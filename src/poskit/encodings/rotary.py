@@ -1,5 +1,6 @@
 """RoPE (RoFormer eq. 14-16, 34) and its context-extension variants (paper 001):
-position interpolation ("rope-linear"), NTK-aware ("rope-ntk"), dynamic NTK ("rope-dynamic") and YaRN ("rope-yarn").
+position interpolation ("rope-linear"), NTK-aware ("rope-ntk"), dynamic NTK ("rope-dynamic") and YaRN ("rope-yarn");
+and HF transformers' "rope-llama3" and "rope-longrope" (rope_scaling.py).
 
 Angles are computed in float64 from integer positions and only the final cos/sin are cast to the
 input dtype, so positions up to 1e6 keep the relative-position property in fp32.
@@ -13,7 +14,7 @@ from .angles import AngleTables
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
-SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn")
+SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -46,7 +47,8 @@ class RotaryEncoding(PositionalEncoding):
     variants change the frequencies (rope_scaling.py, paper 001): "rope-linear" theta_i / s (position
     interpolation), "rope-ntk" base * s^(d/(d-2)), "rope-dynamic" the NTK base grown with the current length
     past original_max_positions, "rope-yarn" NTK-by-parts with ramp ends beta_fast=32, beta_slow=1 and the
-    attention temperature 0.1 ln(s) + 1 on cos and sin.
+    attention temperature 0.1 ln(s) + 1 on cos and sin; "rope-llama3" and "rope-longrope" follow HF
+    transformers' rope types of those names (Llama 3.1, Phi-3; rope_scaling.py says where they come from).
 
     Paper: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (eq. 14-16, 34); the
     scalings: "Why Position Matters" (paper 001: linear scaling, NTK-aware scaling, YaRN).
@@ -55,9 +57,16 @@ class RotaryEncoding(PositionalEncoding):
         base=10000.0: the frequency base (RoFormer's 10000).
         layout='interleaved': channel pairs (x_2i, x_2i+1) as in the paper, or 'half': (x_i, x_i+d/2) (HF/Llama).
         rotary_dim=None: rotate only the first rotary_dim channels (even); None = all head_dim.
-        scaling='none': fixed by the registered name (rope, rope-linear, rope-ntk, rope-dynamic, rope-yarn).
-        factor=None: the scale s = L'/L; required by every scaled variant (no paper default).
-        original_max_positions=None: the training length L; required by rope-dynamic and rope-yarn.
+        scaling='none': fixed by the registered name (rope, rope-linear, rope-ntk, rope-dynamic, rope-yarn,
+            rope-llama3, rope-longrope).
+        factor=None: the scale s = L'/L; required by every scaled variant (no paper default; rope-longrope
+            takes attention_factor instead).
+        original_max_positions=None: the training length L; required by rope-dynamic, rope-yarn, rope-llama3
+            and rope-longrope.
+        low_freq_factor=None, high_freq_factor=None: rope-llama3's band (Llama 3.1 uses 1 and 4); required.
+        short_factor=None, long_factor=None: rope-longrope's per-frequency divisors; required.
+        attention_factor=None: rope-longrope's cos/sin multiplier (default from factor).
+        Options without a default raise one ValueError listing every missing one (build_encoding).
     """
     kind = "qk"
 
@@ -72,6 +81,11 @@ class RotaryEncoding(PositionalEncoding):
         scaling: str = "none",
         factor: float | None = None,
         original_max_positions: int | None = None,
+        low_freq_factor: float | None = None,
+        high_freq_factor: float | None = None,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
+        attention_factor: float | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if head_dim % 2:
@@ -88,16 +102,27 @@ class RotaryEncoding(PositionalEncoding):
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.factor, self.original_max_positions = scaling, factor, original_max_positions
         self._variant = rope_scaling.ROPE_INIT_FUNCTIONS[scaling]
-        self._rope_parameters = rope_scaling.RopeParameters(rotary_dim, self.base, factor, original_max_positions)
+        # llama3 / longrope options (HF names); each variant checks those it reads, and no other variant takes them
+        self._rope_parameters = rope_scaling.RopeParameters(
+            rotary_dim, self.base, factor, original_max_positions, low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor, short_factor=short_factor, long_factor=long_factor,
+            attention_factor=attention_factor)
+        rope_scaling.check_variant_options(scaling, self._rope_parameters)
         # length-dependent variants (dynamic) start from their frequencies at construction; see inv_freq_for
         inv_freq, self.attention_factor = self._variant.init(self._rope_parameters, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
         self._angles = AngleTables(gain=self.attention_factor)
 
     @classmethod
-    def required_options(cls, fixed_options: dict) -> tuple[str, ...]:
-        # the scaling variant declares the options it cannot default (factor, original_max_positions)
-        return rope_scaling.ROPE_INIT_FUNCTIONS[fixed_options.get("scaling", "none")].requires
+    def required_options(cls, options: dict) -> tuple[str, ...]:
+        # the scaling variant declares the options it cannot default (factor, original_max_positions, ...)
+        variant = rope_scaling.ROPE_INIT_FUNCTIONS[options.get("scaling", "none")]
+        one_of = variant.requires_one_of
+        return variant.requires + (one_of[:1] if one_of and all(options.get(o) is None for o in one_of) else ())
+
+    @classmethod
+    def options_context(cls, options: dict) -> str:
+        return f" for rope scaling {options.get('scaling', 'none')!r}"
 
     @property
     def length_dependent(self) -> bool:

@@ -14,7 +14,8 @@ Every task has ``name``, ``vocab`` (:class:`Vocab`, ``pad_id == 0``), ``metric``
 ``split(name, batch_size=None)`` and ``evaluate(model, split, batch_size=None)``;
 see :mod:`poskit.tasks.base` (which gathers :mod:`.data`, :mod:`.metrics`,
 :mod:`.protocol` and :mod:`.synthetic`).  Shakespeare adds ``eval_windows(length, split,
-n_chars, last_fraction)`` for length extrapolation.
+n_chars, last_fraction)`` for length extrapolation; so do the real-corpus tasks of
+:mod:`.corpus` (``corpus``, ``lm-jsb``, ``lm-wiki``, ...; data from :mod:`poskit.data`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .flip_flop import FlipFlop
 from .indirect_indexing import IndirectIndexing
 from .selective_copy import SelectiveCopy
 from .shakespeare import Shakespeare, load_plays, strip_markdown
+from .corpus import CORPUS_TASKS, CorpusLM
 
 _REGISTRY: dict[str, type] = {
     "indirect-indexing": IndirectIndexing,
@@ -38,6 +40,7 @@ _REGISTRY: dict[str, type] = {
     "selective-copy": SelectiveCopy,
     "counting": Counting,
     "shakespeare": Shakespeare,
+    **CORPUS_TASKS,  # language modelling on real corpora (poskit.data): corpus, lm-jsb, lm-genome, ...
 }
 
 PRESETS = ("default", "paper")
@@ -104,6 +107,7 @@ __all__ = [
     "IndirectIndexing",
     "SelectiveCopy",
     "Shakespeare",
+    "CorpusLM",
     "load_plays",
     "strip_markdown",
     "PRESETS",

@@ -26,7 +26,9 @@ def read_checkpoint(path, device: str = "cpu") -> dict:
     try:
         state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except Exception as e:  # torch raises many types for a torn zip archive or pickle; all mean the same here
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        # the first sentence of torch's message (its zip reader appends a paragraph of advice to one line)
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        reason = first_line.split(". ")[0].rstrip(".")[:200]
         raise RunFileError(path, f"is not a readable checkpoint (truncated or corrupt: {reason})") from None
     if not isinstance(state, dict):
         raise RunFileError(path, f"holds a {type(state).__name__}, not a checkpoint's dict of training state")

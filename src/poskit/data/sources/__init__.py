@@ -1,0 +1,1 @@
+"""Where each corpus's raw documents come from (one module per source)."""
