@@ -123,6 +123,14 @@ def test_poskit_attention_is_a_traceable_function_that_still_reads_as_the_packag
     assert torch.equal(poskit.attention(q, k, v, enc, enable_gqa=True), attention(q, k, v, enc, enable_gqa=True))
 
 
+def test_the_function_object_survives_a_copy():
+    import copy
+
+    # as a function is: the object itself (a module, its package, cannot be copied)
+    assert copy.copy(poskit.attention) is poskit.attention is copy.deepcopy(poskit.attention)
+    assert copy.deepcopy({"attend": poskit.attention})["attend"].KVCache is poskit.attention.KVCache
+
+
 def test_setting_an_attribute_through_the_function_sets_it_on_the_package(monkeypatch):
     import sys
 

@@ -39,10 +39,18 @@ class PackageFunction:
         return self._function(*args, **kwargs)
 
     def __getattr__(self, name):  # only for names not found on the object itself: the package's
+        if name in ("_function", "_package"):  # not set yet (copy, unpickling): no package to read from
+            raise AttributeError(name)
         return getattr(self._package, name)
 
     def __setattr__(self, name, value):  # e.g. monkeypatch.setattr(poskit.attention, ...) reaches the package
         setattr(self._package, name, value)
+
+    def __copy__(self):  # copied as a function is: itself (its package is a module, which cannot be copied)
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     def __dir__(self):
         return sorted(set(dir(self._package)) | {"__call__"})

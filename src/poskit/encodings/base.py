@@ -211,6 +211,7 @@ OPTION_HELP: dict[str, tuple[str, str, str]] = {
                         "(Llama 3.1: 1)", "1.0"),
     "high_freq_factor": ("must be a finite number > 0", "wavelengths below L / high_freq_factor are kept, > "
                          "low_freq_factor (Llama 3.1: 4)", "4.0"),
+    "attention_factor": ("must be a finite number > 0", "multiplies cos and sin", "1.2"),
     "short_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
                      "the divisors of the frequencies within the original context", "[1.0] * 32"),
     "long_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
@@ -218,11 +219,20 @@ OPTION_HELP: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _missing_line(option: str, context: str) -> str:
+    if "|" in option:  # one of several: the first is the example
+        choices = " or ".join(f"{a} ({OPTION_HELP[a][0]})" if a in OPTION_HELP else a for a in option.split("|"))
+        return f"  needs {choices}{context}, got neither"
+    if option in OPTION_HELP:
+        return f"  {option} {OPTION_HELP[option][0]}{context}, got None: {OPTION_HELP[option][1]}"
+    return f"  {option} must be given{context}"
+
+
 def _missing_options_error(name: str, context: str, missing: list[str], given: dict) -> ValueError:
-    lines = [f"  {o} {OPTION_HELP[o][0]}{context}, got None: {OPTION_HELP[o][1]}" if o in OPTION_HELP
-             else f"  {o} must be given{context}" for o in missing]
+    lines = [_missing_line(o, context) for o in missing]
+    firsts = [o.split("|")[0] for o in missing]
     example = {k: repr(v) for k, v in given.items()}
-    example.update({o: OPTION_HELP[o][2] if o in OPTION_HELP else "..." for o in missing})
+    example.update({o: OPTION_HELP[o][2] if o in OPTION_HELP else "..." for o in firsts})
     call = ", ".join(f"{k}={v}" for k, v in example.items())
     return ValueError(f"encoding {name!r} has no default for {len(missing)} option(s) {missing}:\n" + "\n".join(lines)
                       + f"\nfor example: poskit.build_encoding({name!r}, head_dim=64, num_heads=8, {call})")
@@ -312,7 +322,8 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     kwargs = dict(fixed, **options)
     # every option without a default that is missing, in one error with an example call (not one at a time)
     required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(kwargs)))
-    missing = [o for o in required if (dim if o == "dim" else kwargs.get(o)) is None]
+    # an entry "a|b" is satisfied by either option
+    missing = [o for o in required if all((dim if a == "dim" else kwargs.get(a)) is None for a in o.split("|"))]
     if missing:
         raise _missing_options_error(name, cls.options_context(dict(kwargs)), missing,
                                      {k: v for k, v in options.items() if v is not None})

@@ -118,7 +118,7 @@ class RotaryEncoding(PositionalEncoding):
         # the scaling variant declares the options it cannot default (factor, original_max_positions, ...)
         variant = rope_scaling.ROPE_INIT_FUNCTIONS[options.get("scaling", "none")]
         one_of = variant.requires_one_of
-        return variant.requires + (one_of[:1] if one_of and all(options.get(o) is None for o in one_of) else ())
+        return variant.requires + (("|".join(one_of),) if one_of else ())  # "a|b": one of them
 
     @classmethod
     def options_context(cls, options: dict) -> str:
