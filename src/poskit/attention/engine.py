@@ -26,6 +26,7 @@ from .padding import real_token_mask
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
 from .sdpa import all_finite, blocked, sdpa, use_blocked
+from .traced import traced_sdpa
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 
@@ -105,6 +106,8 @@ def _run_blocked_contextual(inp, enc, gate_keys):
 def _run_sdpa(inp, enc, gate_keys):
     if gate_keys is not None:  # sdpa serves no contextual encoding, so none that takes gate keys
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
+    if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
+        return traced_sdpa(inp, enc)
     if enc.kind == "qk":
         if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
             q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)

@@ -157,7 +157,9 @@ def split_attn_mask(attn_mask, shape: tuple, dtype: torch.dtype, device) -> tupl
         if keys.dtype == torch.bool:
             return keys, None
         hidden = keys == float("-inf")
-        if bool(((keys == 0) | hidden).all()):  # a float padding mask (0 = keep, -inf = pad)
+        # a float padding mask (0 = keep, -inf = pad); not looked for under torch.compile, where reading the
+        # values is a graph break: the mask then stays general, which the traced path (traced.py) adds exactly
+        if not torch.compiler.is_compiling() and bool(((keys == 0) | hidden).all()):
             return ~hidden, None
     return None, mask
 

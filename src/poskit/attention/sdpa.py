@@ -27,7 +27,8 @@ def mask_plan(inp: AttentionInputs) -> str:
     if inp.default_positions:
         return "causal"
     qp, kp = inp.q_positions, inp.k_positions
-    if qp.device.type == "cpu" and kp.numel() and qp.numel():
+    # (reading positions is data-dependent: a graph break under torch.compile, which masks explicitly instead)
+    if qp.device.type == "cpu" and kp.numel() and qp.numel() and not torch.compiler.is_compiling():
         if bool((kp.amax(-1) <= qp.amin(-1)).all()):  # per sequence: every key at or before every query
             return "none"
         if qp.shape == kp.shape and qp.shape[0] == 1 and torch.equal(qp, kp) and bool((kp[0, 1:] > kp[0, :-1]).all()):

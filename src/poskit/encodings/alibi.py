@@ -36,6 +36,15 @@ def distance(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tens
 
 @register("alibi")
 class ALiBiEncoding(PositionalEncoding):
+    """ALiBi: no change to q or k; a per-head linear penalty on distance is added to the logits.
+
+    bias(t, s) = -m_h |t - s| with slopes m_h = 2^(-8h/H), h = 1..H (interpolated between powers of two
+    otherwise, as Press et al. do).
+
+    Paper: Press et al., "Train Short, Test Long" (ALiBi), as presented in "Why Position Matters" (paper 001).
+
+    Options (defaults): none besides head_dim and num_heads (the slopes follow from num_heads).
+    """
     kind = "bias"
 
     def __init__(self, *, head_dim: int, num_heads: int):

@@ -4,6 +4,11 @@ Both rotary families (RoPE and PoPE) need cos(p * theta) and sin(p * theta) for 
 Computing the angle in float64 keeps the phase exact for positions up to 1e6 and beyond; the table for
 positions [0, n) is kept (n grows by powers of two up to MAX_ROWS) and indexed, larger positions are
 computed directly.
+
+Under torch.compile the angles are always computed directly: choosing and growing the table needs the
+positions' min and max as Python ints, a data-dependent value that breaks the graph (and `fullgraph=True`).
+The direct computation is the table's own formula (float64 position times float64 frequency, then cos/sin),
+so both give the same numbers, and inductor fuses it into one small kernel.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ class AngleTables:
     def lookup(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, cache: bool = True):
         """(cos, sin), each (*positions.shape, len(inv_freq)), times the gain, in `dtype`."""
         inv_freq = inv_freq.to(positions.device)
-        if cache and positions.numel():
+        if cache and positions.numel() and not torch.compiler.is_compiling():
             lo, hi = int(positions.min()), int(positions.max())
             if lo >= 0 and hi < MAX_ROWS:
                 cos, sin = self._table(hi + 1, inv_freq, dtype)

@@ -160,6 +160,23 @@ class PositionalEncoding(nn.Module):
     def check_positions(self, q_positions, k_positions, visible) -> None:
         """Raise ValueError for positions the encoding cannot represent (default: none)."""
 
+    def project_parameters_(self) -> None:
+        """Put the encoding's parameters back into their allowed set, in place, after an optimizer step
+        (PoPE: delta into [-2 pi, 0]). Default: nothing to do. Users call
+        `poskit.encodings.project_parameters_(model)` after `optimizer.step()`; the trainer does it."""
+
+    @classmethod
+    def required_options(cls, options: dict) -> tuple[str, ...]:
+        """Options without a default (no paper gives one, e.g. the scale factor of a context extension), given
+        the registration's fixed options and the user's `options`: build_encoding lists every one that is
+        missing in one error. Default: none (absolute encodings also need `dim`, added by build_encoding)."""
+        return ()
+
+    @classmethod
+    def options_context(cls, options: dict) -> str:
+        """Where the required options apply, for the missing-option error (e.g. " for rope scaling 'yarn'")."""
+        return ""
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}, num_heads={self.num_heads}"
 
@@ -178,6 +195,47 @@ OPTION_CHECKS: dict[str, Callable] = {
     "cache_rows": lambda v: check_int(v, "cache_rows", minimum=1),
     "init_std": lambda v: check_real(v, "init_std", minimum=0),
 }
+
+
+# What a required option means and a typical value, for the error that lists the missing ones (build_encoding).
+# A required option: what it must be, what it means, and an example value (Python source), for the one error
+# that lists every missing option (build_encoding).
+OPTION_HELP: dict[str, tuple[str, str, str]] = {
+    "dim": ("(the model width) must be an int >= 1", "absolute encodings add vectors this wide to the embeddings",
+            "512"),
+    "factor": ("must be a number >= 1", "the context extension s = L'/L, target over training length (paper 001)",
+               "4.0"),
+    "original_max_positions": ("(the training context) must be an int >= 1", "the length L the model was trained at",
+                               "2048"),
+    "low_freq_factor": ("must be a finite number > 0", "wavelengths above L / low_freq_factor are interpolated "
+                        "(Llama 3.1: 1)", "1.0"),
+    "high_freq_factor": ("must be a finite number > 0", "wavelengths below L / high_freq_factor are kept, > "
+                         "low_freq_factor (Llama 3.1: 4)", "4.0"),
+    "attention_factor": ("must be a finite number > 0", "multiplies cos and sin", "1.2"),
+    "short_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
+                     "the divisors of the frequencies within the original context", "[1.0] * 32"),
+    "long_factor": ("must be a list of rotary_dim // 2 positive finite numbers",
+                    "the divisors of the frequencies past the original context", "[4.0] * 32"),
+}
+
+
+def _missing_line(option: str, context: str) -> str:
+    if "|" in option:  # one of several: the first is the example
+        choices = " or ".join(f"{a} ({OPTION_HELP[a][0]})" if a in OPTION_HELP else a for a in option.split("|"))
+        return f"  needs {choices}{context}, got neither"
+    if option in OPTION_HELP:
+        return f"  {option} {OPTION_HELP[option][0]}{context}, got None: {OPTION_HELP[option][1]}"
+    return f"  {option} must be given{context}"
+
+
+def _missing_options_error(name: str, context: str, missing: list[str], given: dict) -> ValueError:
+    lines = [_missing_line(o, context) for o in missing]
+    firsts = [o.split("|")[0] for o in missing]
+    example = {k: repr(v) for k, v in given.items()}
+    example.update({o: OPTION_HELP[o][2] if o in OPTION_HELP else "..." for o in firsts})
+    call = ", ".join(f"{k}={v}" for k, v in example.items())
+    return ValueError(f"encoding {name!r} has no default for {len(missing)} option(s) {missing}:\n" + "\n".join(lines)
+                      + f"\nfor example: poskit.build_encoding({name!r}, head_dim=64, num_heads=8, {call})")
 
 
 _REGISTRY: dict[str, tuple[type[PositionalEncoding], dict]] = {}
@@ -251,7 +309,8 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     """Build the encoding registered as `name` (see `available_encodings()`).
 
     `dim` (the model width) is required by absolute encodings and ignored by the others.
-    Unknown options raise ValueError listing the allowed ones.
+    Unknown options raise ValueError listing the allowed ones; options without a default (`required_options`,
+    e.g. rope-yarn's factor and original_max_positions) raise one ValueError listing every missing one.
     """
     if name not in _REGISTRY:
         raise ValueError(f"name must be one of {available_encodings()}, got {name!r}")
@@ -261,9 +320,14 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for encoding {name!r}; allowed options: {sorted(allowed)}")
     kwargs = dict(fixed, **options)
+    # every option without a default that is missing, in one error with an example call (not one at a time)
+    required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(kwargs)))
+    # an entry "a|b" is satisfied by either option
+    missing = [o for o in required if all((dim if a == "dim" else kwargs.get(a)) is None for a in o.split("|"))]
+    if missing:
+        raise _missing_options_error(name, cls.options_context(dict(kwargs)), missing,
+                                     {k: v for k, v in options.items() if v is not None})
     if cls.kind == "absolute":
-        if dim is None:
-            raise ValueError(f"dim (the model width) is required for the absolute encoding {name!r}")
         kwargs["dim"] = dim
     flags = _bool_options(cls)
     for option, value in kwargs.items():

@@ -97,6 +97,19 @@ class CoPEBase(PositionalEncoding):
 
 @register("cope")
 class CoPEEncoding(CoPEBase):
+    """CoPE: positions counted by gates on the content, then a learned embedding of the count.
+
+    g_ts = sigmoid(scale * q_t . gk_s), p_ts = sum_{j=s..t} g_tj clamped to p_max - 1 (eq. 3-4), and the
+    logit gains z_t[p_ts] with z_t[j] = q_t . e[j], interpolated between floor(p) and ceil(p) (eq. 5-7).
+
+    Paper: Golovneva, Wang, Weston, Sukhbaatar, "Contextual Position Encoding: Learning to Count What's
+    Important" (eq. 3-9, Appendix B listing).
+
+    Options (defaults):
+        p_max=64: number of integer positions (the embedding table's width).
+        gates='keys': gate logits from the keys, 'values' (val-gates) or 'separate' (sep-keys: projected gate keys).
+        init_std=0.0: the embedding table starts at zero as in the listing; > 0 for a random start.
+    """
     def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", init_std: float = 0.0):
         super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)
         # zeros as in the reference listing; init_std > 0 gives a random start
@@ -128,6 +141,16 @@ def fixed_slopes(slopes, num_heads: int) -> list[float]:
 
 @register("cope-alibi")
 class CoPEALiBiEncoding(CoPEBase):
+    """CoPE-ALiBi: CoPE's contextual positions p_ts with a per-head linear penalty, bias = -m_h p_ts (eq. 10).
+
+    Paper: Golovneva et al., "Contextual Position Encoding" (eq. 10; Flip-Flop slopes in section 5.1).
+
+    Options (defaults):
+        p_max=64: contextual positions are clamped to p_max - 1.
+        gates='keys': as for cope ('keys', 'values' or 'separate').
+        learned_slopes=False: one trainable slope per head, starting at 0.
+        slopes=None: fixed slopes, one per head; None = ALiBi's slopes for num_heads.
+    """
     def __init__(self, *, head_dim: int, num_heads: int, p_max: int = 64, gates: str = "keys", learned_slopes: bool = False,
                  slopes: Sequence[float] | None = None):
         super().__init__(head_dim=head_dim, num_heads=num_heads, p_max=p_max, gates=gates)

@@ -10,6 +10,17 @@ from .base import PositionalEncoding, register
 
 @register("learned")
 class LearnedEncoding(PositionalEncoding):
+    """Learned absolute positions: a trainable (max_positions, dim) table added to the token embeddings.
+
+    x_t <- x_t + P[t]; positions past the table raise ValueError.
+
+    Paper: Su et al., "RoFormer" section 2.2 (the learned absolute baseline it reviews).
+
+    Options (defaults):
+        dim (required): the model width.
+        max_positions=2048: rows of the table, the longest position + 1 it can embed.
+        init_std=0.02: standard deviation of the normal initialisation.
+    """
     kind = "absolute"
 
     def __init__(self, *, head_dim: int, num_heads: int, dim: int, max_positions: int = 2048, init_std: float = 0.02):

@@ -113,6 +113,17 @@ def legendre_rows(degrees: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 @register("legendre")
 class LegendreEncoding(PositionalEncoding):
+    """Legendre-polynomial absolute positions added to the token embeddings.
+
+    PE(pos, i) = P_pos(x_i), x_i equally spaced in [-1, 1] (dim points), P_n the Legendre polynomial of degree n.
+
+    Paper: Aggarwal, "PoPE: Legendre Orthogonal Polynomials Based Position Encoding" (eq. 14); named
+    "legendre" in poskit, since "pope" is the polar method.
+
+    Options (defaults):
+        dim (required): the model width.
+        cache_rows=8192: degrees kept in a precomputed table; higher ones are evaluated on demand.
+    """
     kind = "absolute"
 
     def __init__(self, *, head_dim: int, num_heads: int, dim: int, cache_rows: int = 8192):

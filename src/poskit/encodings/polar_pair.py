@@ -51,4 +51,7 @@ def polar_pair(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, softplus: bool
     """cat(mu * c, mu * s, dim=-1), mu = softplus(x) if softplus else x; differentiable in x, c and s."""
     if c.dim() != x.dim():
         raise ValueError(f"c and s must have the rank of x ({x.dim()}), got {c.dim()}")
+    if torch.compiler.is_compiling():  # Dynamo cannot trace the out= writes; inductor fuses these ops anyway
+        mu = F.softplus(x) if softplus else x
+        return torch.cat((mu * c, mu * s), dim=-1)
     return PolarPair.apply(x, c, s, softplus)

@@ -30,6 +30,25 @@ def _table_dtype(x: torch.Tensor) -> torch.dtype:
 
 @register("pope")
 class PolarEncoding(PositionalEncoding):
+    """PoPE: polar coordinates, magnitude from content and phase from position alone.
+
+    logit(t, s) = scale * sum_c softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_hc), with
+    theta_c = base^(-c/d), c = 0..d-1 (eq. 2-5), computed in the Cartesian form of eq. 6-9 (q'/k' 2d wide).
+    delta (num_heads, head_dim) is a learned phase bias clamped to [-2 pi, 0] in the forward pass; with
+    delta_projection it is also projected back into that interval after every optimizer step
+    (`project_parameters_`), so that no entry is stranded outside the clamp, where it gets no gradient.
+
+    Paper: Gopalakrishnan, Csordas, Schmidhuber, Mozer, "Decoupling the What and Where With Polar
+    Coordinate Positional Embedding" (eq. 2-9; ablations without softplus / delta: Table 8).
+
+    Options (defaults):
+        base=10000.0: the frequency base theta of theta_c = theta^(-c/d).
+        delta_init='zero': delta starts at 0, or 'uniform' in [-2 pi, 0].
+        softplus=True: magnitudes softplus(x); False uses x itself (the paper's ablation).
+        phase_bias=True: learn delta; False fixes it at 0 (the paper's ablation).
+        delta_projection=True: project delta into [-2 pi, 0] after each optimizer step (docs/reproductions.md
+            measures it against the clamp alone).
+    """
     kind = "qk"
 
     def __init__(
@@ -41,6 +60,7 @@ class PolarEncoding(PositionalEncoding):
         delta_init: str = "zero",
         softplus: bool = True,
         phase_bias: bool = True,
+        delta_projection: bool = True,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if delta_init not in DELTA_INITS:
@@ -48,6 +68,7 @@ class PolarEncoding(PositionalEncoding):
         if not base > 1:
             raise ValueError(f"base must be > 1, got {base!r}")
         self.base, self.delta_init, self.softplus, self.phase_bias = float(base), delta_init, bool(softplus), bool(phase_bias)
+        self.delta_projection = bool(delta_projection)
         # theta_c = base^(-c/d), c = 0..d-1, in float64
         self.register_buffer("inv_freq", base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim), persistent=False)
         if self.phase_bias:
@@ -58,6 +79,18 @@ class PolarEncoding(PositionalEncoding):
         else:
             self.register_parameter("delta", None)
         self._angles = AngleTables()
+
+    def project_parameters_(self) -> None:
+        """Put delta back into [-2 pi, 0] in place (with delta_projection; a no-op otherwise).
+
+        Called after each optimizer step (poskit.encodings.project_parameters_(model); the trainer does it).
+        Why: the forward clamp passes no gradient to an entry outside [-2 pi, 0], and with the default
+        delta_init="zero" every entry starts on the edge 0, so about half of them step above 0 on the first
+        update and would never receive a gradient again. Projected back onto the edge they keep theirs (the
+        clamp's gradient includes its bounds). Forward values are unchanged: the clamp maps both to 0."""
+        if self.delta is not None and self.delta_projection:
+            with torch.no_grad():
+                self.delta.clamp_(DELTA_MIN, DELTA_MAX)
 
     def clamped_delta(self, like: torch.Tensor) -> torch.Tensor:
         """The phase bias actually used, (num_heads, head_dim); zeros without phase_bias."""
@@ -119,4 +152,5 @@ class PolarEncoding(PositionalEncoding):
         return self.cartesian_q(q, q_positions), self.cartesian_k(k, k_positions)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", base={self.base}, delta_init={self.delta_init!r}, softplus={self.softplus}, phase_bias={self.phase_bias}"
+        return super().extra_repr() + (f", base={self.base}, delta_init={self.delta_init!r}, softplus={self.softplus}, "
+                                       f"phase_bias={self.phase_bias}, delta_projection={self.delta_projection}")

@@ -14,6 +14,18 @@ from .base import PositionalEncoding, register
 
 
 class RelativeEncoding(PositionalEncoding):
+    """Learned relative positions: logit(t, s) = scale * q_t . (k_s + e[t - s]).
+
+    One embedding per offset in [-max_distance, max_distance], shared across heads; offsets beyond the table
+    raise ValueError, or with cap=True ("relative-capped") use the last embedding.
+
+    Paper: Shaw et al., as the relative baseline of the CoPE paper (Golovneva et al., eq. 1, section 5.4).
+
+    Options (defaults):
+        max_distance=256: the largest offset with its own embedding.
+        cap=False: clip larger offsets to max_distance instead of refusing them (fixed True by "relative-capped").
+        init_std=0.02: standard deviation of the normal initialisation.
+    """
     kind = "bias"
 
     def __init__(self, *, head_dim: int, num_heads: int, max_distance: int = 256, cap: bool = False, init_std: float = 0.02):
@@ -49,4 +61,9 @@ register("relative")(RelativeEncoding)
 
 @register("relative-capped", cap=True)
 class CappedRelativeEncoding(RelativeEncoding):
-    """Relative PE whose offsets beyond max_distance use the last embedding."""
+    """Relative PE whose offsets beyond max_distance use the last embedding (RelativeEncoding with cap=True).
+
+    Paper: the relative-capped baseline of the CoPE paper (Golovneva et al., section 5.4).
+
+    Options (defaults): max_distance=256, init_std=0.02, as for relative; cap=True is fixed.
+    """

@@ -58,11 +58,16 @@ class RopeVariant(NamedTuple):
     length_dependent: bool = False
     #: which of VARIANT_OPTIONS the variant reads
     options: tuple[str, ...] = ()
+    #: options this variant needs and no paper gives a default for (build_encoding lists the missing ones)
+    requires: tuple[str, ...] = ()
+    #: options of which this variant needs one (the first is listed as missing when none is given)
+    requires_one_of: tuple[str, ...] = ()
 
 
-def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
-    """theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 15)."""
-    return 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+def default_inv_freq(rotary_dim: int, base) -> torch.Tensor:
+    """theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 15). `base` a float, or a 0-d float64 tensor (traced)."""
+    device = base.device if isinstance(base, torch.Tensor) else None
+    return 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim)
 
 
 def _required_factor(p: RopeParameters, variant: str) -> float:
@@ -136,7 +141,13 @@ def ntk_aware_scaling(p: RopeParameters, seq_len: int | None = None):
 
 def dynamic_ntk_base(rotary_dim: int, base: float, factor: float, seq_len: int, original_max_positions: int) -> float:
     """HF 'dynamic': for seq_len > original_max_positions the base becomes
-    base * ((s * L / L_orig) - (s - 1))^(d / (d - 2)); otherwise it is unchanged."""
+    base * ((s * L / L_orig) - (s - 1))^(d / (d - 2)); otherwise it is unchanged.
+
+    seq_len may be a 0-d int tensor (under torch.compile, where reading it as an int is a graph break): the
+    same formula, the branch taken by torch.where, a 0-d float64 tensor returned."""
+    if isinstance(seq_len, torch.Tensor):
+        grown = base * ((factor * seq_len.double() / original_max_positions) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+        return torch.where(seq_len > original_max_positions, grown, torch.full_like(grown, base))
     if seq_len <= original_max_positions:
         return base
     return base * ((factor * seq_len / original_max_positions) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
@@ -223,18 +234,24 @@ def longrope_scaling(p: RopeParameters, seq_len: int | None = None):
     else:
         raise ValueError("rope scaling 'longrope' needs factor (target context / original_max_positions, a number >= 1) "
                          "or attention_factor (a number > 0), got neither")
-    ext = long if seq_len is not None and seq_len > original else short
+    if isinstance(seq_len, torch.Tensor):  # traced by torch.compile: the switch without a data-dependent branch
+        ext = torch.where(seq_len > original, long.to(seq_len.device), short.to(seq_len.device))
+    else:
+        ext = long if seq_len is not None and seq_len > original else short
     return default_inv_freq(p.rotary_dim, p.base) / ext, attention
 
 
 # scaling name -> variant; rotary.py registers "rope" for "none" and "rope-<name>" for every other entry
 ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
     "none": RopeVariant(default_rope),
-    "linear": RopeVariant(linear_scaling),
-    "ntk": RopeVariant(ntk_aware_scaling),
-    "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True),
-    "yarn": RopeVariant(yarn_scaling),
-    "llama3": RopeVariant(llama3_scaling, options=("low_freq_factor", "high_freq_factor")),
+    "linear": RopeVariant(linear_scaling, requires=("factor",)),
+    "ntk": RopeVariant(ntk_aware_scaling, requires=("factor",)),
+    "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True, requires=("factor", "original_max_positions")),
+    "yarn": RopeVariant(yarn_scaling, requires=("factor", "original_max_positions")),
+    "llama3": RopeVariant(llama3_scaling, options=("low_freq_factor", "high_freq_factor"),
+                          requires=("factor", "original_max_positions", "low_freq_factor", "high_freq_factor")),
     "longrope": RopeVariant(longrope_scaling, length_dependent=True,
-                            options=("short_factor", "long_factor", "attention_factor")),
+                            options=("short_factor", "long_factor", "attention_factor"),
+                            requires=("original_max_positions", "short_factor", "long_factor"),
+                            requires_one_of=("factor", "attention_factor")),
 }

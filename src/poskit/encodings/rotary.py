@@ -25,8 +25,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
     rd = 2 * cos.shape[-1]
     x_rot, x_pass = x[..., :rd], x[..., rd:]
     if layout == "interleaved":  # pairs (x_2i, x_2i+1): the paper's form
-        if x.dtype in (torch.float32, torch.float64):
-            # a complex multiply is one fused kernel forward and backward: ~6x faster than stack/flatten on CPU
+        if x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+            # a complex multiply is one fused kernel forward and backward: ~6x faster than stack/flatten on CPU;
+            # inductor has no complex codegen (it falls back to eager ops), so traced code takes the real form
             pairs = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], rd // 2, 2).contiguous())
             out = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
         else:
@@ -39,6 +40,34 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
 
 
 class RotaryEncoding(PositionalEncoding):
+    """RoPE: rotates each pair of q/k channels by position * theta_i, so q_t . k_s depends only on t - s.
+
+    q'_t = R(t theta) q_t, k'_s = R(s theta) k_s with R a block-diagonal 2x2 rotation per channel pair and
+    theta_i = base^(-2i/d), i = 0..d/2-1 (RoFormer eq. 14-16, element-wise form eq. 34). The registered
+    variants change the frequencies (rope_scaling.py, paper 001): "rope-linear" theta_i / s (position
+    interpolation), "rope-ntk" base * s^(d/(d-2)), "rope-dynamic" the NTK base grown with the current length
+    past original_max_positions, "rope-yarn" NTK-by-parts with ramp ends beta_fast=32, beta_slow=1 and the
+    attention temperature 0.1 ln(s) + 1 on cos and sin; "rope-llama3" and "rope-longrope" follow HF
+    transformers' rope types of those names (Llama 3.1, Phi-3; rope_scaling.py says where they come from).
+
+    Paper: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (eq. 14-16, 34); the
+    scalings: "Why Position Matters" (paper 001: linear scaling, NTK-aware scaling, YaRN).
+
+    Options (defaults):
+        base=10000.0: the frequency base (RoFormer's 10000).
+        layout='interleaved': channel pairs (x_2i, x_2i+1) as in the paper, or 'half': (x_i, x_i+d/2) (HF/Llama).
+        rotary_dim=None: rotate only the first rotary_dim channels (even); None = all head_dim.
+        scaling='none': fixed by the registered name (rope, rope-linear, rope-ntk, rope-dynamic, rope-yarn,
+            rope-llama3, rope-longrope).
+        factor=None: the scale s = L'/L; required by every scaled variant (no paper default; rope-longrope
+            takes attention_factor instead).
+        original_max_positions=None: the training length L; required by rope-dynamic, rope-yarn, rope-llama3
+            and rope-longrope.
+        low_freq_factor=None, high_freq_factor=None: rope-llama3's band (Llama 3.1 uses 1 and 4); required.
+        short_factor=None, long_factor=None: rope-longrope's per-frequency divisors; required.
+        attention_factor=None: rope-longrope's cos/sin multiplier (default from factor).
+        Options without a default raise one ValueError listing every missing one (build_encoding).
+    """
     kind = "qk"
 
     def __init__(
@@ -84,6 +113,17 @@ class RotaryEncoding(PositionalEncoding):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
         self._angles = AngleTables(gain=self.attention_factor)
 
+    @classmethod
+    def required_options(cls, options: dict) -> tuple[str, ...]:
+        # the scaling variant declares the options it cannot default (factor, original_max_positions, ...)
+        variant = rope_scaling.ROPE_INIT_FUNCTIONS[options.get("scaling", "none")]
+        one_of = variant.requires_one_of
+        return variant.requires + (("|".join(one_of),) if one_of else ())  # "a|b": one of them
+
+    @classmethod
+    def options_context(cls, options: dict) -> str:
+        return f" for rope scaling {options.get('scaling', 'none')!r}"
+
     @property
     def length_dependent(self) -> bool:
         """The frequencies change with the current length (dynamic NTK)."""
@@ -93,6 +133,14 @@ class RotaryEncoding(PositionalEncoding):
         if self.length_dependent:
             return self._variant.init(self._rope_parameters, seq_len)[0].to(self.inv_freq.device)
         return self.inv_freq
+
+    @staticmethod
+    def call_length(q_positions: torch.Tensor, k_positions: torch.Tensor) -> int:
+        """The current length of a call for length-dependent variants: its largest position + 1. Traced by
+        torch.compile, a 0-d tensor: an int would be a data-dependent graph break (fullgraph=True refuses it),
+        and the variant computes its frequencies from the tensor instead (rope_scaling.dynamic_ntk_base)."""
+        longest = torch.maximum(q_positions.max(), k_positions.max()) + 1
+        return longest if torch.compiler.is_compiling() else int(longest)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
         """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
@@ -116,8 +164,9 @@ class RotaryEncoding(PositionalEncoding):
         return out * scale if scale != 1.0 else out
 
     def transform_qk(self, q, k, q_positions, k_positions):
-        # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics)
-        seq_len = int(torch.maximum(q_positions.max(), k_positions.max())) + 1
+        # dynamic NTK: one base for the whole call, chosen by the longest position seen (HF semantics); the
+        # other variants need no length, and reading one would cost a data-dependent int (a graph break)
+        seq_len = self.call_length(q_positions, k_positions) if self.length_dependent else None
         qc, qs = self.cos_sin(q_positions, q.dtype, seq_len)
         kc, ks = self.cos_sin(k_positions, k.dtype, seq_len)
         return (

@@ -10,6 +10,16 @@ from .base import PositionalEncoding, register
 
 @register("sinusoidal")
 class SinusoidalEncoding(PositionalEncoding):
+    """Sinusoidal absolute positions added to the token embeddings.
+
+    PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)), computed in float64.
+
+    Paper: Vaswani et al., "Attention Is All You Need", as in RoFormer eq. 4 and paper 001.
+
+    Options (defaults):
+        dim (required): the model width (even).
+        base=10000.0: the wavelength base.
+    """
     kind = "absolute"
 
     def __init__(self, *, head_dim: int, num_heads: int, dim: int, base: float = 10000.0):

@@ -8,6 +8,7 @@ from contextlib import nullcontext
 
 import torch
 
+from poskit.encodings import project_parameters_
 from poskit.model import Transformer
 from poskit.tasks import IGNORE_INDEX, build_task, evaluate_batches, lm_loss
 from poskit.tasks.base import Batch
@@ -92,7 +93,8 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
                    step: int) -> float:
     """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
     the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
-    `cfg.loss_on` keeps, backward, global-norm gradient clipping and the AdamW update. Returns the loss.
+    `cfg.loss_on` keeps, backward, global-norm gradient clipping, the AdamW update and the projection of the
+    encodings' parameters into their allowed sets (PoPE's delta; encodings/projection.py). Returns the loss.
     A loss that is not finite raises NonFiniteLossError before any parameter is updated."""
     lr = lr_at(step, cfg)
     for g in optimizer.param_groups:
@@ -111,6 +113,7 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
+    project_parameters_(model)  # PoPE's delta back into [-2 pi, 0], where its clamp passes gradients
     return value
 
 

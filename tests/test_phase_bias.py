@@ -1,0 +1,91 @@
+"""PoPE's phase bias delta is clamped to [-2 pi, 0] in the forward pass; the clamp passes no gradient to an
+entry outside the interval. project_parameters_ puts delta back after each optimizer step, so every entry
+keeps its gradient; forward numbers are unchanged for delta inside the interval."""
+import math
+
+import pytest
+import torch
+
+import poskit
+from poskit.encodings import project_parameters_
+from poskit.encodings.pope import DELTA_MAX, DELTA_MIN
+from poskit.model import ModelConfig, Transformer
+from poskit.training import TrainConfig, make_optimizer, optimizer_step
+
+
+def _train_delta(projection: bool, steps: int = 20, seed: int = 0):
+    """AdamW on a PoPE attention layer's delta (zero init, the default); returns the encoding and the
+    fraction of delta's entries whose gradient was nonzero at the last step."""
+    torch.manual_seed(seed)
+    enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, delta_projection=projection)
+    opt = torch.optim.AdamW(enc.parameters(), lr=0.05, weight_decay=0.0)
+    q, k, v = (torch.randn(2, 2, 16, 8) for _ in range(3))
+    target = torch.randn(2, 2, 16, 8)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = (poskit.attention(q, k, v, enc) - target).pow(2).mean()
+        loss.backward()
+        live = (enc.delta.grad != 0).float().mean().item()
+        opt.step()
+        project_parameters_(enc)
+    return enc, live
+
+
+def test_the_clamp_alone_strands_entries_and_the_projection_keeps_every_gradient():
+    _, live_clamped = _train_delta(projection=False)
+    enc, live_projected = _train_delta(projection=True)
+    assert live_clamped < 0.9  # about half of the zero-initialised entries stepped above 0 and stayed there
+    assert live_projected == 1.0
+    assert DELTA_MIN <= enc.delta.min().item() and enc.delta.max().item() <= DELTA_MAX
+
+
+def test_projection_puts_out_of_range_entries_on_the_nearest_bound_and_keeps_the_others():
+    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1)
+    with torch.no_grad():
+        enc.delta.copy_(torch.tensor([[0.3, -1.0, -7.0, -2 * math.pi]]))
+    assert project_parameters_(enc) == 1
+    assert torch.equal(enc.delta.detach(), torch.tensor([[0.0, -1.0, -2 * math.pi, -2 * math.pi]]))  # fp32 bounds
+    off = poskit.build_encoding("pope", head_dim=4, num_heads=1, delta_projection=False)
+    with torch.no_grad():
+        off.delta.fill_(0.5)
+    project_parameters_(off)
+    assert off.delta.eq(0.5).all()  # delta_projection=False: today's clamp only
+
+
+def test_forward_numbers_do_not_depend_on_the_projection_option_for_delta_in_range():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 12, 8, dtype=torch.float64) for _ in range(3))
+    outs = []
+    for projection in (False, True):
+        enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, delta_init="uniform", delta_projection=projection)
+        with torch.no_grad():
+            enc.delta.copy_(torch.linspace(DELTA_MIN, DELTA_MAX, 16).reshape(2, 8))
+        before = enc.delta.detach().clone()
+        project_parameters_(enc)
+        assert torch.equal(enc.delta, before)  # in range: the projection changes nothing
+        outs.append(poskit.attention(q, k, v, enc))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_the_trainer_projects_after_each_step():
+    cfg = TrainConfig(task="flip-flop", task_options={"length": 16, "eval_size": 8}, batch_size=4, max_steps=5,
+                      lr=0.05, model=ModelConfig(d_model=16, n_layers=1, n_heads=2, encoding="pope"))
+    from poskit.training.step import build_model, build_task_for
+
+    task = build_task_for(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, task)
+    opt = make_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(5):
+        optimizer_step(model, opt, task.train_batch(cfg.batch_size, gen, step=step), cfg, step)
+    deltas = torch.cat([enc.delta.detach().flatten() for enc in model.encoding_modules()])
+    assert deltas.max().item() <= DELTA_MAX and deltas.min().item() >= DELTA_MIN
+    assert (deltas == 0).any() and (deltas < 0).any()  # some entries were pushed up and projected back
+
+
+def test_project_parameters_needs_a_module():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        project_parameters_([1, 2])
+    model = Transformer(ModelConfig(vocab_size=8, d_model=16, n_layers=2, n_heads=2, encoding="rope"))
+    assert project_parameters_(model) == 2  # one encoding per layer, nothing to project for rope
