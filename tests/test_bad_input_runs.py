@@ -302,3 +302,23 @@ def test_property_a_refused_resume_changes_no_byte(stopped_run, tmp_path_factory
     else:
         # accepted (the change left a valid file, e.g. junk inside tensor data): the run finished normally
         assert json.loads((run / RESULTS_FILE).read_text())["steps"] == 16
+
+
+@pytest.mark.parametrize("damage", ["numpy key past uint32", "python state not a state", "torch state not bytes"])
+def test_a_damaged_rng_state_is_refused_while_reading_the_checkpoint(stopped_run, tmp_path, damage):
+    # found by the property test above: a damaged numpy key raised OverflowError only once applied, after the
+    # model had been loaded; the state is now checked on scratch generators while the checkpoint is read
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    state = torch.load(run / CHECKPOINT_FILE, weights_only=True)
+    if damage == "numpy key past uint32":
+        state["rng"]["numpy"][1][0] = 2**40
+    elif damage == "python state not a state":
+        state["rng"]["python"] = [3, [1, 2], None]
+    else:
+        state["rng"]["torch"] = torch.zeros(3, dtype=torch.float32)
+    torch.save(state, run / CHECKPOINT_FILE)
+    before = snapshot(run)
+    with pytest.raises(RunFileError, match=r"checkpoint\.pt: has a malformed RNG state \("):
+        train(None, run, resume=True, quiet=True)
+    assert snapshot(run) == before

@@ -10,6 +10,7 @@ import torch
 
 from .config import TrainConfig, config_difference
 from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
+from .rng import check_rng_state
 
 # what Trainer.state_dict saves: key -> accepted types
 _ENTRIES = {"model": dict, "optimizer": dict, "step": int, "elapsed": (int, float), "loss_acc": (list, tuple),
@@ -41,6 +42,10 @@ def read_checkpoint(path, device: str = "cpu") -> dict:
     missing = [k for k in _RNG_ENTRIES if k not in state["rng"]]
     if missing:
         raise RunFileError(path, f"lacks the RNG state(s) {missing}: not a checkpoint written by poskit's trainer")
+    try:
+        check_rng_state(state["rng"])
+    except ValueError as e:
+        raise RunFileError(path, f"has a malformed RNG state ({e})") from None
     return state
 
 

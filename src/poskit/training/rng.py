@@ -26,6 +26,19 @@ def rng_state() -> dict:
     return state
 
 
+def check_rng_state(state: dict) -> None:
+    """Raise ValueError unless every saved state would be accepted: each is applied to a scratch generator, so a
+    corrupt checkpoint is refused while it is read, before the process's own RNGs or a model are touched (a
+    damaged numpy key, say, raises OverflowError only once it is applied)."""
+    try:
+        torch.Generator().set_state(state["torch"].cpu())
+        kind, keys, *rest = state["numpy"]
+        np.random.RandomState().set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+        random.Random().setstate(_tuples(state["python"]))
+    except (ValueError, TypeError, OverflowError, RuntimeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+
+
 def set_rng_state(state: dict) -> None:
     # checkpoints load with map_location=<run device>, but RNG states must be CPU byte tensors
     torch.set_rng_state(state["torch"].cpu())
