@@ -1,7 +1,7 @@
 """Attention benchmark: every encoding's poskit path against RoPE + SDPA, PoPE against its peers, decode.
 
     python benchmarks/attention.py                       # the issue's grid (B=8, H=8, d=64, T 256/1024/4096)
-    python benchmarks/attention.py --T 1024 --dtypes fp32 --encodings rope,pope,alibi --quick
+    python benchmarks/attention.py --quick                # every row once at a small size (about a minute)
 
 Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode:
 `ratio` for the time, `mem_ratio` for the peak memory (every row reports its peak, `peak_MB`: the
@@ -35,11 +35,15 @@ OPTIONS = {
     "rope-yarn": dict(factor=4.0, original_max_positions=1024),
     "relative-capped": dict(max_distance=256), "learned": dict(max_positions=8192),
     "cope": dict(p_max=64),
+    "rope-llama3": dict(factor=4.0, original_max_positions=1024, low_freq_factor=1.0, high_freq_factor=4.0),
+    "rope-longrope": dict(factor=4.0, original_max_positions=1024),
 }
 
 
 def build(name, H, D, dtype, T=None):
     options = dict(OPTIONS.get(name, {}))
+    if name == "rope-longrope":  # one factor per rotated pair
+        options.update(short_factor=[1.0] * (D // 2), long_factor=[4.0] * (D // 2))
     if name == "relative" and T:
         options["max_distance"] = T  # every offset of the sequence has its embedding
     return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **options).to(dtype)
@@ -240,7 +244,13 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="a check that every row runs, in about a minute: B=2, T=256, fp32, 1 round, decode at 256 keys "
+                        "(overrides --B, --T, --dtypes, --repeats and the decode lengths/dtypes)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.B, args.T, args.dtypes, args.repeats = 2, [256], ["fp32"], 1
+        args.decode_lengths, args.decode_dtypes = [256], ["fp32"]
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "

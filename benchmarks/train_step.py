@@ -43,6 +43,10 @@ def encoding_options(name: str, context: int) -> dict:
         return {"factor": 2.0}
     if name in ("rope-dynamic", "rope-yarn"):
         return {"factor": 2.0, "original_max_positions": context}
+    if name == "rope-llama3":  # Llama 3.1's frequency factors
+        return {"factor": 2.0, "original_max_positions": context, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    if name == "rope-longrope":  # one factor per rotated pair (head dim 32: 16 pairs)
+        return {"factor": 2.0, "original_max_positions": context, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16}
     if name in ("relative", "relative-capped"):
         return {"max_distance": context}
     return {}
