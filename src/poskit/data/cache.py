@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..durable import fsync_dir, write_synced
+
 __all__ = ["FORMAT_VERSION", "StaleCache", "CachedSplit", "token_dtype", "write_split", "open_split"]
 
 FORMAT_VERSION = 1
@@ -53,22 +55,11 @@ def _sha256(path: Path) -> str:
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, lambda f: f.write(data))
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _paths(directory: Path, split: str) -> tuple[Path, Path]:
@@ -90,7 +81,7 @@ def write_split(directory: Path, split: str, tokens: np.ndarray, documents: list
                 "n_tokens": int(tokens.size), "documents": [list(d) for d in documents],
                 "sha256": _sha256(token_path)}
     _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def open_split(directory: Path, split: str, identity: dict, verify: bool = True) -> CachedSplit:

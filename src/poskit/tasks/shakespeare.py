@@ -35,15 +35,13 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable
-
 import numpy as np
 import torch
 
-from ..validate import check_bool, check_int, check_real
-from .data import IGNORE_INDEX, Batch, Vocab
-from .metrics import evaluate_batches
+from ..validate import check_bool, check_int
+from .data import Vocab
 from .protocol import Described
+from .windows import WindowedLM
 
 DEFAULT_HELD_OUT = ("macbeth", "twelfth-night")
 
@@ -92,13 +90,14 @@ def play_names() -> list[str]:
     return list(load_plays(True))
 
 
-class Shakespeare(Described):
+class Shakespeare(WindowedLM, Described):
     """Character-level LM on Shakespeare (see module docstring).  Implements the Task protocol."""
 
     name = "shakespeare"
     metric = "perplexity"
     accuracy_level = "token"
     split_names = ("validation", "test")
+    unit = "characters"  # what a token is called in error messages
 
     def __init__(
         self,
@@ -144,73 +143,6 @@ class Shakespeare(Described):
         self._regions = {"test": held[: self.test_chars], "validation": held[self.test_chars :]}
         if len(self.train_ids) <= self.context + 1:
             raise ValueError("training text is shorter than one window")
-
-    @property
-    def max_input_len(self) -> int:
-        return self.context
-
-    def region(self, split: str) -> torch.Tensor:
-        """Token ids of the held-out text of a split."""
-        if split not in self._regions:
-            raise ValueError(f"split must be one of {list(self.split_names)}, got {split!r}")
-        return self._regions[split]
-
-    def train_batch(self, batch_size: int, generator: torch.Generator, step: int | None = None) -> Batch:
-        """Uniformly random windows; ``step`` is accepted (the Task protocol) and does not matter here."""
-        batch_size = check_int(batch_size, "batch_size", minimum=1)
-        if step is not None:
-            check_int(step, "step", minimum=0)
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        n = len(self.train_ids)
-        starts = torch.randint(0, n - self.context, (batch_size,), generator=generator)
-        seq = self.train_ids[starts[:, None] + torch.arange(self.context + 1)]
-        return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
-
-    def eval_windows(
-        self,
-        length: int,
-        split: str = "test",
-        n_chars: int | None = None,
-        last_fraction: float | None = None,
-        batch_size: int | None = None,
-    ) -> list[Batch]:
-        """Non-overlapping windows of ``length`` inputs over the first ``n_chars`` characters
-        of a split's held-out text (all of it by default).  ``last_fraction`` keeps only the
-        targets in that final fraction of each window."""
-        length = check_int(length, "length", minimum=1)
-        ids = self.region(split)
-        if n_chars is not None:
-            ids = ids[: check_int(n_chars, "n_chars", minimum=2, maximum=len(ids))]
-        n_win = (len(ids) - 1) // length
-        if n_win == 0:
-            raise ValueError(f"length={length} leaves no complete window in {len(ids)} characters of {split!r}")
-        inputs = ids[: n_win * length].view(n_win, length)
-        targets = ids[1 : n_win * length + 1].view(n_win, length).clone()
-        if last_fraction is not None:
-            frac = check_real(last_fraction, "last_fraction", minimum=0.0, maximum=1.0, strict=True)
-            first = int(round(length * (1.0 - frac)))
-            targets[:, :first] = IGNORE_INDEX
-        bs = self.eval_batch_size if batch_size is None else check_int(batch_size, "batch_size", minimum=1)
-        return [Batch(inputs[i : i + bs], targets[i : i + bs]) for i in range(0, n_win, bs)]
-
-    def split(self, name: str, batch_size: int | None = None) -> list[Batch]:
-        """Windows of the training context over a split's whole held-out text."""
-        return self.eval_windows(self.context, name, batch_size=batch_size)
-
-    def evaluate(
-        self,
-        model: Callable[[torch.Tensor], torch.Tensor],
-        split: str = "validation",
-        batch_size: int | None = None,
-        device: torch.device | str | None = None,
-        length: int | None = None,
-        n_chars: int | None = None,
-        last_fraction: float | None = None,
-    ) -> dict[str, float]:
-        """Metrics (``perplexity`` first of all) on windows of ``length`` (default: the context)."""
-        batches = self.eval_windows(length or self.context, split, n_chars, last_fraction, batch_size)
-        return evaluate_batches(model, batches, self.accuracy_level, device)
 
     def decode(self, ids) -> str:
         return self.vocab.decode(ids)

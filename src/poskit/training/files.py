@@ -8,6 +8,7 @@ import os
 import signal
 from pathlib import Path
 
+from ..durable import fsync_dir, write_synced
 from .config import TrainConfig
 
 CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.pt", "results.json"
@@ -40,24 +41,12 @@ def _kill_before_rename_requested(path: Path) -> bool:
     return _writes[name] == int(nth)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename in directory `path` durable (the rename itself lives in the directory entry)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, write) -> None:
     """Write via `write(fileobj)` to a temporary file beside `path`, fsync, rename over `path`, fsync the
     directory: a kill at any moment leaves either the old file or the new one, never a torn one."""
     path = Path(path)
     tmp = path.with_name(f"{TEMP_PREFIX}{path.name}{TEMP_MARK}{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    write_synced(tmp, write)
     if _kill_before_rename_requested(path):
         os.kill(os.getpid(), signal.SIGKILL)
     os.replace(tmp, path)
