@@ -124,12 +124,29 @@ def test_no_tensor_of_size_t_by_t_forward_and_backward(name):
 
 
 def test_frozen_relative_embeddings_on_cpu_equal_the_reference(monkeypatch):
-    # parameters without grad make the bias "static" (blocked.py's constant-bias path), but relative's bias still
-    # reads q: each query block must get its own queries' bias (it got the first block's before)
+    # frozen embeddings do not make relative's bias static: it reads q (declared: bias_reads_q), so it takes the
+    # blocked-bias path, where each query block gets its own queries' bias (the constant-bias path once gave
+    # every block the first block's)
     monkeypatch.setattr(blocked, "DEFAULT_BLOCK", 4)
     enc = poskit.build_encoding("relative", head_dim=8, num_heads=2, max_distance=20, init_std=1.0).double()
     enc.requires_grad_(False)
     q, k, v = (torch.randn(2, 2, 12, 8, dtype=torch.float64) for _ in range(3))
-    assert route(enc, q, k) == "blocked"
+    assert route(enc, q, k) == "blocked-bias"
     torch.testing.assert_close(attend(q, k, v, enc), attend(q, k, v, enc, backend="reference"),
                                atol=1e-12, rtol=0)
+
+
+def test_a_bias_that_reads_q_is_never_reused_from_the_static_bias_cache():
+    # a general float attn_mask sends a bias encoding through SDPA with the bias merged (on CUDA every bias goes
+    # there); the per-shape bias cache is for biases of positions alone, so a frozen relative bias computed for
+    # one q must not be handed to the next call with other queries at the same positions
+    enc = poskit.build_encoding("relative", head_dim=8, num_heads=2, max_distance=20, init_std=1.0).double()
+    enc.requires_grad_(False)
+    assert enc.bias_reads_q and not poskit.build_encoding("alibi", head_dim=8, num_heads=2).bias_reads_q
+    mask = torch.randn(1, 1, 12, 12, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 12, 8, dtype=torch.float64) for _ in range(2))
+    for seed in (0, 1):
+        q = torch.randn(2, 2, 12, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        got = poskit.attention(q, k, v, enc, attn_mask=mask, is_causal=True)
+        want = poskit.attention(q, k, v, enc, attn_mask=mask, is_causal=True, backend="reference")
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)

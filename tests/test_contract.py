@@ -66,9 +66,11 @@ class ToyWideRawCache(ToyWide):
 
 
 class ToyStaticBias(PositionalEncoding):
-    """kind "bias" without parameters (static: the CPU sdpa backend generates it block by block)."""
+    """kind "bias" without parameters, of positions alone (static: the CPU sdpa backend generates it block by
+    block)."""
 
     kind = "bias"
+    bias_reads_q = False  # declared: without it the engine must assume the bias reads q and never reuse it
 
     def bias(self, q, q_positions, k_positions, scale):
         dist = (q_positions[:, :, None] - k_positions[:, None, :]).abs().double().sqrt()  # (1|B, Tq, Tk)

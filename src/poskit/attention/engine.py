@@ -41,8 +41,10 @@ def triton_available() -> bool:
 
 
 def _is_static_bias(enc) -> bool:
-    # a bias that depends only on positions (ALiBi) can be built once per shape and reused
-    return enc.kind == "bias" and not any(p.requires_grad for p in enc.parameters())
+    # a bias of positions alone (ALiBi) can be built once per shape and reused; one that reads q (relative PE,
+    # even with frozen embeddings) cannot: a cache keyed by positions would hand a later call a stale bias
+    return (enc.kind == "bias" and not enc.bias_reads_q
+            and not any(p.requires_grad for p in enc.parameters()))
 
 
 def _static_bias(enc, inp: AttentionInputs) -> torch.Tensor:
@@ -123,7 +125,6 @@ def _run_sdpa(inp, enc, gate_keys):
             return _run_blocked_bias(inp, enc)
         if _is_static_bias(enc):
             # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
-            # (the block's own queries: a frozen bias may still read q, as relative's does)
             q, qp, kp = inp.q, inp.q_positions, inp.k_positions
             return blocked(inp, q, inp.k, inp.v,
                            bias_fn=lambda i, j, ke: enc.bias(q[:, :, i:j], qp[:, i:j], kp[:, :ke], inp.scale))

@@ -46,6 +46,7 @@ class ALiBiEncoding(PositionalEncoding):
     Options (defaults): none besides head_dim and num_heads (the slopes follow from num_heads).
     """
     kind = "bias"
+    bias_reads_q = False  # -m_h |t - s|: positions alone
 
     def __init__(self, *, head_dim: int, num_heads: int):
         super().__init__(head_dim=head_dim, num_heads=num_heads)

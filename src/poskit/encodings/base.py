@@ -56,6 +56,10 @@ class PositionalEncoding(nn.Module):
     #: ("triton_pope": the polar interface above; "triton_cope": kind "contextual" with `p_max`,
     #: `gate_source` and `fused_operands`), or None: no kernel, backend="triton" refuses the encoding.
     fused_kernel: ClassVar[str | None] = None
+    #: kind "bias" only: whether `bias` reads q (relative PE's q . e) or positions alone (ALiBi). A bias of
+    #: positions alone, with no trainable parameter, is built once per shape and reused (and generated block
+    #: by block on CPU); one that reads q is recomputed for every call, trained parameters or not.
+    bias_reads_q: ClassVar[bool] = True
 
     @property
     def needs_gate_keys(self) -> bool:
