@@ -13,7 +13,7 @@ import typing
 
 from .validate import is_finite_real, is_int
 
-__all__ = ["ConfigError", "check_field_types", "describe_type"]
+__all__ = ["ConfigError", "check_field_types", "describe_type", "from_known_fields"]
 
 
 class ConfigError(ValueError):
@@ -91,3 +91,13 @@ def check_field_types(obj) -> None:
             raise ConfigError(f.name, describe_type(hints[f.name]), value)
         if out is not value:
             setattr(obj, f.name, out)
+
+
+def from_known_fields(cls, d: dict, what: str):
+    """``cls(**d)`` for a config dataclass, refusing keys that are not its fields (a typo in a JSON config must
+    not vanish silently); ``what`` names the config in the message ("train config", "model config")."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"unknown {what} field(s) {unknown}; allowed: {sorted(names)}")
+    return cls(**d)

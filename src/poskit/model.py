@@ -24,7 +24,7 @@ import poskit
 from poskit.attention.kv_cache import KVCache
 from poskit.attention.padding import padded_positions, real_token_mask
 from poskit.nn import Attention as PoskitAttention, decode_positions
-from poskit.config_check import ConfigError, check_field_types
+from poskit.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.encodings import DEFAULT_ENCODING
 
 MLP_KINDS = ("gelu", "swiglu")
@@ -106,11 +106,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown model config field(s) {unknown}; allowed: {sorted(names)}")
-        return cls(**d)
+        return from_known_fields(cls, d, "model config")
 
 
 class RMSNorm(nn.Module):

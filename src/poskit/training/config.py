@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from poskit.config_check import ConfigError, check_field_types
+from poskit.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.model import ModelConfig
 from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
 
@@ -135,11 +135,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown train config field(s) {unknown}; allowed: {sorted(names)}")
-        return cls(**d)
+        return from_known_fields(cls, d, "train config")
 
 
 def loss_positions(loss_on) -> list[int] | None:
