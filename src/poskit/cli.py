@@ -215,6 +215,23 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
+def cmd_study(args) -> int:
+    from poskit.experiments.configs import STUDIES
+    from poskit.experiments.study import run_study
+
+    if args.name not in STUDIES:
+        raise ValueError(f"NAME must be one of {sorted(STUDIES)}, got {args.name!r}")
+    study, out = STUDIES[args.name], Path(args.out or f"runs/study-{args.name}")
+    if not args.report_only:
+        _check_positive(args, "workers")
+        run_study(study, out, workers=args.workers or 2)
+    from poskit.report.study import write_study_report
+
+    for path in write_study_report(study, out):
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_list(args) -> int:
     import poskit
     from poskit.experiments.configs import REPRODUCTIONS
@@ -225,6 +242,11 @@ def cmd_list(args) -> int:
     print("reproductions:")
     for name, r in REPRODUCTIONS.items():
         print(f"  {name:20s} {r.summary}")
+    from poskit.experiments.configs import STUDIES
+
+    print("studies:")
+    for name, st in STUDIES.items():
+        print(f"  {name:20s} {len(st.runs)} runs: {st.question}")
     return 0
 
 
@@ -372,6 +394,16 @@ def build_parser() -> argparse.ArgumentParser:
                    resume="reuse finished runs, continue interrupted ones")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("study", help="a background study: a queue of long runs with early stops (resumable)",
+                       description="Runs the study's runs, --workers at a time, each in its own single-thread "
+                                   "process; a run stops early when it has learned or plateaued. Running the "
+                                   "same command again resumes. Writes study.md and study.png in --out.")
+    p.add_argument("name", metavar="NAME", help="the study (see `poskit list`)")
+    p.add_argument("--out", help="study directory (default runs/study-<NAME>)")
+    p.add_argument("--workers", type=int, help="runs training at once (default 2)")
+    p.add_argument("--report-only", action="store_true", help="only write the table and plots of what is done")
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
     p.set_defaults(func=cmd_list)

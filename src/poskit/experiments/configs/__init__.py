@@ -7,7 +7,8 @@ from .demo import DEMO, LM_MODEL, LM_TRAIN
 from .demo_diagnostic import DIAGNOSTIC
 from .flip_flop import FLIP_FLOP
 from .indirect_indexing import INDIRECT_INDEXING
-from .records import DemoSettings, Diagnostic, Reproduction, Variant
+from .indirect_indexing_study import INDIRECT_INDEXING_STUDY
+from .records import DemoSettings, Diagnostic, Reproduction, StopRule, Study, StudyRun, Variant
 from .selective_copy import SELECTIVE_COPY
 
 # `poskit reproduce NAME`, in the order `poskit list` shows them
@@ -18,5 +19,10 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "counting": COUNTING,
 }
 
-__all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "DemoSettings", "Diagnostic",
-           "Reproduction", "Variant"]
+# `poskit study NAME`: background studies (queues of long runs with early stops)
+STUDIES: dict[str, Study] = {
+    "indirect-indexing": INDIRECT_INDEXING_STUDY,
+}
+
+__all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "STUDIES", "DemoSettings", "Diagnostic",
+           "Reproduction", "StopRule", "Study", "StudyRun", "Variant"]
