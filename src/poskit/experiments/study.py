@@ -95,7 +95,7 @@ def read_spec(out_dir) -> Study:
         raise ValueError(f"{Path(out_dir) / SPEC_FILE}: not a study spec ({e})") from None
 
 
-def run_study(study: Study, out_dir, workers: int = 2, nice: int = 5, poll_seconds: float = 5.0,
+def run_study(study: Study, out_dir, workers: int = 2, nice: int = 19, poll_seconds: float = 5.0,
               python: str = sys.executable) -> list[dict]:
     """Keep `workers` single-thread processes busy with the study's unfinished runs, in order; returns the
     outcomes. Each process's output goes to <out_dir>/logs/<run>.log; one status line per started or
