@@ -186,3 +186,22 @@ def test_lookup_attention_shapes_and_refusal():
         assert arr.shape == (2, 2) and torch.all((arr >= 0) & (arr <= 1))
     with pytest.raises(ValueError, match="task"):
         lookup_attention(model, build_task("flip-flop"), n=1)
+
+
+@pytest.mark.slow
+def test_lookup_report_writes_json_and_png_for_trained_runs(tmp_path):
+    from poskit.report.lookup_plot import write_lookup_report
+
+    pope = {**TINY, "model": {**TINY["model"], "encoding": "pope"}}
+    study = Study("tiny", (StudyRun("a", TINY, "g"), StudyRun("b", pope, "g")), StopRule(1.0, 1, 1.0))
+    for run in study.runs:
+        advance(study, run, tmp_path)
+    js, png = write_lookup_report({"rope": tmp_path / "a", "pope": tmp_path / "b"}, tmp_path / "att", n=3)
+    data = json.loads(js.read_text())
+    assert set(data["runs"]) == {"rope", "pope"}
+    ex = data["runs"]["rope"]["example"]
+    assert len(ex["rows"]) == 1 and len(ex["rows"][0]) == ex["last"] + 1
+    assert abs(sum(ex["rows"][0]) - 1) < 1e-6  # a row of attention probabilities
+    assert png.stat().st_size > 1000
+    with pytest.raises(ValueError, match="run_dirs"):
+        write_lookup_report({}, tmp_path / "none")

@@ -227,7 +227,18 @@ def cmd_study(args) -> int:
         run_study(study, out, workers=args.workers or 2)
     from poskit.report.study import write_study_report
 
-    for path in write_study_report(study, out):
+    paths = write_study_report(study, out)
+    if args.attention:  # where the group's trained models look (seed 0 of each encoding)
+        from poskit.report.lookup_plot import write_lookup_report
+
+        runs = {r.config["model"]["encoding"]: out / r.name for r in study.runs
+                if r.group == args.attention and r.config.get("seed", 0) == 0 and (out / r.name).exists()}
+        if not runs:
+            groups = sorted({r.group for r in study.runs})
+            raise ValueError(f"--attention must name a study group with trained runs in {out}: one of {groups}, "
+                             f"got {args.attention!r}")
+        paths += write_lookup_report(runs, out / f"attention-{args.attention}")
+    for path in paths:
         print(f"wrote {path}")
     return 0
 
@@ -403,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="study directory (default runs/study-<NAME>)")
     p.add_argument("--workers", type=int, help="runs training at once (default 2)")
     p.add_argument("--report-only", action="store_true", help="only write the table and plots of what is done")
+    p.add_argument("--attention", metavar="GROUP",
+                   help="also plot where the group's trained models attend (Indirect Indexing: source, target)")
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
