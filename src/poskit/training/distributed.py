@@ -188,8 +188,8 @@ def _full_options():
 
 
 def full_model_state(model: torch.nn.Module, mode: str, procs: Processes) -> dict:
-    """The model's full state dict (on rank 0 at least; FSDP gathers the shards, a collective every rank
-    must enter)."""
+    """The model's full state dict on rank 0 (FSDP gathers the shards there, a collective every rank must
+    enter, and gives the other ranks an empty dict)."""
     if procs.active and mode == "fsdp":
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -206,6 +206,8 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     named = get_optimizer_state_dict(model, optimizer, options=_full_options())
+    if not named:  # cpu_offload gathers the full state on rank 0 only
+        return {}
     order = [name for group in named["param_groups"] for name in group["params"]]
     index = {name: i for i, name in enumerate(order)}
     groups, start = [], 0
@@ -225,13 +227,17 @@ def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mo
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, model_state, options=options)
-    name_of = {id(p): name for name, p in model.named_parameters()}
-    order = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    if len(optimizer_state["param_groups"]) != len(optimizer.param_groups):
-        raise ValueError(f"the saved optimizer has {len(optimizer_state['param_groups'])} parameter groups, "
-                         f"this one {len(optimizer.param_groups)}")
-    groups = [{**saved, "params": [order[i] for i in saved["params"]]} for saved in optimizer_state["param_groups"]]
-    named = {"state": {order[i]: s for i, s in optimizer_state["state"].items()}, "param_groups": groups}
+    # rank 0's copy is scattered to the shards (loading the full state on every rank at once mismatched
+    # gloo's collectives in torch 2.13; broadcasting from rank 0 is also what a large model needs)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, model_state if procs.is_main else {}, options=options)
+    named = {}
+    if procs.is_main:
+        name_of = {id(p): name for name, p in model.named_parameters()}
+        order = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        if len(optimizer_state["param_groups"]) != len(optimizer.param_groups):
+            raise ValueError(f"the saved optimizer has {len(optimizer_state['param_groups'])} parameter groups, "
+                             f"this one {len(optimizer.param_groups)}")
+        groups = [{**saved, "params": [order[i] for i in saved["params"]]} for saved in optimizer_state["param_groups"]]
+        named = {"state": {order[i]: s for i, s in optimizer_state["state"].items()}, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, named, options=options)
