@@ -110,6 +110,7 @@ def local_rows(batch: Batch, procs: Processes) -> Batch:
     """This rank's block of rows of the global `batch` (all of it for one process)."""
     if not procs.active:
         return batch
+    check_batch_split(batch.inputs.shape[0], procs)  # never drop rows silently
     per_rank = batch.inputs.shape[0] // procs.world_size
     rows = slice(procs.rank * per_rank, (procs.rank + 1) * per_rank)
     return Batch(batch.inputs[rows], batch.targets[rows])
