@@ -145,6 +145,9 @@ def test_a_batch_the_processes_cannot_share_is_refused_before_any_file(tmp_path)
     with pytest.raises(ConfigError, match="batch_size must be a multiple of the number of processes"):
         preflight(cfg, Processes(0, 3, 0))
     check_batch_split(8, Processes(1, 4, 1))  # 2 rows each
+    odd = Batch(torch.zeros(5, 3, dtype=torch.long), torch.zeros(5, 3, dtype=torch.long))
+    with pytest.raises(ConfigError, match=r"multiple of the number of processes \(2\).*got 5"):
+        local_rows(odd, Processes(0, 2, 0))  # never a silently dropped row
     with pytest.raises(ConfigError, match=r"world_size must be 1, the number of processes of this launch"):
         train(TrainConfig.from_dict({**cfg.to_dict(), "world_size": 2}), tmp_path / "r", quiet=True)
     assert not (tmp_path / "r").exists()
@@ -163,6 +166,8 @@ def test_cli_refuses_an_indivisible_batch_under_a_launch_with_one_line(tmp_path,
     assert not (tmp_path / "r").exists()
 
 
-def test_a_one_process_run_records_world_size_one(one_process_run):
-    assert json.loads((one_process_run / CONFIG_FILE).read_text())["world_size"] == 1
-    assert json.loads((one_process_run / RESULTS_FILE).read_text())["world_size"] == 1
+def test_a_one_process_run_records_world_size_one(tmp_path):
+    cfg = TrainConfig.from_dict({**_cfg().to_dict(), "max_steps": 2, "eval_every": 2, "final_eval_batches": 1})
+    train(cfg, tmp_path / "r", quiet=True)
+    assert json.loads((tmp_path / "r" / CONFIG_FILE).read_text())["world_size"] == 1
+    assert json.loads((tmp_path / "r" / RESULTS_FILE).read_text())["world_size"] == 1
