@@ -1,4 +1,4 @@
-"""The `poskit` command: train, compare, extrapolate, demo, reproduce, list, data.
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, convert-checkpoint, list, data.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
 the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
@@ -24,7 +24,8 @@ EPILOG_RESUME = ("resume: --resume --run-dir D continues D from its checkpoint w
 
 # flags that set a TrainConfig field: (argparse attribute, field, flag as typed)
 CONFIG_FLAGS = (("steps", "max_steps", "--steps"), ("train_seconds", "train_seconds", "--train-seconds"),
-                ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"))
+                ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"),
+                ("parallel", "parallel", "--parallel"), ("tensorboard", "tensorboard", "--tensorboard"))
 
 
 def _check_positive(args, *attrs: str) -> None:
@@ -120,9 +121,12 @@ def cmd_train(args) -> int:
                 raise ValueError(f"--{flag} is required (except with --resume on an existing --run-dir)")
         cfg = _base_config(args, args.encoding)
     run_dir = Path(args.run_dir or f"runs/{cfg.task}-{cfg.model.encoding}-seed{cfg.seed}")
+    args.quiet = args.quiet or _rank() > 0  # under torchrun rank 0 reports
     if not args.quiet:
         print(f"train: {cfg.task} with {cfg.model.encoding} -> {run_dir}", file=sys.stderr)
     results = train(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, quiet=args.quiet)
+    if _rank() > 0:
+        return 0
     if results is None:
         print(f"stopped after this invocation's steps; continue with: poskit train --resume --run-dir {run_dir}")
         return 0
@@ -131,6 +135,22 @@ def cmd_train(args) -> int:
     print(f"{cfg.task} / {cfg.model.encoding}: {results['steps']} steps in {results['train_seconds']:.1f} s; "
           + "; ".join(parts))
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def _rank() -> int:
+    from poskit.training.distributed import processes_from_env
+
+    return processes_from_env().rank
+
+
+def cmd_convert_checkpoint(args) -> int:
+    from poskit.training.run import convert_legacy_checkpoint
+
+    for run in args.runs:
+        record = convert_legacy_checkpoint(run)
+        if not args.quiet:
+            print(f"converted {run}: checkpoint.pt -> {record} (safetensors weights beside the training state)")
     return 0
 
 
@@ -150,6 +170,8 @@ def cmd_compare(args) -> int:
     out = Path(args.out or f"runs/compare-{base.task}")
     results = run_compare(base, encodings, seeds, out, workers=args.workers, resume=args.resume, quiet=args.quiet,
                           split=args.split)
+    if not results and _rank() > 0:  # under torchrun rank 0 reports
+        return 0
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}, {out / COMPARE_PLOT}")
     return 0 if results else 1
@@ -313,7 +335,12 @@ def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True)
     p.add_argument("--steps", type=int, help="optimizer steps (max_steps)")
     p.add_argument("--train-seconds", type=float, help="time budget: choose max_steps by timing a few steps")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--batch-size", type=int, help="training batch size")
+    p.add_argument("--batch-size", type=int, help="training batch size (the global batch under torchrun: split "
+                                                  "evenly across the processes)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"],
+                   help="under torchrun: DistributedDataParallel (default) or FSDP2 sharding (docs/distributed.md)")
+    p.add_argument("--tensorboard", action="store_const", const=True,
+                   help="also log metrics as TensorBoard scalars in <run>/tensorboard (the tensorboard extra)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=64")
 
 
@@ -417,6 +444,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", metavar="GROUP",
                    help="also plot where the group's trained models attend (Indirect Indexing: source, target)")
     p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("convert-checkpoint", help="rewrite old runs' checkpoint.pt as safetensors + training state",
+                       description="Rewrite the single-file checkpoint.pt of runs written by older poskit versions in "
+                                   "the current format (model.safetensors, model_config.json and training_state.pt, "
+                                   "committed by checkpoint.json) and remove checkpoint.pt. Resuming an old run "
+                                   "converts it too, at its next checkpoint.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories holding a checkpoint.pt")
+    _add_run_flags(p, quiet="no summary lines", workers=False)
+    p.set_defaults(func=cmd_convert_checkpoint)
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
     p.set_defaults(func=cmd_list)
