@@ -47,8 +47,9 @@ def to_poskit(directory, *, dtype: torch.dtype | None = None) -> Transformer:
     try:
         config = PoskitConfig.from_pretrained(directory)
         hf = PoskitForCausalLM.from_pretrained(directory, config=config, dtype=dtype or "auto")
-    except (OSError, ValueError, RuntimeError, KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot load a poskit model from {str(directory)!r}: {e}") from None
+    except Exception as e:  # whatever the reader raised (safetensors' own errors included): name the directory
+        raise ValueError(f"cannot load a poskit model from {str(directory)!r} (config.json and its weights files): "
+                         f"{type(e).__name__}: {e}") from None
     return hf.model.eval()
 
 
