@@ -38,12 +38,13 @@ def test_from_poskit_copies_the_model(encoding):
     cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, mlp="swiglu", encoding=encoding,
                       encoding_options=hf_config(encoding).position_encoding_options, tie_embeddings=True)
     torch.manual_seed(1)
-    ref = Transformer(cfg).double().eval()
-    hf = from_poskit(ref)
     ids = torch.randint(0, VOCAB, (3, 11))
-    assert next(hf.parameters()).dtype == torch.float64
-    assert torch.equal(hf(ids).logits, ref(ids))
-    assert hf.model.head.weight is hf.model.embed.weight  # tied as in poskit
+    for ref in (Transformer(cfg).eval(), Transformer(cfg).double().eval()):  # as built, and cast to float64
+        hf = from_poskit(ref)
+        assert next(hf.parameters()).dtype == next(ref.parameters()).dtype
+        assert torch.equal(hf(ids).logits, ref(ids))
+        assert hf.model.head.weight is hf.model.embed.weight  # tied as in poskit
+        assert hf.model.embed.weight is not ref.embed.weight  # a copy
 
 
 def test_tied_embeddings_survive_save_and_load(tmp_path):

@@ -6,6 +6,7 @@ export_run(run_dir, directory)  -> a `poskit train` run as a Hugging Face direct
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -24,16 +25,16 @@ RUN_INFO_FILE = "poskit_run.json"
 
 
 def from_poskit(model: Transformer, **config_kwargs) -> PoskitForCausalLM:
-    """A PoskitForCausalLM with `model`'s config and a copy of its weights, in its dtype (and on the CPU).
+    """A PoskitForCausalLM holding a copy of `model` (weights, dtypes, device as they are).
     config_kwargs: other PretrainedConfig fields (e.g. max_position_embeddings, eos_token_id)."""
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a poskit.model.Transformer, got {type(model).__name__}")
-    dtypes = {p.dtype for p in model.parameters()}
-    if len(dtypes) != 1:
-        raise ValueError(f"model must hold parameters of one dtype to convert, got {sorted(map(str, dtypes))}")
     config = PoskitConfig.from_model_config(model.config, **config_kwargs)
-    hf = PoskitForCausalLM(config).to(dtypes.pop())
-    hf.model.load_state_dict(model.state_dict())  # strict: the same Transformer class on both sides
+    with torch.device("meta"):  # the wrapper's own Transformer is replaced below: no memory for it
+        hf = PoskitForCausalLM(config)
+    # a deep copy keeps everything as it is in `model`: weights, tying, dtypes (float64 frequency buffers of a
+    # float32 model included, which a cast of the whole module would round), device
+    hf.model = copy.deepcopy(model)
     return hf.eval()
 
 
@@ -62,7 +63,9 @@ def export_run(run_dir, directory, *, overwrite: bool = False) -> Path:
     from poskit.training.run import load_run
 
     directory = Path(directory)
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())) and not overwrite:
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"--hf directory {str(directory)!r} is a file; choose a directory path")
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
         raise ValueError(f"--hf directory {str(directory)!r} exists and is not empty; choose another (or overwrite)")
     model, task, cfg = load_run(run_dir)  # checks every run file, naming the bad one
     hf = from_poskit(model, max_position_embeddings=task.max_input_len, pad_token_id=task.vocab.pad_id)
