@@ -1,4 +1,4 @@
-"""The `poskit` command: train, compare, extrapolate, demo, reproduce, convert-checkpoint, list, data.
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, study, convert-checkpoint, list, data, export.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
 the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
@@ -316,6 +316,19 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """`poskit export RUN --hf DIR`: a trained run as a Hugging Face directory (needs the `hf` extra)."""
+    try:
+        from poskit.hf import export_run
+    except ImportError as e:  # transformers missing: one line naming the extra
+        raise ValueError(str(e)) from None
+    out = export_run(args.run, args.hf, overwrite=args.overwrite)
+    if not args.quiet:
+        print(f"{args.run} -> {out}: config.json + model.safetensors (load with `import poskit.hf` and "
+              "transformers.AutoModelForCausalLM.from_pretrained; see docs/hf.md)")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -467,6 +480,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="fetch: download again even if present")
     _add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory (needs poskit[hf])",
+                       description="Write RUN (a `poskit train` directory) as a Hugging Face directory: config.json "
+                                   "(PoskitConfig), model.safetensors, poskit_run.json (run config, task, vocabulary). "
+                                   "See docs/hf.md.")
+    p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
+    _add_run_flags(p, quiet="no summary line", workers=False)
+    p.set_defaults(func=cmd_export)
     return parser
 
 
