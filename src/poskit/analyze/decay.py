@@ -59,7 +59,7 @@ def decay_curves(encodings: list[str], head_dim: int = 128, max_distance: int = 
     distances = torch.arange(max_distance + 1)
     curves = {}
     for name in encodings:
-        probe = poskit.build_encoding(name, head_dim=head_dim, num_heads=1)
+        probe = poskit.build_encoding(name, head_dim=head_dim, num_heads=1, dim=head_dim)
         if probe.kind not in ("qk", "bias", "contextual", "none"):
             raise ValueError(f"encodings must act inside attention (kind qk, bias, contextual or none); {name!r} "
                              f"is {probe.kind!r}: it changes the embeddings, not the logits")
