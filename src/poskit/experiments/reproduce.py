@@ -16,6 +16,7 @@ from poskit.report import variants_table
 from poskit.training import TrainConfig, atomic_write_json
 
 from .compare import execute_compare, plan_compare
+from .realdata import add_nll, plan_sweep, run_sweep
 from .configs import REPRODUCTIONS, Reproduction, Variant
 from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
 from .specs import apply_overrides, parse_encodings, parse_value, safe_label
@@ -45,17 +46,37 @@ def _get(config: dict, dotted: str):
     return node
 
 
+def preset_config(r: Reproduction, preset: str | None) -> dict:
+    """The base config of reproduction `r` at `preset`: "default" (or None) its CPU-scale config; "paper" that
+    config with the reproduction's `paper_preset` changes and the task's paper preset (config "preset")."""
+    if preset not in (None, "default", "paper"):
+        raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
+    cfg = copy.deepcopy(r.config)
+    if preset == "paper":
+        cfg["preset"] = "paper"
+        for dotted, value in r.paper_preset.items():
+            node, *path = [cfg, *dotted.split(".")]
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = copy.deepcopy(value)
+    return cfg
+
+
 def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
                      workers: int | None = None, resume: bool = False, quiet: bool = False,
-                     overrides: list[str] | None = None, variants: str | None = None) -> dict:
+                     overrides: list[str] | None = None, variants: str | None = None,
+                     preset: str | None = None) -> dict:
     """Run reproduction `name` (see REPRODUCTIONS) as a compare, or one compare per variant (`variants`: a
     comma-separated subset of the variant values, default all); returns the results. `seeds` and `steps`
-    replace every variant's. Every sub-run is checked before the first one trains."""
+    replace every variant's; `preset="paper"` gives the paper's model size and schedule (`preset_config`).
+    Every sub-run is checked before the first one trains. Language-model reproductions also report the NLL
+    per token (`nll` in results.json, a second table in results.md) and, where the reproduction declares one,
+    a length-extrapolation sweep of the trained runs (<out>/extrapolation/)."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
     r = REPRODUCTIONS[name]
     chosen = select_variants(r, variants)
-    cfg = copy.deepcopy(r.config)
+    cfg = preset_config(r, preset)
     if steps is not None:
         cfg["max_steps"] = steps
     apply_overrides(cfg, overrides or [])
@@ -65,7 +86,14 @@ def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, ste
     if not chosen:
         plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
                             resume=resume, split=r.split)
-        return execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        sweep_plan = plan_sweep(r, plan, out, workers) if r.extrapolation else None
+        results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        if results["metric"] == "perplexity":
+            add_nll(results, plan, out)
+        if sweep_plan is not None:
+            results["extrapolation"] = run_sweep(sweep_plan, quiet)
+            atomic_write_json(out / COMPARE_JSON, results)
+        return results
 
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):
         raise ValueError(f"{r.variant_field} is what the {name} reproduction varies; choose among "

@@ -1,15 +1,24 @@
 """Every experiment's settings in one place, one small module per experiment (each value commented):
 the reproductions (flip_flop, selective_copy, counting, indirect_indexing), the demo (demo) and its diagnostic
-(demo_diagnostic, derived from flip_flop). `poskit reproduce`, `poskit list`, `poskit demo` and the per-task
+(demo_diagnostic, derived from flip_flop); the real-data reproductions (jsb, maestro, genome, text, text_cope, code,
+text_extrapolation, ablations) share corpus_lm.py. `poskit reproduce`, `poskit list`, `poskit demo` and the per-task
 defaults of `poskit train`/`compare` all read this registry."""
+from .ablations import ABLATIONS
+from .code import CODE
 from .counting import COUNTING
 from .demo import DEMO, LM_MODEL, LM_TRAIN
 from .demo_diagnostic import DIAGNOSTIC
 from .flip_flop import FLIP_FLOP
+from .genome import GENOME
 from .indirect_indexing import INDIRECT_INDEXING
 from .indirect_indexing_study import INDIRECT_INDEXING_STUDY
+from .jsb import JSB
+from .maestro import MAESTRO
 from .records import DemoSettings, Diagnostic, Reproduction, StopRule, Study, StudyRun, Variant
 from .selective_copy import SELECTIVE_COPY
+from .text import TEXT
+from .text_cope import TEXT_COPE
+from .text_extrapolation import TEXT_EXTRAPOLATION
 
 # `poskit reproduce NAME`, in the order `poskit list` shows them
 REPRODUCTIONS: dict[str, Reproduction] = {
@@ -17,6 +26,15 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "flip-flop": FLIP_FLOP,
     "selective-copy": SELECTIVE_COPY,
     "counting": COUNTING,
+    # real data (issue 13): the PoPE paper's Tables 2-4, 8 and Fig. 2, the CoPE paper's Table 5
+    "jsb": JSB,
+    "maestro": MAESTRO,
+    "genome": GENOME,
+    "text": TEXT,
+    "text-cope": TEXT_COPE,
+    "code": CODE,
+    "text-extrapolation": TEXT_EXTRAPOLATION,
+    "ablations": ABLATIONS,
 }
 
 # `poskit study NAME`: background studies (queues of long runs with early stops)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ class Reproduction:
     """Dotted config key that differs between the sub-runs (e.g. "task_options.n_vars"); None: one compare."""
     variants: tuple = ()
     """The sub-runs (Variant), in table order."""
+    paper_preset: dict = field(default_factory=dict)
+    """`--preset paper`: {dotted config key: value} changes to `config` that give the paper's model size and
+    schedule (the task's own paper preset, e.g. its sequence length, is applied as well); empty: the
+    reproduction has no paper preset beyond the task's."""
+    extrapolation: dict | None = None
+    """After training, a `poskit extrapolate` sweep of the trained runs: {"lengths": "1x,2x,...", "scalings":
+    (test-time rope variants), "n_chars": tokens per length or None}; None: no sweep."""
 
     @property
     def variant_name(self) -> str:
