@@ -209,7 +209,7 @@ def cmd_reproduce(args) -> int:
     run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
                      encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
                      workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
-                     variants=args.variants)
+                     variants=args.variants, preset=args.preset)
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}")
     return 0
@@ -364,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
+    p.add_argument("--preset", choices=["default", "paper"], default="default",
+                   help="default: the CPU-scale settings; paper: the paper's own set-up (GPU scale), for the "
+                        "reproductions that define it: "
+                        + ", ".join(n for n, r in REPRODUCTIONS.items() if r.paper_config is not None))
     p.add_argument("--variants",
                    help="for reproductions with variants, the ones to run, comma-separated ("
                         + "; ".join(f"{name}: {r.variant_name} from {','.join(str(v.value) for v in r.variants)}"

@@ -17,7 +17,7 @@ from poskit.training import TrainConfig, atomic_write_json
 
 from .compare import execute_compare, plan_compare
 from .configs import REPRODUCTIONS, Reproduction, Variant
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT
 from .specs import apply_overrides, parse_encodings, parse_value, safe_label
 
 __all__ = ["REPRODUCTIONS", "Reproduction", "Variant", "run_reproduction", "select_variants"]
@@ -36,6 +36,15 @@ def select_variants(r: Reproduction, spec: str | None, name: str = "--variants")
     return [v for v in r.variants if v.value in wanted]
 
 
+def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, title: str) -> Path:
+    """Training loss (left) and validation `metric` (right) of every run against step, one line per run."""
+    from poskit.report.plots import plot_runs
+    from poskit.training import read_metrics
+
+    runs = {(label if len(ds) == 1 else f"{label} {d.name}"): read_metrics(d) for label, ds in dirs.items() for d in ds}
+    return plot_runs(runs, path, metric=metric, title=title)
+
+
 def _get(config: dict, dotted: str):
     node = config
     for part in dotted.split("."):
@@ -47,15 +56,21 @@ def _get(config: dict, dotted: str):
 
 def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
                      workers: int | None = None, resume: bool = False, quiet: bool = False,
-                     overrides: list[str] | None = None, variants: str | None = None) -> dict:
+                     overrides: list[str] | None = None, variants: str | None = None, preset: str = "default") -> dict:
     """Run reproduction `name` (see REPRODUCTIONS) as a compare, or one compare per variant (`variants`: a
     comma-separated subset of the variant values, default all); returns the results. `seeds` and `steps`
-    replace every variant's. Every sub-run is checked before the first one trains."""
+    replace every variant's. `preset="paper"` runs the paper's own set-up where the reproduction has one
+    (`Reproduction.paper_config`). Every sub-run is checked before the first one trains."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
     r = REPRODUCTIONS[name]
+    if preset not in ("default", "paper"):
+        raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
+    if preset == "paper" and r.paper_config is None:
+        with_paper = sorted(n for n, x in REPRODUCTIONS.items() if x.paper_config is not None)
+        raise ValueError(f"preset 'paper' is defined only for the reproductions {with_paper}, not {name!r}")
     chosen = select_variants(r, variants)
-    cfg = copy.deepcopy(r.config)
+    cfg = copy.deepcopy(r.paper_config if preset == "paper" else r.config)
     if steps is not None:
         cfg["max_steps"] = steps
     apply_overrides(cfg, overrides or [])
@@ -65,7 +80,10 @@ def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, ste
     if not chosen:
         plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
                             resume=resume, split=r.split)
-        return execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        if r.training_loss_plot:
+            plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
+        return results
 
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):
         raise ValueError(f"{r.variant_field} is what the {name} reproduction varies; choose among "

@@ -1,12 +1,13 @@
 """Every experiment's settings in one place, one small module per experiment (each value commented):
 the reproductions (flip_flop, selective_copy, counting, indirect_indexing), the demo (demo) and its diagnostic
-(demo_diagnostic, derived from flip_flop). `poskit reproduce`, `poskit list`, `poskit demo` and the per-task
+(demo_diagnostic, derived from flip_flop), and the masked-language-model pre-training (mlm). `poskit reproduce`, `poskit list`, `poskit demo` and the per-task
 defaults of `poskit train`/`compare` all read this registry."""
 from .counting import COUNTING
 from .demo import DEMO, LM_MODEL, LM_TRAIN
 from .demo_diagnostic import DIAGNOSTIC
 from .flip_flop import FLIP_FLOP
 from .indirect_indexing import INDIRECT_INDEXING
+from .mlm import MLM
 from .records import DemoSettings, Diagnostic, Reproduction, Variant
 from .selective_copy import SELECTIVE_COPY
 
@@ -16,6 +17,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "flip-flop": FLIP_FLOP,
     "selective-copy": SELECTIVE_COPY,
     "counting": COUNTING,
+    "mlm": MLM,
 }
 
 __all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "DemoSettings", "Diagnostic",

@@ -33,6 +33,10 @@ class Reproduction:
     """Dotted config key that differs between the sub-runs (e.g. "task_options.n_vars"); None: one compare."""
     variants: tuple = ()
     """The sub-runs (Variant), in table order."""
+    paper_config: dict | None = None
+    """TrainConfig fields of `--preset paper` (the paper's own set-up, for a GPU user); None: no such preset."""
+    training_loss_plot: bool = False
+    """Also plot every run's training loss against step (training_loss.png), as papers plotting loss curves do."""
 
     @property
     def variant_name(self) -> str:
