@@ -21,12 +21,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..validate import check_int
+from ..validate import check_int, is_int
 from .data import Batch, Vocab
 from .masking import bert_mask, check_mask_probabilities
 from .metrics import evaluate_batches
 from .protocol import Described
-from .mlm_vocab import MLMVocabulary, full_vocabulary, reduced_vocabulary
+from .mlm_vocab import MIN_REDUCED, MLMVocabulary, full_vocabulary, reduced_vocabulary
 
 __all__ = ["MaskedLM", "MaskedLMWiki", "MLM_TASKS"]
 
@@ -45,15 +45,16 @@ class MaskedLM(Described):
     def __init__(self, corpus: str = "wiki", tokenizer: str | None = None, vocab_size: int | None = 8192,
                  context: int = 128, select_prob: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                  max_documents: int | None = None, eval_batch_size: int = 32, eval_seed: int = 0) -> None:
-        from ..data import load_corpus
+        from ..data import build_tokenizer, get_corpus, load_corpus
 
         # every argument is checked before the corpus is read
         if not isinstance(corpus, str):
             raise ValueError(f"corpus must be a corpus name (see `poskit data list`), got {corpus!r}")
         if tokenizer is not None and not isinstance(tokenizer, str):
             raise ValueError(f"tokenizer must be a tokenizer name or None, got {tokenizer!r}")
-        if vocab_size is not None:
-            check_int(vocab_size, "vocab_size", minimum=1)
+        if vocab_size is not None and not (is_int(vocab_size) and vocab_size >= MIN_REDUCED):
+            raise ValueError(f"vocab_size must be an int >= {MIN_REDUCED} or None (the tokenizer's full "
+                             f"vocabulary), got {vocab_size!r}")
         self.context = check_int(context, "context", minimum=2)
         self.select_prob, self.mask_prob, self.random_prob = check_mask_probabilities(select_prob, mask_prob,
                                                                                       random_prob)
@@ -62,6 +63,10 @@ class MaskedLM(Described):
         self.eval_batch_size = check_int(eval_batch_size, "eval_batch_size", minimum=1)
         self.eval_seed = check_int(eval_seed, "eval_seed", minimum=0)
         self.corpus, self.tokenizer, self.vocab_size, self.max_documents = corpus, tokenizer, vocab_size, max_documents
+        if vocab_size is not None and not hasattr(build_tokenizer(tokenizer or get_corpus(corpus).tokenizer),
+                                                  "token_bytes"):
+            raise ValueError(f"vocab_size: a reduced vocabulary spells rare tokens as bytes, which tokenizer "
+                             f"{tokenizer!r} cannot do; use the gpt2 tokenizer or vocab_size=None (its full vocabulary)")
 
         self.data = load_corpus(corpus, tokenizer, max_documents)
         source = {s: self.data.tokens(s) for s in ("train", *self.split_names)}
