@@ -228,7 +228,13 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, T) int64 -> logits (B, T, vocab_size).
+        """tokens (B, T) int64 -> logits (B, T, vocab_size): the output head on `features` (same arguments)."""
+        return self.head(self.features(tokens, positions, cache, attention_mask))
+
+    def features(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> the final normalised hidden states (B, T, d_model), what the output head reads
+        (a sequence-classification head reads them too).
 
         positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position, and
         with padding counting only real tokens (a padded sequence gets the positions it has alone).
@@ -256,15 +262,15 @@ class Transformer(nn.Module):
         positions = positions.unsqueeze(0) if positions.dim() == 1 else positions  # (1|B, T)
         if positions.dim() != 2 or positions.shape[-1] != T or positions.shape[0] not in (1, B):
             raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
-        if T == 0:  # no token: empty logits for every encoding, the cache untouched (nothing to append)
-            return self.head(self.norm(self.embed(tokens)))  # (B, 0, vocab_size)
+        if T == 0:  # no token: empty outputs for every encoding, the cache untouched (nothing to append)
+            return self.norm(self.embed(tokens))  # (B, 0, d_model)
         x = self.embed(tokens)  # (B, T, d_model)
         if self.abs_encoding is not None:
             x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, positions, cache, real)
-        return self.head(self.norm(x))  # (B, T, vocab_size)
+        return self.norm(x)  # (B, T, d_model)
 
     @staticmethod
     def _new_token_mask(attention_mask, B: int, T: int, cache, device) -> torch.Tensor:

@@ -89,6 +89,10 @@ class MaskedLM(Described):
     def decode(self, ids) -> str:
         return self.ids.decode(ids)
 
+    def encode_text(self, text: str) -> np.ndarray:
+        """A text's ids in this task's vocabulary (what fine-tuning on GLUE feeds the pretrained encoder)."""
+        return self.ids.map_stream(self.data.tokenizer.encode(text))
+
     def corrupt(self, windows: torch.Tensor, generator: torch.Generator):
         """BERT's masking of (B, context) windows with ``generator``: a Batch (corrupted inputs, targets)."""
         return bert_mask(windows, generator, mask_id=self.mask_id, ordinary_ids=self._ordinary,
