@@ -18,7 +18,7 @@ from poskit.training import TrainConfig, atomic_write_json
 from .compare import execute_compare, plan_compare
 from .realdata import add_nll, plan_sweep, run_sweep
 from .configs import REPRODUCTIONS, Reproduction, Variant
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT
 from .specs import apply_overrides, parse_encodings, parse_value, safe_label
 
 __all__ = ["REPRODUCTIONS", "Reproduction", "Variant", "run_reproduction", "select_variants"]
@@ -35,6 +35,15 @@ def select_variants(r: Reproduction, spec: str | None, name: str = "--variants")
     if not wanted or any(w not in allowed for w in wanted):
         raise ValueError(f"{name} must be a comma-separated subset of {allowed} ({r.variant_name}), got {spec!r}")
     return [v for v in r.variants if v.value in wanted]
+
+
+def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, title: str) -> Path:
+    """Training loss (left) and validation `metric` (right) of every run against step, one line per run."""
+    from poskit.report.plots import plot_runs
+    from poskit.training import read_metrics
+
+    runs = {(label if len(ds) == 1 else f"{label} {d.name}"): read_metrics(d) for label, ds in dirs.items() for d in ds}
+    return plot_runs(runs, path, metric=metric, title=title)
 
 
 def _get(config: dict, dotted: str):
@@ -71,7 +80,8 @@ def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, ste
     replace every variant's; `preset="paper"` gives the paper's model size and schedule (`preset_config`).
     Every sub-run is checked before the first one trains. Language-model reproductions also report the NLL
     per token (`nll` in results.json, a second table in results.md) and, where the reproduction declares one,
-    a length-extrapolation sweep of the trained runs (<out>/extrapolation/)."""
+    a length-extrapolation sweep of the trained runs (<out>/extrapolation/), and where it asks for one, a
+    training-loss plot of every run (training_loss.png)."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
     r = REPRODUCTIONS[name]
@@ -93,6 +103,8 @@ def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, ste
         if sweep_plan is not None:
             results["extrapolation"] = run_sweep(sweep_plan, quiet)
             atomic_write_json(out / COMPARE_JSON, results)
+        if r.training_loss_plot:
+            plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
         return results
 
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):

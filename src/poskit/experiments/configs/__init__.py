@@ -1,7 +1,8 @@
 """Every experiment's settings in one place, one small module per experiment (each value commented):
 the reproductions (flip_flop, selective_copy, counting, indirect_indexing), the demo (demo) and its diagnostic
 (demo_diagnostic, derived from flip_flop); the real-data reproductions (jsb, maestro, genome, text, text_cope, code,
-text_extrapolation, ablations) share corpus_lm.py. `poskit reproduce`, `poskit list`, `poskit demo` and the per-task
+text_extrapolation, ablations) share corpus_lm.py; the masked-language-model pre-training (mlm). `poskit reproduce`,
+`poskit list`, `poskit demo` and the per-task
 defaults of `poskit train`/`compare` all read this registry."""
 from .ablations import ABLATIONS
 from .code import CODE
@@ -14,6 +15,7 @@ from .indirect_indexing import INDIRECT_INDEXING
 from .indirect_indexing_study import INDIRECT_INDEXING_STUDY
 from .jsb import JSB
 from .maestro import MAESTRO
+from .mlm import MLM
 from .records import DemoSettings, Diagnostic, Reproduction, StopRule, Study, StudyRun, Variant
 from .selective_copy import SELECTIVE_COPY
 from .text import TEXT
@@ -35,6 +37,8 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "code": CODE,
     "text-extrapolation": TEXT_EXTRAPOLATION,
     "ablations": ABLATIONS,
+    # encoder-only pre-training (issue 15): RoFormer sec. 4.2
+    "mlm": MLM,
 }
 
 # `poskit study NAME`: background studies (queues of long runs with early stops)

@@ -40,6 +40,8 @@ class Reproduction:
     extrapolation: dict | None = None
     """After training, a `poskit extrapolate` sweep of the trained runs: {"lengths": "1x,2x,...", "scalings":
     (test-time rope variants), "n_chars": tokens per length or None}; None: no sweep."""
+    training_loss_plot: bool = False
+    """Also plot every run's training loss against step (training_loss.png), as papers plotting loss curves do."""
 
     @property
     def variant_name(self) -> str:
