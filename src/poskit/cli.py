@@ -209,9 +209,34 @@ def cmd_reproduce(args) -> int:
     run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
                      encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
                      workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
-                     variants=args.variants)
+                     variants=args.variants, preset=args.preset or "default")
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}")
+    return 0
+
+
+def cmd_digits(args) -> int:
+    """`poskit digits`: the ViT digits demo (experiments/digits.py)."""
+    from poskit.experiments.digits import DigitsSettings, run_digits
+    from poskit.experiments.specs import parse_ints
+
+    _check_positive(args, "epochs")
+    changes = {}
+    if args.encodings:
+        changes["encodings"] = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    if args.seeds:
+        changes["seeds"] = tuple(parse_ints(args.seeds, "--seeds"))
+    if args.epochs:
+        changes["epochs"] = args.epochs
+    try:
+        results = run_digits(DigitsSettings(**changes), args.out, quiet=args.quiet)
+    except ValueError as e:  # a settings error names the flag that set it
+        raise ValueError(str(e).replace("encodings must", "--encodings must").replace("seeds must", "--seeds must")
+                         ) from None
+    from poskit.experiments.digits import results_table
+
+    print(results_table(results))
+    print(f"wrote {Path(args.out) / 'results.json'}, results.md, digits_vit.png ({results['wall_seconds']} s)")
     return 0
 
 
@@ -364,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
+    p.add_argument("--preset", choices=["default", "paper"],
+                   help="paper: the paper's sizes (the task's paper preset and the reproduction's paper_config)")
     p.add_argument("--variants",
                    help="for reproductions with variants, the ones to run, comma-separated ("
                         + "; ".join(f"{name}: {r.variant_name} from {','.join(str(v.value) for v in r.variants)}"
@@ -372,6 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
                    resume="reuse finished runs, continue interrupted ones")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("digits", help="ViT on sklearn's 8x8 digits: learned vs axial rope vs axial pope, evaluated "
+                                      "at larger image sizes (needs the vision extra)")
+    p.add_argument("--encodings", help="comma-separated, among none, learned, rope, pope (default all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--epochs", type=int, help="training epochs (default 40)")
+    _add_run_flags(p, quiet="no status lines", out="runs/digits", out_default="runs/digits", workers=False)
+    p.set_defaults(func=cmd_digits)
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
     p.set_defaults(func=cmd_list)

@@ -17,6 +17,7 @@ from poskit.training import TrainConfig, atomic_write_json
 
 from .compare import execute_compare, plan_compare
 from .configs import REPRODUCTIONS, Reproduction, Variant
+from .configs.records import derive
 from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
 from .specs import apply_overrides, parse_encodings, parse_value, safe_label
 
@@ -47,15 +48,23 @@ def _get(config: dict, dotted: str):
 
 def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
                      workers: int | None = None, resume: bool = False, quiet: bool = False,
-                     overrides: list[str] | None = None, variants: str | None = None) -> dict:
+                     overrides: list[str] | None = None, variants: str | None = None,
+                     preset: str = "default") -> dict:
     """Run reproduction `name` (see REPRODUCTIONS) as a compare, or one compare per variant (`variants`: a
     comma-separated subset of the variant values, default all); returns the results. `seeds` and `steps`
-    replace every variant's. Every sub-run is checked before the first one trains."""
+    replace every variant's. `preset` "paper": the task's paper preset and the reproduction's `paper_config`
+    (the paper's sizes), applied before steps and overrides. Every sub-run is checked before the first one
+    trains."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
     r = REPRODUCTIONS[name]
     chosen = select_variants(r, variants)
     cfg = copy.deepcopy(r.config)
+    if preset not in ("default", "paper"):
+        raise ValueError(f"preset must be 'default' or 'paper', got {preset!r}")
+    if preset == "paper":
+        cfg = derive(cfg, r.paper_config or {})
+        cfg["preset"] = "paper"
     if steps is not None:
         cfg["max_steps"] = steps
     apply_overrides(cfg, overrides or [])

@@ -7,6 +7,7 @@ from .demo import DEMO, LM_MODEL, LM_TRAIN
 from .demo_diagnostic import DIAGNOSTIC
 from .flip_flop import FLIP_FLOP
 from .indirect_indexing import INDIRECT_INDEXING
+from .performer import PERFORMER
 from .records import DemoSettings, Diagnostic, Reproduction, Variant
 from .selective_copy import SELECTIVE_COPY
 
@@ -16,6 +17,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "flip-flop": FLIP_FLOP,
     "selective-copy": SELECTIVE_COPY,
     "counting": COUNTING,
+    "performer": PERFORMER,
 }
 
 __all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "DemoSettings", "Diagnostic",

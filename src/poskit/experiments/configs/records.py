@@ -33,6 +33,9 @@ class Reproduction:
     """Dotted config key that differs between the sub-runs (e.g. "task_options.n_vars"); None: one compare."""
     variants: tuple = ()
     """The sub-runs (Variant), in table order."""
+    paper_config: dict | None = None
+    """{dotted TrainConfig key: value} applied by `--preset paper` (the paper's own sizes), or None: the
+    reproduction's task preset "paper" only."""
 
     @property
     def variant_name(self) -> str:
