@@ -13,6 +13,7 @@ runs (resumable), so an interrupted demo loses at most the run in progress. Writ
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -183,7 +184,8 @@ def plot_results(results: dict, path: Path) -> Path:
 
 def _run_settings(s: DigitsSettings) -> dict:
     """What a finished run depends on (not which other encodings and seeds the demo runs beside it)."""
-    return {k: v for k, v in asdict(s).items() if k not in ("encodings", "seeds")}
+    # through JSON, as read back from result.json (tuples become lists)
+    return json.loads(json.dumps({k: v for k, v in asdict(s).items() if k not in ("encodings", "seeds")}))
 
 
 def run_digits(settings: DigitsSettings, out_dir, *, quiet: bool = False) -> dict:
