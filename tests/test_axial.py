@@ -216,3 +216,14 @@ def test_kv_cache_refuses_axial_positions_before_touching_the_cache():
     with pytest.raises(ValueError, match="^is_causal must be False with axial positions"):
         poskit.attention.cached_attention(q, k, v, enc, cache, 0, grid(2, 3))
     assert cache.length == 0
+
+
+def test_linear_attention_step_needs_axial_positions():
+    from poskit.attention.linear import linear_attention_step
+
+    enc = poskit.build_encoding("rope", head_dim=8, num_heads=2, axial_dims=[4, 4])
+    q, k, v = qk(T=2, D=8)
+    with pytest.raises(ValueError, match=r"^positions must be given for an encoding with axial_dims"):
+        linear_attention_step(q, k, v, enc)
+    out, state = linear_attention_step(q, k, v, enc, positions=torch.tensor([[0, 1], [1, 0]]))
+    assert out.shape == (1, 2, 2, 8) and state.length == 2

@@ -158,7 +158,10 @@ def linear_attention_step(q, k, v, enc: PositionalEncoding, state: LinearAttenti
     if state is not None and not isinstance(state, LinearAttentionState):
         raise ValueError(f"state must be a LinearAttentionState or None, got {type(state).__name__}")
     start = 0 if state is None else state.length
-    if positions is None and enc.position_coords == 0 and isinstance(q, torch.Tensor) and q.dim() == 4:
+    if positions is None and enc.position_coords:
+        raise ValueError(f"positions must be given for an encoding with axial_dims: (Tn, {enc.position_coords}) or "
+                         f"(B, Tn, {enc.position_coords}) ints, the coordinates of the new tokens")
+    if positions is None and isinstance(q, torch.Tensor) and q.dim() == 4:
         positions = torch.arange(start, start + q.shape[2], device=q.device)
     inp = prepare(q, k, v, enc, causal=False, q_positions=positions, k_positions=positions, scale=None,
                   enable_gqa=True)
