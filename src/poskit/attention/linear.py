@@ -120,12 +120,14 @@ def _causal_chunks(fq, fk, mq, mk, v, eps, chunk):
     B, H, T, _ = fq.shape
     state = mk.new_zeros(B, H, mk.shape[-1], v.shape[-1])  # sum of (M_s phi(k_s))^T v_s over earlier chunks
     z = fk.new_zeros(B, H, 1, fk.shape[-1])  # sum of phi(k_s) over earlier chunks
-    mask = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+    later = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).triu(1)  # key after query in a chunk
     outs = []
-    for i in range(0, T, chunk):
-        j = min(i + chunk, T)
-        mqc, mkc, vc, fqc, fkc = mq[:, :, i:j], mk[:, :, i:j], v[:, :, i:j], fq[:, :, i:j], fk[:, :, i:j]
-        pairs = (mqc @ mkc.transpose(-1, -2)).masked_fill(~mask[: j - i, : j - i], 0.0)  # within the chunk
+    # split once rather than slicing per chunk: the backward of a slice writes its gradient into a zero tensor
+    # as large as the whole input, which would make the backward O(T^2 / chunk); split's backward is one cat
+    pieces = (t.split(chunk, dim=2) for t in (mq, mk, v, fq, fk))
+    for mqc, mkc, vc, fqc, fkc in zip(*pieces):
+        n = mqc.shape[2]
+        pairs = (mqc @ mkc.transpose(-1, -2)).masked_fill(later[:n, :n], 0.0)  # within the chunk
         num = pairs @ vc + mqc @ state
         den = (fqc * (z + fkc.cumsum(-2))).sum(-1, keepdim=True)  # prefix of phi(k) up to each query
         outs.append(num / (den + eps))
