@@ -1,4 +1,4 @@
-"""The `poskit` command: train, compare, extrapolate, demo, reproduce, study, analyze, finetune-glue,
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, study, analyze, finetune-glue, digits,
 convert-checkpoint, list, data, export.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
@@ -276,6 +276,31 @@ def cmd_finetune_glue(args) -> int:
     final = ", ".join(f"{k} {v:.4f}" for k, v in results["final"].items() if k != "epoch")
     print(f"{args.task} ({results['encoding']}), {results['eval_split']} after {len(results['epochs'])} epochs: {final}")
     print(f"wrote {out / FINETUNE_JSON}")
+    return 0
+
+
+def cmd_digits(args) -> int:
+    """`poskit digits`: the ViT digits demo (experiments/digits.py)."""
+    from poskit.experiments.digits import DigitsSettings, run_digits
+    from poskit.experiments.specs import parse_ints
+
+    _check_positive(args, "epochs")
+    changes = {}
+    if args.encodings:
+        changes["encodings"] = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    if args.seeds:
+        changes["seeds"] = tuple(parse_ints(args.seeds, "--seeds"))
+    if args.epochs:
+        changes["epochs"] = args.epochs
+    try:
+        results = run_digits(DigitsSettings(**changes), args.out, quiet=args.quiet)
+    except ValueError as e:  # a settings error names the flag that set it
+        raise ValueError(str(e).replace("encodings must", "--encodings must").replace("seeds must", "--seeds must")
+                         ) from None
+    from poskit.experiments.digits import results_table
+
+    print(results_table(results))
+    print(f"wrote {Path(args.out) / 'results.json'}, results.md, digits_vit.png ({results['wall_seconds']} s)")
     return 0
 
 
@@ -564,6 +589,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     _add_run_flags(p, quiet="no per-epoch lines", out="RUN/glue-<TASK>", workers=False)
     p.set_defaults(func=cmd_finetune_glue)
+
+    p = sub.add_parser("digits", help="ViT on sklearn's 8x8 digits: learned vs axial rope vs axial pope, evaluated "
+                                      "at larger image sizes (needs the vision extra)")
+    p.add_argument("--encodings", help="comma-separated, among none, learned, rope, pope (default all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--epochs", type=int, help="training epochs (default 40)")
+    _add_run_flags(p, quiet="no status lines", out="runs/digits", out_default="runs/digits", workers=False)
+    p.set_defaults(func=cmd_digits)
 
     p = sub.add_parser("list", help="available encodings, tasks and reproductions")
     p.set_defaults(func=cmd_list)

@@ -30,6 +30,7 @@ from poskit.config_check import ConfigError, check_field_types, from_known_field
 from poskit.encodings import DEFAULT_ENCODING
 
 MLP_KINDS = ("gelu", "swiglu")
+ATTENTION_KINDS = ("softmax", "linear")  # linear: RoFormer eq. 19 (attention/linear.py), causal
 
 
 @dataclass
@@ -69,6 +70,10 @@ class ModelConfig:
     causal: bool = True
     """True: decoder (each token sees the tokens before it). False: bidirectional encoder (BERT-style, every
     token sees every real token), e.g. for masked-language modelling; it cannot use a KV cache or generate."""
+    attention: str = "softmax"
+    """"softmax" (poskit.attention) or "linear": causal linear attention with elu(x) + 1 features and the encoding
+    applied after the feature map (RoFormer eq. 19; poskit.attention.linear_attention). Linear needs an encoding
+    that declares a linear_form (rope family, pope, none, absolute); no KV cache (generate with use_cache=False)."""
 
     def __post_init__(self):
         check_field_types(self)
@@ -97,6 +102,11 @@ class ModelConfig:
             raise ConfigError("norm_eps", "> 0", self.norm_eps)
         if not self.init_std > 0:
             raise ConfigError("init_std", "> 0", self.init_std)
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError("attention", f"one of {list(ATTENTION_KINDS)}", self.attention)
+        if self.attention == "linear" and _layer_encoding(self).linear_form is None:
+            raise ConfigError("encoding", "an encoding that declares a linear_form with attention='linear' (rope "
+                              "family but rope-dynamic, pope with softplus, none, absolute ones)", self.encoding)
 
     @property
     def kv_heads(self) -> int:
@@ -160,14 +170,33 @@ class Attention(PoskitAttention):
                          bias=cfg.bias)
         self.layer_idx = layer_idx
         self.causal = cfg.causal
+        self.linear = cfg.attention == "linear"
         # the names this layer had before it was poskit.nn.Attention
         self.n_heads, self.n_kv, self.hd = self.num_heads, self.num_kv_heads, self.head_dim
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
                 real: torch.Tensor | None = None) -> torch.Tensor:
         # x: (B, T, d_model); positions: (1|B, T) int64; real: (B, T) bool, True = real token, or None
+        if self.linear:
+            return self._linear(x, positions, cache, real)
         return super().forward(x, is_causal=self.causal, positions=positions, attention_mask=real, cache=cache,
                                layer_idx=self.layer_idx)
+
+
+    def _linear(self, x, positions, cache, real):
+        from poskit.attention.linear import linear_attention
+
+        if cache is not None:  # the recurrent state (attention/linear.py) is not a KV cache
+            raise ValueError("cache is not supported with attention='linear' (decode with "
+                             "poskit.attention.linear_attention_step, or generate with use_cache=False)")
+        if real is not None and not bool(real.all()):  # the prefix (or total) sums would include the pads
+            raise ValueError("attention_mask with padding is not supported with attention='linear'")
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        out = linear_attention(q, k, v, self.encoding, causal=self.causal, q_positions=positions, k_positions=positions)
+        return self.drop(self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)))
 
 
 class Block(nn.Module):

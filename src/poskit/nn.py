@@ -75,7 +75,8 @@ class Attention(nn.Module):
             broadcastable to (B, num_heads, T, T); not with a cache.
         is_causal: causal by position (default False, as SDPA and nn.MultiheadAttention); a cache needs True.
         positions: (T,) or (B, T) ints; default arange(T), after the cache's last position when decoding, and
-            counting only real tokens when attention_mask is given.
+            counting only real tokens when attention_mask is given. An encoding built with axial_dims takes
+            (T, n) or (B, T, n) coordinates instead (required; not causal, no cache).
         attention_mask: (B, T) 1/True = real token, 0 = padding (Hugging Face's convention): pads are hidden
             as keys and not counted in the positions; with a cache it is stored beside the keys.
         cache: a `poskit.attention.kv_cache.KVCache` to append to (decoding); layer_idx: this layer's index in

@@ -14,9 +14,11 @@ import functools
 from .engine import BACKENDS, attention, cached_attention
 from .inputs import repeat_kv
 from .kv_cache import KVCache
+from .linear import LinearAttentionState, linear_attention, linear_attention_step
 from .reference import attention_scores, reference_attention
 
-__all__ = ["BACKENDS", "KVCache", "PackageFunction", "attention", "cached_attention", "attention_scores",
+__all__ = ["BACKENDS", "KVCache", "LinearAttentionState", "PackageFunction", "linear_attention",
+           "linear_attention_step", "attention", "cached_attention", "attention_scores",
            "reference_attention", "repeat_kv"]
 
 

@@ -65,7 +65,9 @@ def sdpa_serves(enc: PositionalEncoding) -> bool:
 
 
 def triton_serves(enc: PositionalEncoding) -> bool:
-    return enc.fused_kernel in _TRITON_RUNNERS
+    # the kernels compute angles from scalar positions: an axial encoding (position_coords > 0) is routed to
+    # the sdpa/blocked paths, which call its encode_q / encode_k
+    return enc.fused_kernel in _TRITON_RUNNERS and enc.position_coords == 0
 
 
 def _run_reference(inp, enc, gate_keys):
@@ -188,6 +190,9 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
     if backend == "sdpa" and not sdpa_serves(enc):
         raise ValueError(f"backend='sdpa' cannot serve the {enc.kind} encoding {enc.name!r}; use 'reference' or 'triton'")
     if backend == "triton":
+        if enc.fused_kernel in _TRITON_RUNNERS and enc.position_coords:
+            raise ValueError(f"backend='triton' takes scalar positions only; the encoding {enc.name!r} has axial_dims "
+                             f"({enc.position_coords} coordinates per position): use backend='auto' or 'sdpa'")
         if not triton_serves(enc):
             raise ValueError(f"backend='triton' serves only {_triton_served_names()}, got {enc.name!r}")
         if not triton_available():

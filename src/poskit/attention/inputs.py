@@ -14,8 +14,8 @@ class AttentionInputs:
     q: torch.Tensor  # (B, H, Tq, D)
     k: torch.Tensor  # (B, Hkv, Tk, D)
     v: torch.Tensor | None  # (B, Hkv, Tk, Dv)
-    q_positions: torch.Tensor  # (1|B, Tq) int64
-    k_positions: torch.Tensor  # (1|B, Tk) int64
+    q_positions: torch.Tensor  # (1|B, Tq) int64; (1|B, Tq, n) for an axial encoding (never causal then)
+    k_positions: torch.Tensor  # (1|B, Tk) int64; (1|B, Tk, n) likewise
     scale: float
     causal: bool
     # (B, Tk) bool, True = a real key (attend), False = padding. Internal only: the public API takes SDPA's
@@ -42,7 +42,7 @@ class AttentionInputs:
         if self.causal:
             vis = kp[:, None, None, :] <= qp[:, None, :, None]
         else:
-            vis = torch.ones(1, 1, qp.shape[-1], kp.shape[-1], dtype=torch.bool, device=qp.device)
+            vis = torch.ones(1, 1, qp.shape[1], kp.shape[1], dtype=torch.bool, device=qp.device)  # axial: (., T, n)
         if self.key_padding_mask is not None:
             vis = vis & self.key_padding_mask[:, None, None, :]
         if self.attn_mask is not None:
@@ -115,8 +115,12 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
     check_device(q_positions, "q_positions")
     check_device(k_positions, "k_positions")
     check_device(attn_mask, "attn_mask")
-    qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions")
-    kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions")
+    coords = enc.position_coords  # axial encodings: positions (1|B, T, n)
+    if coords and causal:
+        raise ValueError(f"is_causal must be False with axial positions (the encoding has {coords} coordinates per "
+                         "position, which have no order to be causal by); pass attn_mask for a custom visibility")
+    qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions", coords=coords)
+    kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions", coords=coords)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scale(scale)
     general = None
     if attn_mask is not None:

@@ -65,12 +65,17 @@ def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         # few queries (decode) with grouped kv heads: stack the g query heads of each kv head along the query
         # axis instead of copying the whole cache g times with repeat_kv; query head h = kv * g + j
         qf = q.reshape(B, H // g, g * Tq, E)
-        out = blocked_attention(qf, k, v, scale=scale, q_positions=inp.q_positions.repeat(1, g),
+        out = blocked_attention(qf, k, v, scale=scale, q_positions=_repeat_queries(inp.q_positions, g),
                                 k_positions=inp.k_positions, causal=inp.causal, key_padding_mask=inp.key_padding_mask)
         return out.reshape(B, H, Tq, v.shape[-1])
     return blocked_attention(q, repeat_kv(k, g), repeat_kv(v, g), scale=scale,
                              q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
                              key_padding_mask=inp.key_padding_mask, bias_fn=bias_fn)
+
+
+def _repeat_queries(positions: torch.Tensor, g: int) -> torch.Tensor:
+    """Query positions (1|B, Tq[, n]) repeated g times along the query axis (scalar or axial positions)."""
+    return positions.repeat(1, g, *(1,) * (positions.dim() - 2))
 
 
 def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None):

@@ -24,6 +24,8 @@ from ..validate import check_bool, check_int, check_real
 
 KINDS = ("none", "absolute", "qk", "bias", "contextual")
 CACHE_FORMS = ("raw", "encoded", "magnitude")
+# How an encoding enters linear attention (attention/linear.py, RoFormer eq. 19); None: it cannot.
+LINEAR_FORMS = ("identity", "rotation", "polar")
 
 
 class PositionalEncoding(nn.Module):
@@ -60,6 +62,31 @@ class PositionalEncoding(nn.Module):
     #: positions alone, with no trainable parameter, is built once per shape and reused (and generated block
     #: by block on CPU); one that reads q is recomputed for every call, trained parameters or not.
     bias_reads_q: ClassVar[bool] = True
+
+    @property
+    def linear_form(self) -> str | None:
+        """How this encoding enters linear attention (`poskit.attention.linear_attention`, RoFormer eq. 19), one
+        of LINEAR_FORMS, or None when it cannot (may be overridden by a class attribute or a property):
+
+        - "identity": it does not act inside attention (none, and absolute encodings, which act on embeddings).
+        - "rotation": encode_q / encode_k (scale 1) are a position-dependent linear map that is applied to the
+          non-negative *features* phi(q), phi(k): the numerator uses the mapped features, the normaliser the
+          plain ones (RoFormer eq. 19; the rope family).
+        - "polar": the encoding's own non-negative magnitudes (`magnitude(x)`) are the features and
+          encode_q / encode_k of the raw q / k their Cartesian form, so the numerator is the real part of the
+          complex inner product and the normaliser the inner product of the magnitudes (PoPE with softplus).
+
+        Default: "identity" for kinds "none" and "absolute", None otherwise: a bias or a contextual encoding
+        changes softmax logits, which linear attention does not have."""
+        return "identity" if self.kind in ("none", "absolute") else None
+
+    @property
+    def position_coords(self) -> int:
+        """Coordinates per position: 0 for scalar positions ((T,) or (B, T)); n >= 1 for axial positions with a
+        trailing coordinate axis ((T, n) or (B, T, n), e.g. row and column of an image patch), which an
+        encoding built with `axial_dims` declares. The fused kernels and the KV cache take scalar positions
+        only; the engine routes axial ones to the paths that take them (reference, sdpa, blocked)."""
+        return 0
 
     @property
     def needs_gate_keys(self) -> bool:
@@ -104,8 +131,11 @@ class PositionalEncoding(nn.Module):
                 raise ValueError(f"positions is shared by q and k, which have {Tq} and {Tk} tokens: give q_positions "
                                  "and k_positions instead")
             q_positions = k_positions = positions
-        qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions" if positions is None else "positions")
-        kp = as_position_tensor(k_positions, Tk, B, k.device, "k_positions" if positions is None else "positions")
+        coords = self.position_coords
+        qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions" if positions is None else "positions",
+                                coords=coords)
+        kp = as_position_tensor(k_positions, Tk, B, k.device, "k_positions" if positions is None else "positions",
+                                coords=coords)
         if self.kind == "none":
             return q, k
         return self.transform_qk(q, k, qp, kp)
@@ -265,6 +295,9 @@ def _check_declarations(cls: type) -> None:
         raise TypeError(f"only PositionalEncoding subclasses can be registered, got {cls!r}")
     if cls.kind not in KINDS:
         raise ValueError(f"{cls.__name__}.kind must be one of {list(KINDS)}, got {cls.kind!r}")
+    linear = cls.__dict__.get("linear_form", None)
+    if isinstance(linear, str) and linear not in LINEAR_FORMS:
+        raise ValueError(f"{cls.__name__}.linear_form must be one of {list(LINEAR_FORMS)} or None, got {linear!r}")
     if isinstance(cls.qk_width, bool) or not isinstance(cls.qk_width, int) or cls.qk_width < 1:
         raise ValueError(f"{cls.__name__}.qk_width must be an int >= 1, got {cls.qk_width!r}")
     form = cls.cache_form
@@ -358,8 +391,14 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     return enc
 
 
-def as_position_tensor(positions, length: int, batch: int, device, argname: str) -> torch.Tensor:
-    """Normalise positions to an int64 tensor of shape (1, T) or (B, T); default arange(T)."""
+def as_position_tensor(positions, length: int, batch: int, device, argname: str, coords: int = 0) -> torch.Tensor:
+    """Normalise positions to an int64 tensor of shape (1, T) or (B, T); default arange(T).
+
+    coords > 0 (an encoding with axial positions, `position_coords`): positions carry a trailing coordinate
+    axis, (T, coords) or (B, T, coords) -> (1|B, T, coords); there is no default (no natural order of the
+    coordinates), and scalar positions are refused."""
+    if coords:
+        return _axial_position_tensor(positions, length, batch, device, argname, coords)
     if positions is None:
         return torch.arange(length, device=device).unsqueeze(0)
     positions = torch.as_tensor(positions, device=device)
@@ -369,7 +408,28 @@ def as_position_tensor(positions, length: int, batch: int, device, argname: str)
     if positions.dim() == 1:
         positions = positions.unsqueeze(0)
     if positions.dim() != 2 or positions.shape[-1] != length or positions.shape[0] not in (1, batch):
+        axial = (" (positions with a trailing coordinate axis need an encoding built with axial_dims)"
+                 if positions.dim() == 3 else "")
         raise ValueError(
-            f"{argname} must have shape ({length},) or ({batch}, {length}) to match the sequence, got {tuple(positions.shape)}"
+            f"{argname} must have shape ({length},) or ({batch}, {length}) to match the sequence, got "
+            f"{tuple(positions.shape)}{axial}"
         )
+    return positions
+
+
+def _axial_position_tensor(positions, length: int, batch: int, device, argname: str, coords: int) -> torch.Tensor:
+    shapes = f"({length}, {coords}) or ({batch}, {length}, {coords})"
+    if positions is None:
+        raise ValueError(f"{argname} must be given for an encoding with axial_dims ({coords} coordinates per "
+                         f"position): an int tensor of shape {shapes}, e.g. the (row, column) of each patch")
+    positions = torch.as_tensor(positions, device=device)
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+        raise ValueError(f"{argname} must be an integer tensor, got dtype {positions.dtype}")
+    positions = positions.long()
+    if positions.dim() == 2:
+        positions = positions.unsqueeze(0)
+    if (positions.dim() != 3 or positions.shape[1] != length or positions.shape[0] not in (1, batch)
+            or positions.shape[2] != coords):
+        raise ValueError(f"{argname} must have shape {shapes}: the encoding's axial_dims has {coords} entries, one "
+                         f"per coordinate; got {tuple(positions.shape)}")
     return positions

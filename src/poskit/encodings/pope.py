@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .angles import AngleTables
+from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
 from .base import PositionalEncoding, register
 from .polar_pair import polar_pair
 
@@ -48,6 +49,17 @@ class PolarEncoding(PositionalEncoding):
         phase_bias=True: learn delta; False fixes it at 0 (the paper's ablation).
         delta_projection=True: project delta into [-2 pi, 0] after each optimizer step (docs/reproductions.md
             measures it against the clamp alone).
+        axial_dims=None: axial positions (images, video): a list of channel counts, one per coordinate, summing
+            to head_dim; positions then carry a trailing coordinate axis (T, n) or (B, T, n), and coordinate a
+            drives its own channel group with frequencies base^(-c/d_a), c < d_a (encodings/axial.py, as
+            PoPE-pytorch's AxialPoPE). Relative invariance then holds per axis.
+
+    In linear attention (`poskit.attention.linear_attention`, linear_form "polar"): q and k are complex
+    vectors mu e^{i phi} whose magnitudes mu = softplus(.) are already non-negative, so they are the feature
+    map; the numerator is the real part of their complex inner product (the PoPE logit without the scale,
+    sum_c mu_q mu_k cos((s - t) theta_c + delta_c)) and the normaliser the inner product of the magnitudes,
+    sum_c mu_q mu_k, which bounds the numerator's weight in absolute value (|cos| <= 1). Without softplus
+    (the ablation) magnitudes may be negative and the normaliser may vanish: linear_form is then None.
     """
     kind = "qk"
 
@@ -61,6 +73,7 @@ class PolarEncoding(PositionalEncoding):
         softplus: bool = True,
         phase_bias: bool = True,
         delta_projection: bool = True,
+        axial_dims: list[int] | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if delta_init not in DELTA_INITS:
@@ -69,8 +82,15 @@ class PolarEncoding(PositionalEncoding):
             raise ValueError(f"base must be > 1, got {base!r}")
         self.base, self.delta_init, self.softplus, self.phase_bias = float(base), delta_init, bool(softplus), bool(phase_bias)
         self.delta_projection = bool(delta_projection)
-        # theta_c = base^(-c/d), c = 0..d-1, in float64
-        self.register_buffer("inv_freq", base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim), persistent=False)
+        # theta_c = base^(-c/d), c = 0..d-1, in float64 (axial: the same per coordinate group, d -> d_a)
+        inv_freq = base ** (-torch.arange(head_dim, dtype=torch.float64) / head_dim)
+        self.axial_dims = None
+        if axial_dims is not None:
+            self.axial_dims = check_axial_dims(axial_dims, head_dim, channels_per_frequency=1, total_name="head_dim")
+            inv_freq, axis = axial_frequencies(
+                self.axial_dims, lambda d: self.base ** (-torch.arange(d, dtype=torch.float64) / d))
+            self.register_buffer("axial_axis", axis, persistent=False)  # which coordinate each channel reads
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         if self.phase_bias:
             delta = torch.zeros(num_heads, head_dim)
             if delta_init == "uniform":
@@ -108,8 +128,20 @@ class PolarEncoding(PositionalEncoding):
     def magnitude(self, x: torch.Tensor) -> torch.Tensor:
         return F.softplus(x) if self.softplus else x
 
+    @property
+    def position_coords(self) -> int:
+        return 0 if self.axial_dims is None else len(self.axial_dims)
+
+    @property
+    def linear_form(self):
+        # the softplus magnitudes are the non-negative features (class docstring); x itself is not
+        return "polar" if self.softplus else None
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
-        """cos and sin of positions * theta, each (*positions.shape, d), computed in float64 then cast."""
+        """cos and sin of positions * theta, each (*positions.shape, d), computed in float64 then cast; axial
+        positions (..., n) -> (..., d), each channel reading its own coordinate."""
+        if self.axial_dims is not None:
+            return axial_cos_sin(positions, self.inv_freq, self.axial_axis, dtype)
         return self._angles.lookup(positions, self.inv_freq, dtype)
 
     def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -161,4 +193,5 @@ class PolarEncoding(PositionalEncoding):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", base={self.base}, delta_init={self.delta_init!r}, softplus={self.softplus}, "
-                                       f"phase_bias={self.phase_bias}, delta_projection={self.delta_projection}")
+                                       f"phase_bias={self.phase_bias}, delta_projection={self.delta_projection}"
+                                       + (f", axial_dims={list(self.axial_dims)}" if self.axial_dims is not None else ""))

@@ -11,6 +11,7 @@ import torch
 
 from . import rope_scaling
 from .angles import AngleTables
+from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
@@ -66,6 +67,10 @@ class RotaryEncoding(PositionalEncoding):
         low_freq_factor=None, high_freq_factor=None: rope-llama3's band (Llama 3.1 uses 1 and 4); required.
         short_factor=None, long_factor=None: rope-longrope's per-frequency divisors; required.
         attention_factor=None: rope-longrope's cos/sin multiplier (default from factor).
+        axial_dims=None: axial positions (images, video; plain rope only): a list of even channel counts, one
+            per coordinate, summing to rotary_dim; positions then carry a trailing coordinate axis (T, n) or
+            (B, T, n), and coordinate a rotates its own channel group with frequencies base^(-2i/d_a)
+            (encodings/axial.py). Relative invariance then holds per axis.
         Options without a default raise one ValueError listing every missing one (build_encoding).
     """
     kind = "qk"
@@ -86,6 +91,7 @@ class RotaryEncoding(PositionalEncoding):
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
         attention_factor: float | None = None,
+        axial_dims: list[int] | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if head_dim % 2:
@@ -110,6 +116,15 @@ class RotaryEncoding(PositionalEncoding):
         rope_scaling.check_variant_options(scaling, self._rope_parameters)
         # length-dependent variants (dynamic) start from their frequencies at construction; see inv_freq_for
         inv_freq, self.attention_factor = self._variant.init(self._rope_parameters, None)
+        self.axial_dims = None
+        if axial_dims is not None:
+            self.axial_dims = check_axial_dims(axial_dims, rotary_dim, channels_per_frequency=2,
+                                               total_name="rotary_dim")
+            if scaling != "none":  # the scalings stretch one 1-d context length; an image has one per axis
+                raise ValueError(f"axial_dims is accepted by plain rope only, not with scaling {scaling!r}")
+            inv_freq, axis = axial_frequencies(
+                self.axial_dims, lambda d: self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
+            self.register_buffer("axial_axis", axis, persistent=False)  # which coordinate each frequency reads
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, (rotary_dim/2,)
         self._angles = AngleTables(gain=self.attention_factor)
 
@@ -123,6 +138,16 @@ class RotaryEncoding(PositionalEncoding):
     @classmethod
     def options_context(cls, options: dict) -> str:
         return f" for rope scaling {options.get('scaling', 'none')!r}"
+
+    @property
+    def position_coords(self) -> int:
+        return 0 if self.axial_dims is None else len(self.axial_dims)
+
+    @property
+    def linear_form(self):
+        """RoPE rotates the features in linear attention (RoFormer eq. 19); a length-dependent variant (dynamic
+        NTK) cannot: the keys summed into the running state would need re-rotating as the length grows."""
+        return None if self.length_dependent else "rotation"
 
     @property
     def length_dependent(self) -> bool:
@@ -143,7 +168,10 @@ class RotaryEncoding(PositionalEncoding):
         return longest if torch.compiler.is_compiling() else int(longest)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
-        """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2)."""
+        """cos and sin (times the attention factor) of positions * inv_freq: each (*positions.shape, rd/2);
+        axial positions (..., n) -> (..., rd/2), each frequency reading its own coordinate."""
+        if self.axial_dims is not None:
+            return axial_cos_sin(positions, self.inv_freq, self.axial_axis, dtype, self.attention_factor)
         if self.length_dependent:  # frequencies depend on the length: nothing to cache
             inv_freq = self.inv_freq_for(seq_len if seq_len is not None else int(positions.max()) + 1)
             return self._angles.lookup(positions, inv_freq, dtype, cache=False)
@@ -192,6 +220,7 @@ class RotaryEncoding(PositionalEncoding):
         return (
             super().extra_repr()
             + f", base={self.base}, layout={self.layout!r}, rotary_dim={self.rotary_dim}, scaling={self.scaling!r}, factor={self.factor}"
+            + (f", axial_dims={list(self.axial_dims)}" if self.axial_dims is not None else "")
         )
 
 

@@ -16,6 +16,7 @@ from .indirect_indexing_study import INDIRECT_INDEXING_STUDY
 from .jsb import JSB
 from .maestro import MAESTRO
 from .mlm import MLM
+from .performer import PERFORMER
 from .records import DemoSettings, Diagnostic, Reproduction, StopRule, Study, StudyRun, Variant
 from .selective_copy import SELECTIVE_COPY
 from .text import TEXT
@@ -39,6 +40,8 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "ablations": ABLATIONS,
     # encoder-only pre-training (issue 15): RoFormer sec. 4.2
     "mlm": MLM,
+    # linear attention with and without RoPE (issue 15): RoFormer sec. 4.4
+    "performer": PERFORMER,
 }
 
 # `poskit study NAME`: background studies (queues of long runs with early stops)
