@@ -226,6 +226,16 @@ class LayerCache:
             self._key_mask.append(torch.ones(B, self.length, dtype=torch.bool, device=keys.device), self._reserve)
         self._key_mask.append(key_mask, self._reserve, out_of_place)  # (autograd may hold the old view)
 
+    def select_batch(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` ((B',) int64, repeats allowed), in that order: beam search reorders its
+        hypotheses with this after each step. Shared (1, T) positions and angles stay shared."""
+        for buf in (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles):
+            view = buf.view()
+            if view is None or buf.length == 0 or (view.shape[0] == 1 and buf in (self._positions, self._angles)):
+                continue
+            buf.data = view.index_select(0, index)
+            buf.length = buf.data.shape[buf.dim]
+
     def crop(self, length: int) -> None:
         """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
@@ -280,6 +290,18 @@ class KVCache:
             raise ValueError(f"length must be an int in [0, {self.length}], got {length!r}")
         for layer in self.layers:
             layer.crop(min(length, layer.length))
+
+    def select_batch(self, index) -> None:
+        """Keep the batch rows `index` of every layer (beam search: the hypotheses that survive a step)."""
+        index = torch.as_tensor(index)
+        if index.dim() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index must be a 1-D integer tensor of batch rows, got {index.dtype} {tuple(index.shape)}")
+        batch = next((layer.keys.shape[0] for layer in self.layers if layer.length), None)
+        if batch is not None and index.numel() and not (0 <= int(index.min()) and int(index.max()) < batch):
+            raise ValueError(f"index must hold batch rows in [0, {batch - 1}], got [{int(index.min())}, "
+                             f"{int(index.max())}]")
+        for layer in self.layers:
+            layer.select_batch(index.to(layer.keys.device) if layer.length else index)
 
     def reset(self) -> None:
         self.layers = [LayerCache(self.max_length or _MIN_CAPACITY) for _ in range(self.num_layers)]
