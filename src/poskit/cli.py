@@ -234,9 +234,9 @@ def cmd_data(args) -> int:
 
     if args.action == "list":
         rows = data.listing.corpus_rows()
-        print(f"{'corpus':9s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
+        print(f"{'corpus':11s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
         for r in rows:
-            print(f"{r['name']:9s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
+            print(f"{r['name']:11s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
         print(f"also: hf:<dataset> (Hugging Face datasets, GPT-2 BPE); cache: {data.data_home()}")
         return 0
     if args.name is None:
@@ -249,6 +249,8 @@ def cmd_data(args) -> int:
         if not args.quiet:
             print(f"{args.name}: {len(files)} files in {files[0].parent}")
         return 0
+    if args.name == "translation":  # sentence pairs with a trained subword vocabulary (poskit.data.translation)
+        return _prepare_translation(args)
     try:
         corpus = data.load_corpus(args.name, args.tokenizer, quiet=args.quiet)
     except data.CorpusNotPresent as e:
@@ -258,6 +260,26 @@ def cmd_data(args) -> int:
         sizes = ", ".join(f"{s} {len(c.tokens):,} tokens / {len(c.documents)} documents"
                           for s, c in corpus.splits.items())
         print(f"{corpus.name} ({corpus.tokenizer.name}, {how}): {sizes}")
+    return 0
+
+
+def _prepare_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.data.translation import load_translation
+
+    if args.tokenizer is not None:
+        raise ValueError("--tokenizer does not apply to translation (a BPE trained on its training split); "
+                         "choose its size with --vocab-size")
+    try:
+        data = load_translation(vocab_size=args.vocab_size, quiet=args.quiet)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    except ValueError as e:
+        raise ValueError(_as_flag(str(e), ("vocab_size",))) from None
+    if not args.quiet:
+        how = f"built in {data.built_seconds:.1f} s" if data.built_seconds is not None else "cached"
+        sizes = ", ".join(f"{s} {len(p):,} pairs" for s, p in data.pairs.items())
+        print(f"translation (bpe-{args.vocab_size}, {how}): {sizes}")
     return 0
 
 
@@ -384,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", metavar="NAME", help="corpus name (fetch, prepare), see `poskit data list`")
     p.add_argument("--tokenizer", help="prepare: tokenizer name (default: the corpus's)")
     p.add_argument("--force", action="store_true", help="fetch: download again even if present")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="prepare translation: joint BPE vocabulary size (default 8000)")
     _add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_data)
     return parser
