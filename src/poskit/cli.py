@@ -202,8 +202,15 @@ def cmd_reproduce(args) -> int:
     from poskit.experiments.reproduce import run_reproduction
     from poskit.experiments.specs import parse_encodings, parse_ints
 
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    if args.name in SEQ2SEQ_REPRODUCTIONS:  # encoder-decoder reproductions: their own runner
+        return _reproduce_translation(args)
     if args.name not in REPRODUCTIONS:
-        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS)}, got {args.name!r}")
+        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS) + sorted(SEQ2SEQ_REPRODUCTIONS)}, got "
+                         f"{args.name!r}")
+    if args.preset is not None:
+        raise ValueError(f"--preset applies to {sorted(SEQ2SEQ_REPRODUCTIONS)} only; {args.name} has one size")
     _check_positive(args, "steps", "workers")
     out = Path(args.out or f"runs/reproduce-{args.name}")
     run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
@@ -212,6 +219,27 @@ def cmd_reproduce(args) -> int:
                      variants=args.variants)
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}")
+    return 0
+
+
+def _reproduce_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.experiments.specs import parse_ints
+    from poskit.experiments.translation import CONVERGENCE_PNG, RESULTS_JSON, RESULTS_MD, run_translation
+
+    _check_positive(args, "steps", "workers")
+    if args.variants is not None:
+        raise ValueError(f"--variants does not apply to {args.name} (it has no variants)")
+    out = Path(args.out or f"runs/reproduce-{args.name}")
+    encodings = [e.strip() for e in args.encodings.split(",") if e.strip()] if args.encodings else None
+    try:
+        run_translation(args.name, out_dir=out, preset=args.preset or "cpu", encodings=encodings,
+                        seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None, steps=args.steps,
+                        workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    print((out / RESULTS_MD).read_text())
+    print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / CONVERGENCE_PNG}")
     return 0
 
 
@@ -224,6 +252,10 @@ def cmd_list(args) -> int:
     print("tasks:          " + ", ".join(available_tasks()))
     print("reproductions:")
     for name, r in REPRODUCTIONS.items():
+        print(f"  {name:20s} {r.summary}")
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    for name, r in SEQ2SEQ_REPRODUCTIONS.items():
         print(f"  {name:20s} {r.summary}")
     return 0
 
@@ -382,7 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     with_variants = {name: r for name, r in REPRODUCTIONS.items() if r.variants}
     p = sub.add_parser("reproduce", help="a CPU-scale reproduction of a paper's diagnostic (see `poskit list`)",
                        epilog=EPILOG_OVERRIDES)
-    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(REPRODUCTIONS)}")
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join([*REPRODUCTIONS, *SEQ2SEQ_REPRODUCTIONS])}")
+    p.add_argument("--preset", help=f"{', '.join(SEQ2SEQ_REPRODUCTIONS)} only: cpu (default) or paper (the "
+                                    "papers' Transformer-base; a GPU job)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")

@@ -230,11 +230,12 @@ class LayerCache:
         """Keep the batch rows `index` ((B',) int64, repeats allowed), in that order: beam search reorders its
         hypotheses with this after each step. Shared (1, T) positions and angles stay shared."""
         for buf in (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles):
-            view = buf.view()
-            if view is None or buf.length == 0 or (view.shape[0] == 1 and buf in (self._positions, self._angles)):
+            if buf.data is None or buf.length == 0 or (buf.data.shape[0] == 1 and buf in (self._positions,
+                                                                                           self._angles)):
                 continue
-            buf.data = view.index_select(0, index)
-            buf.length = buf.data.shape[buf.dim]
+            # the whole allocation, not just the filled part: the capacity and strides stay as they were, so
+            # the next appends copy one token and a compiled decode kernel (pope) is not specialised anew
+            buf.data = buf.data.index_select(0, index)
 
     def crop(self, length: int) -> None:
         """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""

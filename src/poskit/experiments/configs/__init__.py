@@ -9,6 +9,7 @@ from .flip_flop import FLIP_FLOP
 from .indirect_indexing import INDIRECT_INDEXING
 from .records import DemoSettings, Diagnostic, Reproduction, Variant
 from .selective_copy import SELECTIVE_COPY
+from .translation import TRANSLATION, TranslationReproduction
 
 # `poskit reproduce NAME`, in the order `poskit list` shows them
 REPRODUCTIONS: dict[str, Reproduction] = {
@@ -18,5 +19,9 @@ REPRODUCTIONS: dict[str, Reproduction] = {
     "counting": COUNTING,
 }
 
-__all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "DemoSettings", "Diagnostic",
+# encoder-decoder reproductions (their own record: experiments/translation.py runs them); the same
+# `poskit reproduce NAME` entry point
+SEQ2SEQ_REPRODUCTIONS: dict[str, TranslationReproduction] = {"translation": TRANSLATION}
+
+__all__ = ["SEQ2SEQ_REPRODUCTIONS", "TRANSLATION", "TranslationReproduction", "DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "DemoSettings", "Diagnostic",
            "Reproduction", "Variant"]
