@@ -225,8 +225,13 @@ def cmd_reproduce(args) -> int:
     from poskit.experiments.reproduce import run_reproduction
     from poskit.experiments.specs import parse_encodings, parse_ints
 
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    if args.name in SEQ2SEQ_REPRODUCTIONS:  # encoder-decoder reproductions: their own runner
+        return _reproduce_translation(args)
     if args.name not in REPRODUCTIONS:
-        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS)}, got {args.name!r}")
+        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS) + sorted(SEQ2SEQ_REPRODUCTIONS)}, got "
+                         f"{args.name!r}")
     _check_positive(args, "steps", "workers")
     out = Path(args.out or f"runs/reproduce-{args.name}")
     run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
@@ -304,6 +309,27 @@ def cmd_digits(args) -> int:
     return 0
 
 
+def _reproduce_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.experiments.specs import parse_ints
+    from poskit.experiments.translation import CONVERGENCE_PNG, RESULTS_JSON, RESULTS_MD, run_translation
+
+    _check_positive(args, "steps", "workers")
+    if args.variants is not None:
+        raise ValueError(f"--variants does not apply to {args.name} (it has no variants)")
+    out = Path(args.out or f"runs/reproduce-{args.name}")
+    encodings = [e.strip() for e in args.encodings.split(",") if e.strip()] if args.encodings else None
+    try:
+        run_translation(args.name, out_dir=out, preset="paper" if args.preset == "paper" else "cpu", encodings=encodings,
+                        seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None, steps=args.steps,
+                        workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    print((out / RESULTS_MD).read_text())
+    print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / CONVERGENCE_PNG}")
+    return 0
+
+
 def cmd_list(args) -> int:
     import poskit
     from poskit.experiments.configs import REPRODUCTIONS
@@ -319,6 +345,11 @@ def cmd_list(args) -> int:
     print("studies:")
     for name, st in STUDIES.items():
         print(f"  {name:20s} {len(st.runs)} runs: {st.question}")
+
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    for name, r in SEQ2SEQ_REPRODUCTIONS.items():
+        print(f"  {name:20s} {r.summary}")
     return 0
 
 
@@ -328,9 +359,9 @@ def cmd_data(args) -> int:
 
     if args.action == "list":
         rows = data.listing.corpus_rows()
-        print(f"{'corpus':9s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
+        print(f"{'corpus':11s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
         for r in rows:
-            print(f"{r['name']:9s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
+            print(f"{r['name']:11s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
         print(f"also: hf:<dataset> (Hugging Face datasets, GPT-2 BPE); cache: {data.data_home()}")
         return 0
     if args.name is None:
@@ -343,6 +374,8 @@ def cmd_data(args) -> int:
         if not args.quiet:
             print(f"{args.name}: {len(files)} files in {files[0].parent}")
         return 0
+    if args.name == "translation":  # sentence pairs with a trained subword vocabulary (poskit.data.translation)
+        return _prepare_translation(args)
     try:
         corpus = data.load_corpus(args.name, args.tokenizer, quiet=args.quiet)
     except data.CorpusNotPresent as e:
@@ -406,6 +439,26 @@ def cmd_analyze(args) -> int:
             print(f"{name:10s} mean |corr| between positions: all dims {e['mean_abs_offdiag_all']:.3f}, "
                   f"dims >= {args.high_from}: {e['mean_abs_offdiag_high']:.3f}")
         print(f"wrote {out / analyze.correlation.CORRELATION_JSON}, {out / analyze.correlation.CORRELATION_PNG}")
+    return 0
+
+
+def _prepare_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.data.translation import load_translation
+
+    if args.tokenizer is not None:
+        raise ValueError("--tokenizer does not apply to translation (a BPE trained on its training split); "
+                         "choose its size with --vocab-size")
+    try:
+        data = load_translation(vocab_size=args.vocab_size, quiet=args.quiet)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    except ValueError as e:
+        raise ValueError(_as_flag(str(e), ("vocab_size",))) from None
+    if not args.quiet:
+        how = f"built in {data.built_seconds:.1f} s" if data.built_seconds is not None else "cached"
+        sizes = ", ".join(f"{s} {len(p):,} pairs" for s, p in data.pairs.items())
+        print(f"translation (bpe-{args.vocab_size}, {how}): {sizes}")
     return 0
 
 
@@ -513,12 +566,15 @@ def build_parser() -> argparse.ArgumentParser:
     with_variants = {name: r for name, r in REPRODUCTIONS.items() if r.variants}
     p = sub.add_parser("reproduce", help="a CPU-scale reproduction of a paper's diagnostic (see `poskit list`)",
                        epilog=EPILOG_OVERRIDES)
-    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(REPRODUCTIONS)}")
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join([*REPRODUCTIONS, *SEQ2SEQ_REPRODUCTIONS])}")
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
     p.add_argument("--preset", choices=["default", "paper"],
-                   help="default: CPU scale; paper: the paper's model size, sequence length and schedule (a GPU job)")
+                   help="default: CPU scale; paper: the paper's model size, sequence length and schedule (a GPU job; "
+                        "translation: the papers' Transformer-base)")
     p.add_argument("--variants",
                    help="for reproductions with variants, the ones to run, comma-separated ("
                         + "; ".join(f"{name}: {r.variant_name} from {','.join(str(v.value) for v in r.variants)}"
@@ -609,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", metavar="NAME", help="corpus name (fetch, prepare), see `poskit data list`")
     p.add_argument("--tokenizer", help="prepare: tokenizer name (default: the corpus's)")
     p.add_argument("--force", action="store_true", help="fetch: download again even if present")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="prepare translation: joint BPE vocabulary size (default 8000)")
     _add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_data)
 

@@ -392,3 +392,8 @@ def _last_real(logits: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
         return logits[:, -1]
     index = torch.arange(real.shape[1], device=real.device).masked_fill(~real, -1).amax(-1)  # (B,)
     return logits[torch.arange(logits.shape[0], device=logits.device), index]
+
+
+# the encoder-decoder Transformer lives in its own module (poskit/encoder_decoder.py); re-exported here so that
+# every model is importable from poskit.model
+from poskit.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402,F401

@@ -297,5 +297,17 @@ class KVCache:
         for layer in self.layers:
             layer.crop(min(length, layer.length))
 
+    def select_batch(self, index) -> None:
+        """Keep the batch rows `index` of every layer (beam search: the hypotheses that survive a step)."""
+        index = torch.as_tensor(index)
+        if index.dim() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index must be a 1-D integer tensor of batch rows, got {index.dtype} {tuple(index.shape)}")
+        batch = next((layer.keys.shape[0] for layer in self.layers if layer.length), None)
+        if batch is not None and index.numel() and not (0 <= int(index.min()) and int(index.max()) < batch):
+            raise ValueError(f"index must hold batch rows in [0, {batch - 1}], got [{int(index.min())}, "
+                             f"{int(index.max())}]")
+        for layer in self.layers:
+            layer.select_batch(index.to(layer.keys.device) if layer.length else index)
+
     def reset(self) -> None:
         self.layers = [LayerCache(self.max_length or _MIN_CAPACITY) for _ in range(self.num_layers)]

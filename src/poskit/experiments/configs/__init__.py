@@ -22,6 +22,7 @@ from .selective_copy import SELECTIVE_COPY
 from .text import TEXT
 from .text_cope import TEXT_COPE
 from .text_extrapolation import TEXT_EXTRAPOLATION
+from .translation import TRANSLATION, TranslationReproduction
 
 # `poskit reproduce NAME`, in the order `poskit list` shows them
 REPRODUCTIONS: dict[str, Reproduction] = {
@@ -49,5 +50,10 @@ STUDIES: dict[str, Study] = {
     "indirect-indexing": INDIRECT_INDEXING_STUDY,
 }
 
-__all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "STUDIES", "DemoSettings", "Diagnostic",
-           "Reproduction", "StopRule", "Study", "StudyRun", "Variant"]
+# encoder-decoder reproductions (their own record: experiments/translation.py runs them); the same
+# `poskit reproduce NAME` entry point
+SEQ2SEQ_REPRODUCTIONS: dict[str, TranslationReproduction] = {"translation": TRANSLATION}
+
+__all__ = ["DEMO", "DIAGNOSTIC", "LM_MODEL", "LM_TRAIN", "REPRODUCTIONS", "SEQ2SEQ_REPRODUCTIONS", "STUDIES", "TRANSLATION",
+           "DemoSettings", "Diagnostic", "Reproduction", "StopRule", "Study", "StudyRun", "TranslationReproduction",
+           "Variant"]
