@@ -29,7 +29,7 @@ def test_paper_preset_is_the_papers_setup():
 def test_preset_must_be_known():
     from poskit.experiments.reproduce import run_reproduction
 
-    with pytest.raises(ValueError, match="preset must be 'default' or 'paper'"):
+    with pytest.raises(ValueError, match="preset must be one of"):
         run_reproduction("performer", preset="gpu", out_dir="/nonexistent/never-written")
 
 
