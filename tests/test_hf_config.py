@@ -85,3 +85,14 @@ def test_config_json_round_trip(tmp_path):
     back = PoskitConfig.from_pretrained(tmp_path)
     assert back.to_model_config() == cfg.to_model_config()
     assert (back.max_position_embeddings, back.eos_token_id, back.intermediate_size) == (128, 2, 100)
+
+
+def test_a_bidirectional_config_is_refused_by_the_causal_lm():
+    from poskit.hf import PoskitForCausalLM
+
+    cfg = PoskitConfig(vocab_size=11, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, is_causal=False)
+    assert cfg.to_model_config().causal is False
+    with pytest.raises(ValueError, match="is_causal"):
+        PoskitForCausalLM(cfg)
+    with pytest.raises(ValueError, match="attention_type"):
+        PoskitConfig(attention_type="sparse")

@@ -38,6 +38,8 @@ MODEL_FIELDS = {
     "bias": "bias",
     "rms_norm_eps": "norm_eps",
     "initializer_range": "init_std",
+    "is_causal": "causal",
+    "attention_type": "attention",
 }
 _HF_NAME = {poskit_name: hf_name for hf_name, poskit_name in MODEL_FIELDS.items()}
 
@@ -63,6 +65,8 @@ class PoskitConfig(PretrainedConfig):
     "gelu", 2/3 of that for "silu"). bias: biases in every linear layer. hidden_dropout: dropout on the
     embeddings and on each residual branch. max_position_embeddings: the context the model was trained at,
     for tools that read it (lm-evaluation-harness truncates to it); poskit models run at any length.
+    is_causal: False describes a bidirectional encoder (poskit's MLM models), which PoskitForCausalLM refuses.
+    attention_type: "softmax" or "linear" (RoFormer's linear attention; generate then needs use_cache=False).
     """
 
     model_type = "poskit"
@@ -83,6 +87,8 @@ class PoskitConfig(PretrainedConfig):
     bias: bool = _DEFAULT.bias
     rms_norm_eps: float | int = _DEFAULT.norm_eps
     initializer_range: float | int = _DEFAULT.init_std
+    is_causal: bool = _DEFAULT.causal
+    attention_type: str = _DEFAULT.attention
     max_position_embeddings: int | None = None
     use_cache: bool = True
     bos_token_id: int | None = None

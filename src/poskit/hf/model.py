@@ -16,6 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import poskit
 from poskit.attention.reference import softmax_rows
+from poskit.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
 from poskit.model import Transformer
 
@@ -56,6 +57,9 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
     def __init__(self, config: PoskitConfig):
         if not isinstance(config, PoskitConfig):
             raise ValueError(f"config must be a PoskitConfig, got {type(config).__name__}")
+        if config.is_causal is not True:
+            raise ConfigError("is_causal", "True (a causal LM; a bidirectional MLM encoder cannot generate)",
+                              config.is_causal)
         super().__init__(config)
         self.model = Transformer(config.to_model_config())
         self.post_init()
