@@ -19,7 +19,7 @@ _COLORS = {"none": "#7f7f7f", "alibi": "#1f77b4", "rope": "#d62728", "pope": "#2
 
 
 def color(name: str):
-    return _COLORS.get(name.split()[0].split("+")[0], None)
+    return _COLORS.get(name.split()[0].split("+")[0].split(":")[0], None)  # "pope:delta_init=uniform" is pope
 
 
 def plot_compare(results: dict, curves: dict[str, tuple[list, list, list]], path, title: str | None = None) -> Path:
