@@ -20,7 +20,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["compare"], ["extrapolate"], ["demo"], ["reproduce"], ["list"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["compare"], ["extrapolate"], ["demo"], ["reproduce"], ["analyze"], ["list"]])
 def test_help_everywhere(command, capsys):
     with pytest.raises(SystemExit) as e:
         main(command + ["--help"])

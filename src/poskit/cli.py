@@ -416,7 +416,7 @@ def cmd_analyze(args) -> int:
             raise ValueError("`poskit analyze frequency` needs at least one RUN directory (a trained rope or pope run)")
         _check_positive(args, "max_tokens")
         report = analyze.write_frequency(args.runs, out, split=args.split, max_tokens=args.max_tokens)
-        for r in report["runs"]:
+        for r in report["runs"] if not args.quiet else ():
             shares = ", ".join(f"L{i} q {s['q_high_quarter_share']:.2f} k {s['k_high_quarter_share']:.2f}"
                                for i, s in enumerate(r["summary"]))
             print(f"{r['encoding']:8s} {r['run_dir']}: share of magnitude in the highest-frequency quarter: {shares}")
@@ -425,8 +425,9 @@ def cmd_analyze(args) -> int:
         result = analyze.write_decay(out, names or ["rope", "pope"], head_dim=args.head_dim,
                                      max_distance=args.max_distance, samples=args.samples, seed=args.seed)
         picks = [d for d in (0, 16, 64, 128, 256, 1024) if d <= args.max_distance]
-        print("relative distance: " + " ".join(f"{d:>7d}" for d in picks))
-        for name, c in result["curves"].items():
+        if not args.quiet:
+            print("relative distance: " + " ".join(f"{d:>7d}" for d in picks))
+        for name, c in result["curves"].items() if not args.quiet else ():
             if "upper_bound" in c:
                 print(f"{name:10s} bound   " + " ".join(f"{c['upper_bound'][d]:7.2f}" for d in picks))
             print(f"{name:10s} |logit| " + " ".join(f"{c['mean_abs_logit'][d]:7.3f}" for d in picks))
@@ -435,7 +436,7 @@ def cmd_analyze(args) -> int:
         anchors = tuple(parse_ints(args.anchors, "--anchors")) if args.anchors else analyze.correlation.PAPER_ANCHORS
         result = analyze.write_correlation(out, names or ["sinusoidal", "legendre"], dim=args.dim,
                                            positions=args.positions, high_from=args.high_from, anchors=anchors)
-        for name, e in result["encodings"].items():
+        for name, e in result["encodings"].items() if not args.quiet else ():
             print(f"{name:10s} mean |corr| between positions: all dims {e['mean_abs_offdiag_all']:.3f}, "
                   f"dims >= {args.high_from}: {e['mean_abs_offdiag_high']:.3f}")
         print(f"wrote {out / analyze.correlation.CORRELATION_JSON}, {out / analyze.correlation.CORRELATION_PNG}")
@@ -623,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", type=int, default=300, help="correlation: positions 0..N-1 (default 300)")
     p.add_argument("--high-from", type=int, default=356, help="correlation: first 'high' dimension (default 356)")
     p.add_argument("--anchors", help="correlation: positions n of the curves (default 1,40,100,200,260,299)")
-    _add_run_flags(p, quiet="(no effect: analyses print one summary)", out="runs/analyze-<analysis>", workers=False)
+    _add_run_flags(p, quiet="print only the files written, not the summary", out="runs/analyze-<analysis>",
+                   workers=False)
     p.set_defaults(func=cmd_analyze)
 
     from poskit.tasks.glue import DEFAULT_GLUE_SOURCE, GLUE_TASKS

@@ -19,7 +19,7 @@ _COLORS = {"none": "#7f7f7f", "alibi": "#1f77b4", "rope": "#d62728", "pope": "#2
 
 
 def color(name: str):
-    return _COLORS.get(name.split()[0].split("+")[0], None)
+    return _COLORS.get(name.split()[0].split("+")[0].split(":")[0], None)  # "pope:delta_init=uniform" is pope
 
 
 def plot_compare(results: dict, curves: dict[str, tuple[list, list, list]], path, title: str | None = None) -> Path:
@@ -63,13 +63,19 @@ def plot_compare(results: dict, curves: dict[str, tuple[list, list, list]], path
     return path
 
 
+_VARIANT_STYLES = {"linear": "--", "ntk": "-.", "dynamic": (0, (1, 1)), "yarn": ":"}
+
+
 def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None = None, title: str | None = None) -> Path:
     """Perplexity vs evaluation window length, over all positions (left) and over the last quarter of each
     window (right), one line per model."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
     for ax, key, sub in ((axes[0], "perplexity", "all positions"), (axes[1], "last_perplexity", "last quarter of each window")):
         for label, rows in sweeps.items():
-            ax.plot([r["length"] for r in rows], [r[key] for r in rows], marker="o", label=label, color=color(label))
+            # a test-time variant ("rope+yarn") keeps its model's colour with its own line style
+            style = _VARIANT_STYLES.get(label.rsplit("+", 1)[-1], "-") if "+" in label else "-"
+            ax.plot([r["length"] for r in rows], [r[key] for r in rows], marker="o", label=label, color=color(label),
+                    linestyle=style)
         if context:
             ax.axvline(context, color="black", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
@@ -79,7 +85,7 @@ def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None 
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("evaluation window length (tokens)" + (f"; training context {context} (dotted)" if context else ""))
-        ax.set_ylabel("perplexity per character")
+        ax.set_ylabel("perplexity per token (character or corpus token)")
         ax.set_title(sub)
         ax.legend(loc="upper left")
     fig.suptitle(title or "zero-shot length extrapolation")
