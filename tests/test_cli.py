@@ -313,4 +313,4 @@ def test_demo_end_to_end_at_tiny_budget(tmp_path, capsys):
 
 def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "list", "data"}
+    assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "list", "data", "digits"}
