@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from poskit.cli import main
 from poskit.training import (
     CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
     CONFIG_FILE,
+    LEGACY_CHECKPOINT_FILE,
     METRICS_FILE,
     RESULTS_FILE,
     NonFiniteLossError,
@@ -24,6 +26,7 @@ from poskit.training import (
     read_checkpoint,
     train,
 )
+from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 
 TINY = dict(task="flip-flop", task_options={"length": 16, "eval_size": 32, "eval_batch_size": 32},
             model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}, batch_size=8, max_steps=16,
@@ -52,6 +55,30 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _file(run: Path, name: str) -> Path:
+    """A run's file: the files of the committed checkpoint live in the directory checkpoint.json names."""
+    if name in (WEIGHTS_FILE, STATE_FILE, MODEL_CONFIG_FILE):
+        return run / json.loads((run / CHECKPOINT_FILE).read_text())["directory"] / name
+    return run / name
+
+
+def to_legacy(run: Path) -> None:
+    """Rewrite a run's checkpoint as the single checkpoint.pt of runs written before checkpoint.json."""
+    state = read_checkpoint(run / CHECKPOINT_FILE)
+    for key in ("model_config", "world_size"):
+        state.pop(key)
+    torch.save(state, run / LEGACY_CHECKPOINT_FILE)
+    (run / CHECKPOINT_FILE).unlink()
+    shutil.rmtree(run / CHECKPOINTS_DIR)
+
+
+def _legacy(corrupt):
+    def on_legacy(run: Path):
+        to_legacy(run)
+        corrupt(run)
+    return on_legacy
+
+
 def _edit_config(run: Path, **changes) -> None:
     cfg = json.loads((run / CONFIG_FILE).read_text())
     for dotted, value in changes.items():
@@ -64,27 +91,69 @@ def _edit_config(run: Path, **changes) -> None:
 
 def _truncate(name: str, keep: float):
     def corrupt(run: Path):
-        data = (run / name).read_bytes()
-        (run / name).write_bytes(data[: int(len(data) * keep)])
+        data = _file(run, name).read_bytes()
+        _file(run, name).write_bytes(data[: int(len(data) * keep)])
     return corrupt
 
 
 def _zero_fill(name: str, size: int | None = None):
     def corrupt(run: Path):
-        (run / name).write_bytes(b"\x00" * (size or (run / name).stat().st_size))
+        _file(run, name).write_bytes(b"\x00" * (size or _file(run, name).stat().st_size))
     return corrupt
 
 
 def _write(name: str, content):
     def corrupt(run: Path):
-        (run / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        _file(run, name).write_bytes(content if isinstance(content, bytes) else content.encode())
     return corrupt
 
 
 def _torch_save(name: str, obj):
     def corrupt(run: Path):
-        torch.save(obj, run / name)
+        torch.save(obj, _file(run, name))
     return corrupt
+
+
+def _flip_byte(name: str, where: float):
+    def corrupt(run: Path):
+        data = bytearray(_file(run, name).read_bytes())
+        data[int(len(data) * where)] ^= 0x10
+        _file(run, name).write_bytes(bytes(data))
+    return corrupt
+
+
+def _edit_record(**changes):
+    def corrupt(run: Path):
+        record = json.loads((run / CHECKPOINT_FILE).read_text())
+        record.update(changes)
+        (run / CHECKPOINT_FILE).write_text(json.dumps(record))
+    return corrupt
+
+
+def _recorded(name: str, data_of):
+    """Replace a checkpoint file by `data_of(run)` and record its new size and hash: a file that passes the
+    integrity check, so that its content checks are what refuse it."""
+    import hashlib
+
+    def corrupt(run: Path):
+        data = data_of(run)
+        _file(run, name).write_bytes(data)
+        record = json.loads((run / CHECKPOINT_FILE).read_text())
+        record["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (run / CHECKPOINT_FILE).write_text(json.dumps(record))
+    return corrupt
+
+
+def _state_without(key: str):
+    def data_of(run: Path) -> bytes:
+        import io
+
+        state = torch.load(_file(run, STATE_FILE), weights_only=True)
+        del state[key]
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return buffer.getvalue()
+    return data_of
 
 
 def _drop_first_metrics_line(run: Path):
@@ -95,17 +164,44 @@ def _drop_first_metrics_line(run: Path):
 
 # (id, corruption of a copy of the stopped run, error type, fragment of the message); the call is a resume
 RESUME_CASES = [
-    ("checkpoint truncated", _truncate(CHECKPOINT_FILE, 0.5), RunFileError,
-     f"{CHECKPOINT_FILE}: is not a readable checkpoint (truncated or corrupt"),
-    ("checkpoint 2000 zero bytes", _zero_fill(CHECKPOINT_FILE, 2000), RunFileError,
-     f"{CHECKPOINT_FILE}: holds only zero bytes (2000)"),
-    ("checkpoint empty", _write(CHECKPOINT_FILE, b""), RunFileError, f"{CHECKPOINT_FILE}: holds only zero bytes (0)"),
-    ("checkpoint text", _write(CHECKPOINT_FILE, "not a checkpoint"), RunFileError,
-     f"{CHECKPOINT_FILE}: is not a readable checkpoint"),
-    ("checkpoint other dict", _torch_save(CHECKPOINT_FILE, {"weights": torch.zeros(2)}), RunFileError,
-     f"{CHECKPOINT_FILE}: lacks entry 'model'"),
-    ("checkpoint list", _torch_save(CHECKPOINT_FILE, [1, 2]), RunFileError,
-     f"{CHECKPOINT_FILE}: holds a list, not a checkpoint"),
+    # the current format: checkpoint.json commits model.safetensors, model_config.json, training_state.pt
+    ("record truncated", _truncate(CHECKPOINT_FILE, 0.5), RunFileError, f"{CHECKPOINT_FILE}: is not valid JSON"),
+    ("record zero-filled", _zero_fill(CHECKPOINT_FILE), RunFileError, f"{CHECKPOINT_FILE}: holds only zero bytes"),
+    ("record empty", _write(CHECKPOINT_FILE, ""), RunFileError, f"{CHECKPOINT_FILE}: is empty"),
+    ("record of another format", _edit_record(format="other"), RunFileError,
+     f"{CHECKPOINT_FILE}: is not a poskit checkpoint record (format 'other'"),
+    ("record names a directory outside", _edit_record(directory="../elsewhere"), RunFileError,
+     f"{CHECKPOINT_FILE}: names directory '../elsewhere', not one of its run's"),
+    ("record lacks hashes", _edit_record(files={}), RunFileError, f"{CHECKPOINT_FILE}: lacks the size and SHA-256"),
+    ("weights truncated", _truncate(WEIGHTS_FILE, 0.5), RunFileError, f"{WEIGHTS_FILE}: is truncated"),
+    ("weights missing", lambda run: _file(run, WEIGHTS_FILE).unlink(), RunFileError, f"{WEIGHTS_FILE}: missing"),
+    ("weights one byte flipped", _flip_byte(WEIGHTS_FILE, 0.7), RunFileError,
+     f"{WEIGHTS_FILE}: is corrupt: its SHA-256 differs"),
+    ("weights zero-filled", _zero_fill(WEIGHTS_FILE), RunFileError, f"{WEIGHTS_FILE}: is corrupt"),
+    ("weights not safetensors", _recorded(WEIGHTS_FILE, lambda run: b"not safetensors at all"), RunFileError,
+     f"{WEIGHTS_FILE}: is not a readable safetensors file"),
+    ("model config flipped", _flip_byte(MODEL_CONFIG_FILE, 0.5), RunFileError, f"{MODEL_CONFIG_FILE}: is corrupt"),
+    ("state truncated", _truncate(STATE_FILE, 0.3), RunFileError, f"{STATE_FILE}: is truncated"),
+    ("state one byte flipped", _flip_byte(STATE_FILE, 0.5), RunFileError, f"{STATE_FILE}: is corrupt"),
+    ("state not a torch file", _recorded(STATE_FILE, lambda run: b"junk" * 10), RunFileError,
+     f"{STATE_FILE}: is not a readable training state"),
+    ("state lacks the optimizer", _recorded(STATE_FILE, _state_without("optimizer")), RunFileError,
+     f"{STATE_FILE}: lacks entry 'optimizer'"),
+    # runs written before checkpoint.json: a single checkpoint.pt, checked as before
+    ("legacy truncated", _legacy(_truncate(LEGACY_CHECKPOINT_FILE, 0.5)), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: is not a readable checkpoint (truncated or corrupt"),
+    ("legacy 2000 zero bytes", _legacy(_zero_fill(LEGACY_CHECKPOINT_FILE, 2000)), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: holds only zero bytes (2000)"),
+    ("legacy empty", _legacy(_write(LEGACY_CHECKPOINT_FILE, b"")), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: holds only zero bytes (0)"),
+    ("legacy text", _legacy(_write(LEGACY_CHECKPOINT_FILE, "not a checkpoint")), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: is not a readable checkpoint"),
+    ("legacy other dict", _legacy(_torch_save(LEGACY_CHECKPOINT_FILE, {"weights": torch.zeros(2)})), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: lacks entry 'model'"),
+    ("legacy list", _legacy(_torch_save(LEGACY_CHECKPOINT_FILE, [1, 2])), RunFileError,
+     f"{LEGACY_CHECKPOINT_FILE}: holds a list, not a checkpoint"),
+    ("legacy config edited", _legacy(lambda run: _edit_config(run, lr=0.01)), RunFileError,
+     f"{CONFIG_FILE}: lr is 0.01, but {CHECKPOINT_FILE} was trained with 0.003"),
     ("config truncated", _truncate(CONFIG_FILE, 0.5), RunFileError, f"{CONFIG_FILE}: is not valid JSON"),
     ("config zero-filled", _zero_fill(CONFIG_FILE), RunFileError, f"{CONFIG_FILE}: holds only zero bytes"),
     ("config empty", _write(CONFIG_FILE, ""), RunFileError, f"{CONFIG_FILE}: is empty; it should hold a TrainConfig"),
@@ -148,19 +244,23 @@ def test_cli_gives_one_line_and_exit_code_2_for_a_bad_checkpoint(stopped_run, tm
         main(["train", "--resume", "--run-dir", str(run), "--quiet", "--steps", "24"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{run / CHECKPOINT_FILE}: holds only zero bytes (2000)" in err
+    assert err.count("\n") == 1 and f"{run / CHECKPOINT_FILE}: holds only zero bytes (2000)" in err, err
     assert snapshot(run) == before  # not even the extension's config.json or results.json deletion
 
 
 def test_load_run_refuses_a_bad_checkpoint_without_returning_a_model(stopped_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
-    _truncate(CHECKPOINT_FILE, 0.9)(run)
-    with pytest.raises(RunFileError, match="checkpoint.pt: is not a readable checkpoint"):
+    _truncate(WEIGHTS_FILE, 0.9)(run)
+    with pytest.raises(RunFileError, match="model.safetensors: is truncated"):
         load_run(run)
+    shutil.copytree(stopped_run, tmp_path / "legacy")
+    _legacy(_truncate(LEGACY_CHECKPOINT_FILE, 0.9))(tmp_path / "legacy")
+    with pytest.raises(RunFileError, match="checkpoint.pt: is not a readable checkpoint"):
+        load_run(tmp_path / "legacy")
     shutil.copytree(stopped_run, tmp_path / "edited")
     _edit_config(tmp_path / "edited", model__encoding="alibi")
-    with pytest.raises(RunFileError, match="model.encoding is 'alibi', but checkpoint.pt was trained with 'rope'"):
+    with pytest.raises(RunFileError, match="model.encoding is 'alibi', but checkpoint.json was trained with 'rope'"):
         load_run(tmp_path / "edited")
 
 
@@ -168,12 +268,17 @@ def test_stale_temp_files_are_ignored_then_removed_when_the_run_continues(stoppe
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
     stale = run / f".{CHECKPOINT_FILE}.tmp99999"
-    stale.write_bytes(b"half a checkpoint")  # what a writer killed before its rename leaves
+    stale.write_bytes(b"half a checkpoint record")  # what a writer killed before its rename leaves
+    uncommitted = run / CHECKPOINTS_DIR / "step-00000012-abcdef"  # a checkpoint written but never committed
+    uncommitted.mkdir()
+    (uncommitted / WEIGHTS_FILE).write_bytes(b"half")
     model, _, _ = load_run(run)  # never read
-    assert model is not None and stale.exists()
+    assert model is not None and stale.exists() and uncommitted.exists()
     assert train(None, run, resume=True, quiet=True)["steps"] == 16
-    assert not stale.exists()
-    assert sorted(p.name for p in run.iterdir()) == sorted([CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE])
+    assert not stale.exists() and not uncommitted.exists()
+    assert sorted(p.name for p in run.iterdir()) == sorted([CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, CHECKPOINTS_DIR,
+                                                           RESULTS_FILE])
+    assert len(list((run / CHECKPOINTS_DIR).iterdir())) == 1
 
 
 def test_finished_run_with_a_bad_results_file_is_refused(stopped_run, tmp_path):
@@ -265,15 +370,15 @@ def test_extrapolate_keeps_a_row_per_run_when_encoding_and_seed_repeat():
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(stopped_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
-    good = (run / CHECKPOINT_FILE).read_bytes()
+    good = snapshot(run)
     trainer = Trainer(TrainConfig.from_dict(TINY), run, quiet=True)
     trainer.restore(read_checkpoint(run / CHECKPOINT_FILE))
     with torch.no_grad():
         next(trainer.model.parameters()).fill_(math.nan)  # the token embedding: every logit NaN
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 9 .*checkpoint.pt keeps the last good"):
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 9 .*checkpoint.json keeps the last good"):
         trainer.run()
-    assert (run / CHECKPOINT_FILE).read_bytes() == good  # no checkpoint of the broken state
+    assert snapshot(run) == good  # no checkpoint of the broken state
     after = trainer.model.state_dict()
     assert all(torch.equal(weights[k], after[k]) or torch.isnan(weights[k]).all() for k in weights)
     assert trainer.step == 8  # the failed step was not counted
@@ -281,16 +386,17 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
 
 # hypothesis: whatever happens to one file of a stopped run, a refused resume leaves every byte as it was
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from([CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE]),
+@given(name=st.sampled_from([CHECKPOINT_FILE, WEIGHTS_FILE, STATE_FILE, MODEL_CONFIG_FILE, CONFIG_FILE, METRICS_FILE]),
        kind=st.sampled_from(["truncate", "zero", "overwrite"]), where=st.floats(0, 1), junk=st.binary(min_size=1, max_size=64))
 def test_property_a_refused_resume_changes_no_byte(stopped_run, tmp_path_factory, name, kind, where, junk):
     run = tmp_path_factory.mktemp("prop") / "run"
     shutil.copytree(stopped_run, run)
-    data = (run / name).read_bytes()
+    path = _file(run, name)
+    data = path.read_bytes()
     at = int(where * len(data))
     corrupted = {"truncate": data[:at], "zero": b"\x00" * len(data),
                  "overwrite": data[:at] + junk + data[at + len(junk):]}[kind]
-    (run / name).write_bytes(corrupted)
+    path.write_bytes(corrupted)
     before = snapshot(run)
     try:
         train(None, run, resume=True, quiet=True)
@@ -298,7 +404,7 @@ def test_property_a_refused_resume_changes_no_byte(stopped_run, tmp_path_factory
         assert snapshot(run) == before, e
         assert "\n" not in str(e)
         if isinstance(e, RunFileError):
-            assert e.path.name in (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE)
+            assert e.path.name == name
     else:
         # accepted (the change left a valid file, e.g. junk inside tensor data): the run finished normally
         assert json.loads((run / RESULTS_FILE).read_text())["steps"] == 16
@@ -310,14 +416,15 @@ def test_a_damaged_rng_state_is_refused_while_reading_the_checkpoint(stopped_run
     # model had been loaded; the state is now checked on scratch generators while the checkpoint is read
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
-    state = torch.load(run / CHECKPOINT_FILE, weights_only=True)
+    to_legacy(run)
+    state = torch.load(run / LEGACY_CHECKPOINT_FILE, weights_only=True)
     if damage == "numpy key past uint32":
         state["rng"]["numpy"][1][0] = 2**40
     elif damage == "python state not a state":
         state["rng"]["python"] = [3, [1, 2], None]
     else:
         state["rng"]["torch"] = torch.zeros(3, dtype=torch.float32)
-    torch.save(state, run / CHECKPOINT_FILE)
+    torch.save(state, run / LEGACY_CHECKPOINT_FILE)
     before = snapshot(run)
     with pytest.raises(RunFileError, match=r"checkpoint\.pt: has a malformed RNG state \("):
         train(None, run, resume=True, quiet=True)

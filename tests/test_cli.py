@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from poskit.cli import build_parser, main
+from poskit.training import CHECKPOINT_FILE
 
 TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "eval_every=4", "log_every=2",
         "checkpoint_every=4", "warmup_steps=1"]
@@ -168,9 +169,9 @@ def test_resume_applies_a_longer_steps_and_refuses_other_changes(tmp_path, capsy
     assert json.loads((run / "config.json").read_text())["max_steps"] == 12
     assert json.loads((run / "results.json").read_text())["steps"] == 12
     # a finished run resumed without changes reports its results and trains nothing
-    mtime = (run / "checkpoint.pt").stat().st_mtime_ns
+    mtime = (run / CHECKPOINT_FILE).stat().st_mtime_ns
     assert main(["train", "--resume", "--run-dir", str(run), "--quiet"]) == 0
-    assert "12 steps" in capsys.readouterr().out and (run / "checkpoint.pt").stat().st_mtime_ns == mtime
+    assert "12 steps" in capsys.readouterr().out and (run / CHECKPOINT_FILE).stat().st_mtime_ns == mtime
 
 
 def test_resume_cannot_extend_a_time_budget_run(tmp_path, capsys):
@@ -215,17 +216,17 @@ def test_compare_end_to_end(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "| rope |" in table and "ood_sparse" in table
     # resuming a finished compare reuses its runs instead of retraining
-    mtime = (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns
+    mtime = (out / "rope" / "seed0" / CHECKPOINT_FILE).stat().st_mtime_ns
     main(["compare", "--task", "flip-flop", "--encodings", "rope,pope:delta_init=uniform", "--seeds", "0,1",
           "--steps", "6", "--out", str(out), "--workers", "1", "--quiet", "--resume", *TINY, *FF])
-    assert (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns == mtime
+    assert (out / "rope" / "seed0" / CHECKPOINT_FILE).stat().st_mtime_ns == mtime
     # existing runs are neither overwritten without --resume nor resumed with other settings
     for extra, needle in (([], "already holds runs"), (["--resume", "--lr", "0.5"], "where lr is 0.003; got 0.5")):
         with pytest.raises(SystemExit):
             main(["compare", "--task", "flip-flop", "--encodings", "rope,pope:delta_init=uniform", "--seeds", "0,1",
                   "--steps", "6", "--out", str(out), "--workers", "1", "--quiet", *extra, *TINY, *FF])
         assert needle in capsys.readouterr().err
-    assert (out / "rope" / "seed0" / "checkpoint.pt").stat().st_mtime_ns == mtime
+    assert (out / "rope" / "seed0" / CHECKPOINT_FILE).stat().st_mtime_ns == mtime
 
 
 def test_compare_in_parallel_processes(tmp_path):
@@ -313,4 +314,5 @@ def test_demo_end_to_end_at_tiny_budget(tmp_path, capsys):
 
 def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "list", "data", "digits"}
+    assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "study", "convert-checkpoint",
+                                "analyze", "finetune-glue", "digits", "list", "data", "export"}

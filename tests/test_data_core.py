@@ -173,9 +173,9 @@ def test_fetch_without_a_registry_names_the_package_in_one_line(data_home):
     with pytest.raises(FetchError, match=r"cannot fetch PyPI package gensim==4\.4\.0 .*registry") as e:
         fetch("wiki", run=FakeRegistry(None, fail=True))
     assert "\n" not in str(e.value) and not (data_home / "fetched/wiki/files").exists()
-    with pytest.raises(ValueError, match=r"fetchable corpora: \['genome', 'maestro', 'wiki'\]"):
+    with pytest.raises(ValueError, match=r"fetchable corpora: \['genome', 'maestro', 'translation', 'wiki'\]"):
         fetch("jsb")
-    assert set(ARTIFACTS) == {"genome", "maestro", "wiki"}
+    assert set(ARTIFACTS) == {"genome", "maestro", "translation", "wiki"}
 
 
 def test_corpus_task_windows_metric_and_registry():
@@ -210,3 +210,25 @@ def test_cli_data_list_and_errors(capsys):
     with pytest.raises(SystemExit):
         main(["data", "fetch"])
     assert "needs a corpus NAME" in capsys.readouterr().err
+
+
+def _load_in_process(args):
+    import os
+
+    data_home, name = args
+    os.environ["POSKIT_DATA"] = data_home
+    from poskit.data import load_corpus
+
+    c = load_corpus(name, limit=3, quiet=True)
+    return {s: int(c.splits[s].tokens.size) for s in ("train", "validation", "test")}
+
+
+def test_concurrent_first_loads_build_the_cache_once_and_both_succeed(tmp_path):
+    """Two processes that find no cache at once (the workers of one compare) both get the corpus: the build is
+    serialised by a lock and the second reads what the first built."""
+    import multiprocessing as mp
+
+    pytest.importorskip("tiktoken")
+    with mp.get_context("spawn").Pool(2) as pool:
+        sizes = pool.map(_load_in_process, [(str(tmp_path), "code")] * 2)
+    assert sizes[0] == sizes[1] and sizes[0]["train"] > 0

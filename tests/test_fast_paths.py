@@ -80,6 +80,18 @@ def test_route_names_the_path_taken():
     assert route(build("pope"), q, long_keys) == "blocked"  # a few queries (decode) stay blocked
 
 
+@pytest.mark.parametrize("name", ["pope", "rope", "alibi", "relative", "cope"])
+def test_route_names_the_reference_path_for_empty_inputs(name):
+    """attention() answers a call without queries or keys on the reference path; route() says so."""
+    enc = build(name)
+    empty, some = torch.zeros(1, 4, 0, 16), torch.zeros(1, 4, 3, 16)
+    assert route(enc, empty) == "reference"
+    assert route(enc, some, empty) == "reference"
+    assert route(enc, empty, some) == "reference"
+    out = poskit.attention(some, empty, empty, enc, is_causal=False)
+    assert out.shape == (1, 4, 3, 16) and not out.any()
+
+
 def test_long_pope_sequences_take_padded_sdpa_exactly(monkeypatch):
     from poskit.attention import sdpa as sdpa_module
 

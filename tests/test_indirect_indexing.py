@@ -264,3 +264,21 @@ def test_curriculum_needs_the_step():
         t.train_batch(4, gen(0))
     with pytest.raises(ValueError, match=r"step must be an int >= 0, got -1"):
         t.train_batch(4, gen(0), step=-1)
+
+
+def test_reproduce_paper_preset_is_the_papers_appendix_b():
+    """`poskit reproduce indirect-indexing --preset paper`: Tables 6-7 of the PoPE paper, 1M fixed examples."""
+    from poskit.experiments.configs import REPRODUCTIONS
+    from poskit.experiments.reproduce import preset_config
+    from poskit.training import TrainConfig
+
+    cfg = TrainConfig.from_dict(preset_config(REPRODUCTIONS["indirect-indexing"], "paper"))
+    m = cfg.model
+    assert (m.d_model, m.n_layers, m.n_heads, m.dropout) == (512, 8, 8, 0.0)
+    assert (cfg.batch_size, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps) == (64, 2e-4, 2e-5, 4000, 100_000)
+    assert (cfg.beta2, cfg.weight_decay, cfg.grad_clip) == (0.99, 0.01, 1.0)
+    assert cfg.preset == "paper"
+    from poskit.training.step import build_task_for
+
+    task = build_task_for(cfg)
+    assert (task.train_size, task.eval_size, task.min_len, task.max_len, task.max_shift) == (1_000_000, 10_000, 20, 40, 15)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from poskit.experiments.configs import REPRODUCTIONS
-from poskit.experiments.configs.records import derive
+from poskit.experiments.reproduce import preset_config
 from poskit.training import TrainConfig
 
 
@@ -20,7 +20,7 @@ def test_performer_is_registered_with_linear_attention():
 
 def test_paper_preset_is_the_papers_setup():
     r = REPRODUCTIONS["performer"]
-    cfg = TrainConfig.from_dict(derive(r.config, r.paper_config))
+    cfg = TrainConfig.from_dict(preset_config(r, "paper"))
     # RoFormer section 4.4: 12 layers, 768 wide, 12 heads, lr 1e-4, batch 128, sequence length 1024
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (12, 768, 12)
     assert (cfg.lr, cfg.batch_size, cfg.task_options["context"]) == (1e-4, 128, 1024)
@@ -29,7 +29,7 @@ def test_paper_preset_is_the_papers_setup():
 def test_preset_must_be_known():
     from poskit.experiments.reproduce import run_reproduction
 
-    with pytest.raises(ValueError, match="preset must be 'default' or 'paper'"):
+    with pytest.raises(ValueError, match="preset must be one of"):
         run_reproduction("performer", preset="gpu", out_dir="/nonexistent/never-written")
 
 

@@ -184,13 +184,15 @@ def test_available_and_protocol(tmp_path, monkeypatch):
     monkeypatch.setenv("POSKIT_DATA", str(tmp_path))  # the stdlib slice's token cache goes here, not the user's
     corpus_tasks = ["corpus", "lm-code", "lm-genome", "lm-jsb", "lm-maestro", "lm-plays", "lm-wiki"]
     synthetic = ["counting", "flip-flop", "indirect-indexing", "selective-copy", "shakespeare"]
-    assert available_tasks() == sorted(synthetic + corpus_tasks)
+    mlm_tasks = ["mlm", "mlm-wiki"]
+    assert available_tasks() == sorted(synthetic + corpus_tasks + mlm_tasks)
     # the corpus tasks need the optional corpora (tests/test_data_*.py); a small stdlib slice stands for them
     built = [build_task(name) for name in synthetic]
     built.append(build_task("corpus", corpus="code", tokenizer="bytes", max_documents=8))
+    built.append(build_task("mlm", corpus="code", tokenizer="bytes", vocab_size=None, max_documents=8))
     for t in built:
         assert isinstance(t, Task)
-        assert t.metric in ("accuracy", "perplexity")
+        assert t.metric in ("accuracy", "perplexity", "loss")
         assert t.vocab.pad_id == 0 and t.vocab.tokens[0] == "<pad>"
         assert set(t.split_names) >= {"validation", "test"}
 

@@ -13,6 +13,7 @@ import torch
 
 from poskit.train import (
     CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
     CONFIG_FILE,
     RESULTS_FILE,
     TrainConfig,
@@ -21,6 +22,7 @@ from poskit.train import (
     read_metrics,
     restrict_targets,
     restrict_to_last,
+    read_checkpoint,
     rng_state,
     set_rng_state,
     train,
@@ -219,7 +221,7 @@ def test_loss_on_chosen_target_positions(tmp_path):
 
 
 def _state(run_dir):
-    return torch.load(Path(run_dir) / CHECKPOINT_FILE, weights_only=True)
+    return read_checkpoint(Path(run_dir) / CHECKPOINT_FILE)
 
 
 def test_stop_and_resume_is_exact(tmp_path):
@@ -278,11 +280,12 @@ def _strip_elapsed(ref, got):
 
 def test_checkpoint_contents_and_no_temp_files(tmp_path):
     train(tiny(), tmp_path / "r", quiet=True)
-    state = _state(tmp_path / "r")  # loads with weights_only=True: no pickled objects
-    assert {"model", "optimizer", "step", "rng", "data_generator", "config"} <= set(state)
+    state = _state(tmp_path / "r")  # the training state loads with weights_only=True: no pickled objects
+    assert {"model", "optimizer", "step", "rng", "data_generator", "config", "world_size"} <= set(state)
     assert set(state["rng"]) == {"torch", "numpy", "python"}
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(
-        [CONFIG_FILE, "metrics.jsonl", CHECKPOINT_FILE, RESULTS_FILE])
+        [CONFIG_FILE, "metrics.jsonl", CHECKPOINT_FILE, CHECKPOINTS_DIR, RESULTS_FILE])
+    assert len(list((tmp_path / "r" / CHECKPOINTS_DIR).iterdir())) == 1  # earlier checkpoints were removed
     model, task, cfg = load_run(tmp_path / "r")
     assert cfg.task == "flip-flop" and not model.training
 

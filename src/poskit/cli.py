@@ -1,4 +1,5 @@
-"""The `poskit` command: train, compare, extrapolate, demo, reproduce, list, data.
+"""The `poskit` command: train, compare, extrapolate, demo, reproduce, study, analyze, finetune-glue, digits,
+convert-checkpoint, list, data, export.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
 the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
@@ -24,7 +25,8 @@ EPILOG_RESUME = ("resume: --resume --run-dir D continues D from its checkpoint w
 
 # flags that set a TrainConfig field: (argparse attribute, field, flag as typed)
 CONFIG_FLAGS = (("steps", "max_steps", "--steps"), ("train_seconds", "train_seconds", "--train-seconds"),
-                ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"))
+                ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"),
+                ("parallel", "parallel", "--parallel"), ("tensorboard", "tensorboard", "--tensorboard"))
 
 
 def _check_positive(args, *attrs: str) -> None:
@@ -120,9 +122,12 @@ def cmd_train(args) -> int:
                 raise ValueError(f"--{flag} is required (except with --resume on an existing --run-dir)")
         cfg = _base_config(args, args.encoding)
     run_dir = Path(args.run_dir or f"runs/{cfg.task}-{cfg.model.encoding}-seed{cfg.seed}")
+    args.quiet = args.quiet or _rank() > 0  # under torchrun rank 0 reports
     if not args.quiet:
         print(f"train: {cfg.task} with {cfg.model.encoding} -> {run_dir}", file=sys.stderr)
     results = train(cfg, run_dir, resume=args.resume, stop_after=args.stop_after, quiet=args.quiet)
+    if _rank() > 0:
+        return 0
     if results is None:
         print(f"stopped after this invocation's steps; continue with: poskit train --resume --run-dir {run_dir}")
         return 0
@@ -131,6 +136,22 @@ def cmd_train(args) -> int:
     print(f"{cfg.task} / {cfg.model.encoding}: {results['steps']} steps in {results['train_seconds']:.1f} s; "
           + "; ".join(parts))
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def _rank() -> int:
+    from poskit.training.distributed import processes_from_env
+
+    return processes_from_env().rank
+
+
+def cmd_convert_checkpoint(args) -> int:
+    from poskit.training.run import convert_legacy_checkpoint
+
+    for run in args.runs:
+        record = convert_legacy_checkpoint(run)
+        if not args.quiet:
+            print(f"converted {run}: checkpoint.pt -> {record} (safetensors weights beside the training state)")
     return 0
 
 
@@ -150,6 +171,8 @@ def cmd_compare(args) -> int:
     out = Path(args.out or f"runs/compare-{base.task}")
     results = run_compare(base, encodings, seeds, out, workers=args.workers, resume=args.resume, quiet=args.quiet,
                           split=args.split)
+    if not results and _rank() > 0:  # under torchrun rank 0 reports
+        return 0
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}, {out / COMPARE_PLOT}")
     return 0 if results else 1
@@ -202,16 +225,62 @@ def cmd_reproduce(args) -> int:
     from poskit.experiments.reproduce import run_reproduction
     from poskit.experiments.specs import parse_encodings, parse_ints
 
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    if args.name in SEQ2SEQ_REPRODUCTIONS:  # encoder-decoder reproductions: their own runner
+        return _reproduce_translation(args)
     if args.name not in REPRODUCTIONS:
-        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS)}, got {args.name!r}")
+        raise ValueError(f"NAME must be one of {sorted(REPRODUCTIONS) + sorted(SEQ2SEQ_REPRODUCTIONS)}, got "
+                         f"{args.name!r}")
     _check_positive(args, "steps", "workers")
     out = Path(args.out or f"runs/reproduce-{args.name}")
     run_reproduction(args.name, out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
                      encodings=parse_encodings(args.encodings) if args.encodings else None, steps=args.steps,
                      workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
-                     variants=args.variants, preset=args.preset or "default")
+                     variants=args.variants, preset=args.preset)
     print((out / COMPARE_MD).read_text())
     print(f"wrote {out / COMPARE_JSON}, {out / COMPARE_MD}")
+    return 0
+
+
+def cmd_study(args) -> int:
+    from poskit.experiments.configs import STUDIES
+    from poskit.experiments.study import run_study
+
+    if args.name not in STUDIES:
+        raise ValueError(f"NAME must be one of {sorted(STUDIES)}, got {args.name!r}")
+    study, out = STUDIES[args.name], Path(args.out or f"runs/study-{args.name}")
+    if not args.report_only:
+        _check_positive(args, "workers")
+        run_study(study, out, workers=args.workers or 2)
+    from poskit.report.study import write_study_report
+
+    paths = write_study_report(study, out)
+    if args.attention:  # where the group's trained models look (seed 0 of each encoding)
+        from poskit.report.lookup_plot import write_lookup_report
+
+        runs = {r.config["model"]["encoding"]: out / r.name for r in study.runs
+                if r.group == args.attention and r.config.get("seed", 0) == 0 and (out / r.name).exists()}
+        if not runs:
+            groups = sorted({r.group for r in study.runs})
+            raise ValueError(f"--attention must name a study group with trained runs in {out}: one of {groups}, "
+                             f"got {args.attention!r}")
+        paths += write_lookup_report(runs, out / f"attention-{args.attention}")
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_finetune_glue(args) -> int:
+    from poskit.experiments.finetune import FINETUNE_JSON, finetune_glue
+
+    out = Path(args.out) if args.out else Path(args.run) / f"glue-{args.task}"
+    results = finetune_glue(args.run, args.task, data=args.data, out_dir=out, epochs=args.epochs, lr=args.lr,
+                            batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
+                            max_train_examples=args.max_train_examples, quiet=args.quiet)
+    final = ", ".join(f"{k} {v:.4f}" for k, v in results["final"].items() if k != "epoch")
+    print(f"{args.task} ({results['encoding']}), {results['eval_split']} after {len(results['epochs'])} epochs: {final}")
+    print(f"wrote {out / FINETUNE_JSON}")
     return 0
 
 
@@ -240,6 +309,27 @@ def cmd_digits(args) -> int:
     return 0
 
 
+def _reproduce_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.experiments.specs import parse_ints
+    from poskit.experiments.translation import CONVERGENCE_PNG, RESULTS_JSON, RESULTS_MD, run_translation
+
+    _check_positive(args, "steps", "workers")
+    if args.variants is not None:
+        raise ValueError(f"--variants does not apply to {args.name} (it has no variants)")
+    out = Path(args.out or f"runs/reproduce-{args.name}")
+    encodings = [e.strip() for e in args.encodings.split(",") if e.strip()] if args.encodings else None
+    try:
+        run_translation(args.name, out_dir=out, preset="paper" if args.preset == "paper" else "cpu", encodings=encodings,
+                        seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None, steps=args.steps,
+                        workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    print((out / RESULTS_MD).read_text())
+    print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / CONVERGENCE_PNG}")
+    return 0
+
+
 def cmd_list(args) -> int:
     import poskit
     from poskit.experiments.configs import REPRODUCTIONS
@@ -250,6 +340,16 @@ def cmd_list(args) -> int:
     print("reproductions:")
     for name, r in REPRODUCTIONS.items():
         print(f"  {name:20s} {r.summary}")
+    from poskit.experiments.configs import STUDIES
+
+    print("studies:")
+    for name, st in STUDIES.items():
+        print(f"  {name:20s} {len(st.runs)} runs: {st.question}")
+
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    for name, r in SEQ2SEQ_REPRODUCTIONS.items():
+        print(f"  {name:20s} {r.summary}")
     return 0
 
 
@@ -259,9 +359,9 @@ def cmd_data(args) -> int:
 
     if args.action == "list":
         rows = data.listing.corpus_rows()
-        print(f"{'corpus':9s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
+        print(f"{'corpus':11s} {'present':34s} {'tokens':22s} {'tokenizer':10s} source")
         for r in rows:
-            print(f"{r['name']:9s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
+            print(f"{r['name']:11s} {r['present']:34s} {r['tokens']:22s} {r['tokenizer']:10s} {r['source']}")
         print(f"also: hf:<dataset> (Hugging Face datasets, GPT-2 BPE); cache: {data.data_home()}")
         return 0
     if args.name is None:
@@ -274,6 +374,8 @@ def cmd_data(args) -> int:
         if not args.quiet:
             print(f"{args.name}: {len(files)} files in {files[0].parent}")
         return 0
+    if args.name == "translation":  # sentence pairs with a trained subword vocabulary (poskit.data.translation)
+        return _prepare_translation(args)
     try:
         corpus = data.load_corpus(args.name, args.tokenizer, quiet=args.quiet)
     except data.CorpusNotPresent as e:
@@ -283,6 +385,80 @@ def cmd_data(args) -> int:
         sizes = ", ".join(f"{s} {len(c.tokens):,} tokens / {len(c.documents)} documents"
                           for s, c in corpus.splits.items())
         print(f"{corpus.name} ({corpus.tokenizer.name}, {how}): {sizes}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """`poskit export RUN --hf DIR`: a trained run as a Hugging Face directory (needs the `hf` extra)."""
+    try:
+        from poskit.hf import export_run
+    except ImportError as e:  # transformers missing: one line naming the extra
+        raise ValueError(str(e)) from None
+    out = export_run(args.run, args.hf, overwrite=args.overwrite)
+    if not args.quiet:
+        print(f"{args.run} -> {out}: config.json + model.safetensors (load with `import poskit.hf` and "
+              "transformers.AutoModelForCausalLM.from_pretrained; see docs/hf.md)")
+    return 0
+
+
+def cmd_analyze(args) -> int:
+    """`poskit analyze frequency RUN... | decay | correlation` (poskit.analyze)."""
+    from poskit import analyze
+    from poskit.experiments.specs import parse_ints
+
+    out = Path(args.out or f"runs/analyze-{args.analysis}")
+    names = [n.strip() for n in (args.encodings or "").split(",") if n.strip()]
+    if args.analysis != "frequency" and args.runs:
+        raise ValueError(f"RUN directories are read by `analyze frequency` only; `analyze {args.analysis}` takes none, "
+                         f"got {args.runs}")
+    if args.analysis == "frequency":
+        if not args.runs:
+            raise ValueError("`poskit analyze frequency` needs at least one RUN directory (a trained rope or pope run)")
+        _check_positive(args, "max_tokens")
+        report = analyze.write_frequency(args.runs, out, split=args.split, max_tokens=args.max_tokens)
+        for r in report["runs"]:
+            shares = ", ".join(f"L{i} q {s['q_high_quarter_share']:.2f} k {s['k_high_quarter_share']:.2f}"
+                               for i, s in enumerate(r["summary"]))
+            print(f"{r['encoding']:8s} {r['run_dir']}: share of magnitude in the highest-frequency quarter: {shares}")
+        print(f"wrote {out / analyze.frequency.FREQUENCY_JSON}, {out / analyze.frequency.FREQUENCY_PNG}")
+    elif args.analysis == "decay":
+        result = analyze.write_decay(out, names or ["rope", "pope"], head_dim=args.head_dim,
+                                     max_distance=args.max_distance, samples=args.samples, seed=args.seed)
+        picks = [d for d in (0, 16, 64, 128, 256, 1024) if d <= args.max_distance]
+        print("relative distance: " + " ".join(f"{d:>7d}" for d in picks))
+        for name, c in result["curves"].items():
+            if "upper_bound" in c:
+                print(f"{name:10s} bound   " + " ".join(f"{c['upper_bound'][d]:7.2f}" for d in picks))
+            print(f"{name:10s} |logit| " + " ".join(f"{c['mean_abs_logit'][d]:7.3f}" for d in picks))
+        print(f"wrote {out / analyze.decay.DECAY_JSON}, {out / analyze.decay.DECAY_PNG}")
+    else:
+        anchors = tuple(parse_ints(args.anchors, "--anchors")) if args.anchors else analyze.correlation.PAPER_ANCHORS
+        result = analyze.write_correlation(out, names or ["sinusoidal", "legendre"], dim=args.dim,
+                                           positions=args.positions, high_from=args.high_from, anchors=anchors)
+        for name, e in result["encodings"].items():
+            print(f"{name:10s} mean |corr| between positions: all dims {e['mean_abs_offdiag_all']:.3f}, "
+                  f"dims >= {args.high_from}: {e['mean_abs_offdiag_high']:.3f}")
+        print(f"wrote {out / analyze.correlation.CORRELATION_JSON}, {out / analyze.correlation.CORRELATION_PNG}")
+    return 0
+
+
+def _prepare_translation(args) -> int:
+    from poskit.data import CorpusNotPresent
+    from poskit.data.translation import load_translation
+
+    if args.tokenizer is not None:
+        raise ValueError("--tokenizer does not apply to translation (a BPE trained on its training split); "
+                         "choose its size with --vocab-size")
+    try:
+        data = load_translation(vocab_size=args.vocab_size, quiet=args.quiet)
+    except CorpusNotPresent as e:
+        raise ValueError(str(e)) from None
+    except ValueError as e:
+        raise ValueError(_as_flag(str(e), ("vocab_size",))) from None
+    if not args.quiet:
+        how = f"built in {data.built_seconds:.1f} s" if data.built_seconds is not None else "cached"
+        sizes = ", ".join(f"{s} {len(p):,} pairs" for s, p in data.pairs.items())
+        print(f"translation (bpe-{args.vocab_size}, {how}): {sizes}")
     return 0
 
 
@@ -305,7 +481,12 @@ def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True)
     p.add_argument("--steps", type=int, help="optimizer steps (max_steps)")
     p.add_argument("--train-seconds", type=float, help="time budget: choose max_steps by timing a few steps")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--batch-size", type=int, help="training batch size")
+    p.add_argument("--batch-size", type=int, help="training batch size (the global batch under torchrun: split "
+                                                  "evenly across the processes)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"],
+                   help="under torchrun: DistributedDataParallel (default) or FSDP2 sharding (docs/distributed.md)")
+    p.add_argument("--tensorboard", action="store_const", const=True,
+                   help="also log metrics as TensorBoard scalars in <run>/tensorboard (the tensorboard extra)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=64")
 
 
@@ -385,12 +566,15 @@ def build_parser() -> argparse.ArgumentParser:
     with_variants = {name: r for name, r in REPRODUCTIONS.items() if r.variants}
     p = sub.add_parser("reproduce", help="a CPU-scale reproduction of a paper's diagnostic (see `poskit list`)",
                        epilog=EPILOG_OVERRIDES)
-    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(REPRODUCTIONS)}")
+    from poskit.experiments.configs import SEQ2SEQ_REPRODUCTIONS
+
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join([*REPRODUCTIONS, *SEQ2SEQ_REPRODUCTIONS])}")
     p.add_argument("--seeds", help="comma-separated seeds (default: the reproduction's)")
     p.add_argument("--encodings", help="override the reproduction's encodings")
     p.add_argument("--steps", type=int, help="override the number of steps (of every variant)")
     p.add_argument("--preset", choices=["default", "paper"],
-                   help="paper: the paper's sizes (the task's paper preset and the reproduction's paper_config)")
+                   help="default: CPU scale; paper: the paper's model size, sequence length and schedule (a GPU job; "
+                        "translation: the papers' Transformer-base)")
     p.add_argument("--variants",
                    help="for reproductions with variants, the ones to run, comma-separated ("
                         + "; ".join(f"{name}: {r.variant_name} from {','.join(str(v.value) for v in r.variants)}"
@@ -399,6 +583,68 @@ def build_parser() -> argparse.ArgumentParser:
                    resume="reuse finished runs, continue interrupted ones")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("study", help="a background study: a queue of long runs with early stops (resumable)",
+                       description="Runs the study's runs, --workers at a time, each in its own single-thread "
+                                   "process; a run stops early when it has learned or plateaued. Running the "
+                                   "same command again resumes. Writes study.md and study.png in --out.")
+    p.add_argument("name", metavar="NAME", help="the study (see `poskit list`)")
+    p.add_argument("--out", help="study directory (default runs/study-<NAME>)")
+    p.add_argument("--workers", type=int, help="runs training at once (default 2)")
+    p.add_argument("--report-only", action="store_true", help="only write the table and plots of what is done")
+    p.add_argument("--attention", metavar="GROUP",
+                   help="also plot where the group's trained models attend (Indirect Indexing: source, target)")
+    p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("convert-checkpoint", help="rewrite old runs' checkpoint.pt as safetensors + training state",
+                       description="Rewrite the single-file checkpoint.pt of runs written by older poskit versions in "
+                                   "the current format (model.safetensors, model_config.json and training_state.pt, "
+                                   "committed by checkpoint.json) and remove checkpoint.pt. Resuming an old run "
+                                   "converts it too, at its next checkpoint.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories holding a checkpoint.pt")
+    _add_run_flags(p, quiet="no summary lines", workers=False)
+    p.set_defaults(func=cmd_convert_checkpoint)
+
+    p = sub.add_parser("analyze", help="frequency usage of trained runs, RoPE's long-term decay, position correlation",
+                       description="frequency RUN...: mean query/key magnitude per frequency component, per layer "
+                                   "and head, over held-out inputs (PoPE paper Figs. 3-6). decay: RoFormer's "
+                                   "long-term decay bound (App. C) beside poskit's measured logits. correlation: "
+                                   "position-correlation matrices of absolute encodings (Legendre paper Figs. 1, 3).")
+    p.add_argument("analysis", choices=["frequency", "decay", "correlation"])
+    p.add_argument("runs", nargs="*", metavar="RUN", help="frequency: run directories of trained rope/pope models")
+    p.add_argument("--split", default="test", help="frequency: held-out split (default test)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="frequency: tokens analysed per run (default 16384)")
+    p.add_argument("--encodings", help="decay: default rope,pope; correlation: default sinusoidal,legendre")
+    p.add_argument("--head-dim", type=int, default=128, help="decay: head dimension (default 128)")
+    p.add_argument("--max-distance", type=int, default=256, help="decay: largest relative distance (default 256)")
+    p.add_argument("--samples", type=int, default=256, help="decay: random contents averaged (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="decay: seed of the random contents (default 0)")
+    p.add_argument("--dim", type=int, default=512, help="correlation: encoding dimension (default 512, the paper's)")
+    p.add_argument("--positions", type=int, default=300, help="correlation: positions 0..N-1 (default 300)")
+    p.add_argument("--high-from", type=int, default=356, help="correlation: first 'high' dimension (default 356)")
+    p.add_argument("--anchors", help="correlation: positions n of the curves (default 1,40,100,200,260,299)")
+    _add_run_flags(p, quiet="(no effect: analyses print one summary)", out="runs/analyze-<analysis>", workers=False)
+    p.set_defaults(func=cmd_analyze)
+
+    from poskit.tasks.glue import DEFAULT_GLUE_SOURCE, GLUE_TASKS
+
+    p = sub.add_parser("finetune-glue", help="fine-tune a masked-language-model run on a GLUE task (RoFormer 4.3)",
+                       description="Fine-tunes the encoder of RUN (a `poskit reproduce mlm` or `poskit train --task "
+                                   "mlm-wiki` run directory) with a classification head on GLUE, read with the "
+                                   "datasets package (the data extra).")
+    p.add_argument("run", metavar="RUN", help="run directory of a masked-language-model run")
+    p.add_argument("--task", required=True, choices=list(GLUE_TASKS), help="GLUE task")
+    p.add_argument("--data", help=f"a directory saved by DatasetDict.save_to_disk (hf:DIR), or a hub dataset "
+                                  f"(default {DEFAULT_GLUE_SOURCE}, needs the network)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs (default 3, the paper's)")
+    p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5; the paper tries 2-5e-5)")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32, the paper's)")
+    p.add_argument("--max-length", type=int, default=128,
+                   help="tokens per example; longer ones are cut and counted (default 128; the paper's 512)")
+    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    _add_run_flags(p, quiet="no per-epoch lines", out="RUN/glue-<TASK>", workers=False)
+    p.set_defaults(func=cmd_finetune_glue)
 
     p = sub.add_parser("digits", help="ViT on sklearn's 8x8 digits: learned vs axial rope vs axial pope, evaluated "
                                       "at larger image sizes (needs the vision extra)")
@@ -419,8 +665,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", metavar="NAME", help="corpus name (fetch, prepare), see `poskit data list`")
     p.add_argument("--tokenizer", help="prepare: tokenizer name (default: the corpus's)")
     p.add_argument("--force", action="store_true", help="fetch: download again even if present")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="prepare translation: joint BPE vocabulary size (default 8000)")
     _add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory (needs poskit[hf])",
+                       description="Write RUN (a `poskit train` directory) as a Hugging Face directory: config.json "
+                                   "(PoskitConfig), model.safetensors, poskit_run.json (run config, task, vocabulary). "
+                                   "See docs/hf.md.")
+    p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
+    _add_run_flags(p, quiet="no summary line", workers=False)
+    p.set_defaults(func=cmd_export)
     return parser
 
 

@@ -1,7 +1,9 @@
-"""A small decoder-only Transformer that takes any poskit encoding.
+"""A small decoder-only Transformer that takes any poskit encoding (or, with `causal=False`, a BERT-style encoder).
 
 The architecture is the PoPE paper's (App. B.2): pre-norm blocks with RMSNorm, causal self-attention, an MLP
-(GELU or SwiGLU), a final RMSNorm and a linear head. The positional encoding enters in one of two places:
+(GELU or SwiGLU), a final RMSNorm and a linear head. `ModelConfig.causal=False` makes the same stack
+bidirectional (every token sees every real token), which is what a masked-language model needs; such a model
+has no KV cache and no `generate`. The positional encoding enters in one of two places:
 
 - absolute encodings (sinusoidal, learned, legendre): one instance per model, its vectors are added to the
   token embeddings; attention inside the layers then uses no positional encoding;
@@ -65,6 +67,9 @@ class ModelConfig:
     """Epsilon of RMSNorm."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of weights; output projections are scaled by 1/sqrt(2 n_layers)."""
+    causal: bool = True
+    """True: decoder (each token sees the tokens before it). False: bidirectional encoder (BERT-style, every
+    token sees every real token), e.g. for masked-language modelling; it cannot use a KV cache or generate."""
     attention: str = "softmax"
     """"softmax" (poskit.attention) or "linear": causal linear attention with elu(x) + 1 features and the encoding
     applied after the feature map (RoFormer eq. 19; poskit.attention.linear_attention). Linear needs an encoding
@@ -158,12 +163,13 @@ def _layer_encoding(cfg: ModelConfig):
 
 
 class Attention(PoskitAttention):
-    """poskit.nn.Attention with the model's config, causal, at a fixed layer index of the KV cache."""
+    """poskit.nn.Attention with the model's config, causal or bidirectional, at a fixed layer index of the KV cache."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg.d_model, cfg.n_heads, cfg.kv_heads, _layer_encoding(cfg), head_dim=cfg.dim_head,
                          bias=cfg.bias)
         self.layer_idx = layer_idx
+        self.causal = cfg.causal
         self.linear = cfg.attention == "linear"
         # the names this layer had before it was poskit.nn.Attention
         self.n_heads, self.n_kv, self.hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -173,7 +179,7 @@ class Attention(PoskitAttention):
         # x: (B, T, d_model); positions: (1|B, T) int64; real: (B, T) bool, True = real token, or None
         if self.linear:
             return self._linear(x, positions, cache, real)
-        return super().forward(x, is_causal=True, positions=positions, attention_mask=real, cache=cache,
+        return super().forward(x, is_causal=self.causal, positions=positions, attention_mask=real, cache=cache,
                                layer_idx=self.layer_idx)
 
 
@@ -183,13 +189,13 @@ class Attention(PoskitAttention):
         if cache is not None:  # the recurrent state (attention/linear.py) is not a KV cache
             raise ValueError("cache is not supported with attention='linear' (decode with "
                              "poskit.attention.linear_attention_step, or generate with use_cache=False)")
-        if real is not None and not bool(real.all()):  # causal prefix sums would include the pads
+        if real is not None and not bool(real.all()):  # the prefix (or total) sums would include the pads
             raise ValueError("attention_mask with padding is not supported with attention='linear'")
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
-        out = linear_attention(q, k, v, self.encoding, causal=True, q_positions=positions, k_positions=positions)
+        out = linear_attention(q, k, v, self.encoding, causal=self.causal, q_positions=positions, k_positions=positions)
         return self.drop(self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)))
 
 
@@ -251,7 +257,13 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, T) int64 -> logits (B, T, vocab_size).
+        """tokens (B, T) int64 -> logits (B, T, vocab_size): the output head on `features` (same arguments)."""
+        return self.head(self.features(tokens, positions, cache, attention_mask))
+
+    def features(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> the final normalised hidden states (B, T, d_model), what the output head reads
+        (a sequence-classification head reads them too).
 
         positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position, and
         with padding counting only real tokens (a padded sequence gets the positions it has alone).
@@ -263,6 +275,9 @@ class Transformer(nn.Module):
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a (B, T) integer tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
         B, T = tokens.shape
+        if cache is not None and not self.config.causal:
+            raise ValueError("cache: a bidirectional model (ModelConfig.causal=False) has no KV cache: every token "
+                             "attends to later tokens too, so run it on the whole sequence with cache=None")
         if cache is not None and cache.num_layers != len(self.blocks):
             raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
         real = None if attention_mask is None else self._new_token_mask(attention_mask, B, T, cache, tokens.device)
@@ -276,15 +291,15 @@ class Transformer(nn.Module):
         positions = positions.unsqueeze(0) if positions.dim() == 1 else positions  # (1|B, T)
         if positions.dim() != 2 or positions.shape[-1] != T or positions.shape[0] not in (1, B):
             raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
-        if T == 0:  # no token: empty logits for every encoding, the cache untouched (nothing to append)
-            return self.head(self.norm(self.embed(tokens)))  # (B, 0, vocab_size)
+        if T == 0:  # no token: empty outputs for every encoding, the cache untouched (nothing to append)
+            return self.norm(self.embed(tokens))  # (B, 0, d_model)
         x = self.embed(tokens)  # (B, T, d_model)
         if self.abs_encoding is not None:
             x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, positions, cache, real)
-        return self.head(self.norm(x))  # (B, T, vocab_size)
+        return self.norm(x)  # (B, T, d_model)
 
     @staticmethod
     def _new_token_mask(attention_mask, B: int, T: int, cache, device) -> torch.Tensor:
@@ -317,6 +332,10 @@ class Transformer(nn.Module):
         new token attends to the key/value cache; without it the whole sequence is re-run at every step
         (the reference the cache is tested against).
         """
+        if not self.config.causal:
+            raise ValueError("generate needs a causal model: this one is bidirectional (ModelConfig.causal=False, "
+                             "an encoder such as a masked-language model), whose outputs depend on tokens not yet "
+                             "generated")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
         if not float(temperature) >= 0:
@@ -373,3 +392,8 @@ def _last_real(logits: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
         return logits[:, -1]
     index = torch.arange(real.shape[1], device=real.device).masked_fill(~real, -1).amax(-1)  # (B,)
     return logits[torch.arange(logits.shape[0], device=logits.device), index]
+
+
+# the encoder-decoder Transformer lives in its own module (poskit/encoder_decoder.py); re-exported here so that
+# every model is importable from poskit.model
+from poskit.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402,F401

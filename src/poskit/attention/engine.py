@@ -214,6 +214,8 @@ def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = Non
     "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto) or "triton".
     k defaults to q's length."""
     chosen = choose_backend(enc, q, backend)
+    if q.shape[-2] == 0 or (k is not None and k.shape[-2] == 0):
+        return "reference"  # no query or no key: attention() answers on the reference path, whatever the backend
     if chosen == "sdpa" and q.device.type == "cpu":
         if _is_static_bias(enc):
             return "blocked"

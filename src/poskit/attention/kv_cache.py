@@ -226,6 +226,22 @@ class LayerCache:
             self._key_mask.append(torch.ones(B, self.length, dtype=torch.bool, device=keys.device), self._reserve)
         self._key_mask.append(key_mask, self._reserve, out_of_place)  # (autograd may hold the old view)
 
+    def select_batch(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` (1-D int64, repeats allowed) of every cached tensor, in that order: beam
+        search reorders its beams with it, and expanding a prompt to several beams repeats rows. Positions and
+        per-position tables shared by the whole batch (batch 1 while the keys have more) stay shared."""
+        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"index must be a 1-D integer tensor of batch rows, got "
+                             f"{getattr(index, 'shape', type(index).__name__)} {getattr(index, 'dtype', '')}")
+        if not self.length:
+            return
+        batch = self._keys.data.shape[0]
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= batch):
+            raise ValueError(f"index must hold batch rows in [0, {batch - 1}], got {index.tolist()}")
+        for buf in (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles):
+            if buf.data is not None and buf.length and buf.data.shape[0] == batch:
+                buf.data = buf.data.index_select(0, index.to(buf.data.device))
+
     def crop(self, length: int) -> None:
         """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
@@ -280,6 +296,18 @@ class KVCache:
             raise ValueError(f"length must be an int in [0, {self.length}], got {length!r}")
         for layer in self.layers:
             layer.crop(min(length, layer.length))
+
+    def select_batch(self, index) -> None:
+        """Keep the batch rows `index` of every layer (beam search: the hypotheses that survive a step)."""
+        index = torch.as_tensor(index)
+        if index.dim() != 1 or index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index must be a 1-D integer tensor of batch rows, got {index.dtype} {tuple(index.shape)}")
+        batch = next((layer.keys.shape[0] for layer in self.layers if layer.length), None)
+        if batch is not None and index.numel() and not (0 <= int(index.min()) and int(index.max()) < batch):
+            raise ValueError(f"index must hold batch rows in [0, {batch - 1}], got [{int(index.min())}, "
+                             f"{int(index.max())}]")
+        for layer in self.layers:
+            layer.select_batch(index.to(layer.keys.device) if layer.length else index)
 
     def reset(self) -> None:
         self.layers = [LayerCache(self.max_length or _MIN_CAPACITY) for _ in range(self.num_layers)]

@@ -11,6 +11,7 @@ raises :class:`StaleCache` saying why, and the caller rebuilds.  A corrupt cache
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..durable import fsync_dir, write_synced
 
-__all__ = ["FORMAT_VERSION", "StaleCache", "CachedSplit", "token_dtype", "write_split", "open_split"]
+__all__ = ["FORMAT_VERSION", "StaleCache", "CachedSplit", "build_lock", "token_dtype", "write_split", "open_split"]
 
 FORMAT_VERSION = 1
 
@@ -109,3 +110,24 @@ def open_split(directory: Path, split: str, identity: dict, verify: bool = True)
     tokens = np.memmap(token_path, dtype=dtype, mode="r") if manifest["n_tokens"] else np.zeros(0, dtype)
     documents = [(str(d), int(s), int(e)) for d, s, e in manifest["documents"]]
     return CachedSplit(tokens, documents, manifest)
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path):
+    """Hold an exclusive lock on building the cache in ``directory`` (a file lock beside it, so it works before
+    the directory exists). Two processes that find no cache at once (two training workers of one compare)
+    would otherwise rebuild together, and one's write_split removes the manifest the other is about to open.
+    The caller checks the cache again once it holds the lock: the other process may have built it."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (concurrent first builds must then be avoided by the caller)
+        yield
+        return
+    with open(directory.parent / f".{directory.name}.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

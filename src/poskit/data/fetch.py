@@ -45,6 +45,8 @@ ARTIFACTS: dict[str, Artifact] = {
     "genome": Artifact("genome", "apt", "ragout-examples", "*/examples/*/references/*.fasta.gz"),
     "wiki": Artifact("wiki", "pip-wheel", "gensim==4.4.0",
                      "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"),
+    # German-English sentence pairs (poskit.data.translation); kept as files/share/de-en
+    "translation": Artifact("translation", "apt", "trans-de-en", "*/share/trans/de-en"),
 }
 
 Runner = Callable[..., subprocess.CompletedProcess]

@@ -33,4 +33,7 @@ def corpus_rows() -> list[dict]:
         size = f"{cached:,} (cached)" if cached is not None else f"~{spec.approx_tokens:,}"
         rows.append({"name": name, "present": present, "tokens": size, "tokenizer": spec.tokenizer,
                      "source": spec.source.describe})
+    from .translation import translation_row  # sentence pairs, not a token stream: its own loader
+
+    rows.append(translation_row())
     return rows

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import CachedSplit, StaleCache, open_split, token_dtype, write_split
+from .cache import CachedSplit, StaleCache, build_lock, open_split, token_dtype, write_split
 from .corpora import CorpusSpec, get_corpus
 from .home import cache_dir
 from .splits import SPLITS, assign_splits
@@ -97,7 +97,12 @@ def load_corpus(name: str, tokenizer: str | None = None, limit: int | None = Non
     except StaleCache as why:
         if not quiet and "no cache at" not in str(why):
             print(f"poskit.data: rebuilding the {spec.name}/{tok.name} cache: {why}", file=sys.stderr)
-    t0 = time.perf_counter()
-    _build(spec, tok, limit, directory, identity)
-    built = time.perf_counter() - t0
-    return LoadedCorpus(spec.name, tok, {s: open_split(directory, s, identity) for s in SPLITS}, built)
+    with build_lock(directory):
+        try:  # built by another process while this one waited for the lock
+            return LoadedCorpus(spec.name, tok, {s: open_split(directory, s, identity) for s in SPLITS}, None)
+        except StaleCache:
+            pass
+        t0 = time.perf_counter()
+        _build(spec, tok, limit, directory, identity)
+        built = time.perf_counter() - t0
+        return LoadedCorpus(spec.name, tok, {s: open_split(directory, s, identity) for s in SPLITS}, built)

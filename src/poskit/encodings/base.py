@@ -194,6 +194,20 @@ class PositionalEncoding(nn.Module):
     def check_positions(self, q_positions, k_positions, visible) -> None:
         """Raise ValueError for positions the encoding cannot represent (default: none)."""
 
+    # -- frequency components (read by `poskit analyze frequency` and `analyze decay`) ------------------------
+    def component_frequencies(self) -> torch.Tensor | None:
+        """The angular frequency (radians per position) of each of the encoding's frequency components, a
+        float64 (C,) tensor, or None when the encoding has none (the default: bias, contextual, absolute and
+        "none" encodings). An encoding that returns frequencies also implements `component_magnitudes`, so
+        that analyses of trained models read these two declarations instead of an encoding's name."""
+        return None
+
+    def component_magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., head_dim) raw queries or keys (before encoding) -> (..., C): the magnitude each frequency
+        component of `component_frequencies` gets from the content (RoPE: the 2-norm of a rotated pair; PoPE:
+        the modulus of a complex feature). Position never changes it, which is why it is read before encoding."""
+        raise NotImplementedError(f"{self.name or type(self).__name__!r} declares no frequency components")
+
     def project_parameters_(self) -> None:
         """Put the encoding's parameters back into their allowed set, in place, after an optimizer step
         (PoPE: delta into [-2 pi, 0]). Default: nothing to do. Users call

@@ -183,6 +183,14 @@ class PolarEncoding(PositionalEncoding):
     def transform_qk(self, q, k, q_positions, k_positions):
         return self.cartesian_q(q, q_positions), self.cartesian_k(k, k_positions)
 
+    def component_frequencies(self) -> torch.Tensor:
+        """theta_c = base^(-c/d) of each of the d complex components, float64 (head_dim,)."""
+        return self.inv_freq.detach().to(torch.float64).cpu()
+
+    def component_magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """The modulus of each complex feature, |mu(x_c)| (softplus(x_c), or |x_c| without softplus): (..., d)."""
+        return self.magnitude(x).abs()
+
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", base={self.base}, delta_init={self.delta_init!r}, softplus={self.softplus}, "
                                        f"phase_bias={self.phase_bias}, delta_projection={self.delta_projection}"

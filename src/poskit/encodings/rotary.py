@@ -202,6 +202,20 @@ class RotaryEncoding(PositionalEncoding):
             rotate(k, kc.unsqueeze(1), ks.unsqueeze(1), self.layout),
         )
 
+    def component_frequencies(self) -> torch.Tensor:
+        """theta_i of each rotated pair (the frequencies at construction for rope-dynamic), float64 (rotary_dim/2,)."""
+        return self.inv_freq.detach().to(torch.float64).cpu()
+
+    def component_magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """The 2-norm of each rotated pair of x (..., head_dim) -> (..., rotary_dim/2), the pairs of `layout`
+        (a rotation keeps it, so it is content alone); channels past rotary_dim have no frequency and are left out."""
+        rd = self.rotary_dim
+        if self.layout == "interleaved":
+            x0, x1 = x[..., 0:rd:2], x[..., 1:rd:2]
+        else:
+            x0, x1 = x[..., : rd // 2], x[..., rd // 2: rd]
+        return torch.sqrt(x0 * x0 + x1 * x1)
+
     def extra_repr(self) -> str:
         return (
             super().extra_repr()

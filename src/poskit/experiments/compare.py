@@ -9,7 +9,6 @@ from pathlib import Path
 from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
 from poskit.tasks import task_split_names
 from poskit.training import (
-    CHECKPOINT_FILE,
     CONFIG_FILE,
     TrainConfig,
     atomic_write_json,
@@ -18,6 +17,8 @@ from poskit.training import (
     preflight,
     resume_config,
 )
+from poskit.training.checkpoint_store import has_checkpoint
+from poskit.training.distributed import processes_from_env
 
 from .jobs import TrainJob, train_job
 from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
@@ -60,7 +61,7 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
             if i == 0:
                 preflight(cfg)  # the model does not depend on the seed: once per encoding
             run_dir = out_dir / safe_label(label) / f"seed{seed}"
-            if (run_dir / CHECKPOINT_FILE).exists():
+            if has_checkpoint(run_dir):
                 if not resume:
                     raise ValueError(f"out {str(out_dir)!r} already holds runs (e.g. {str(run_dir)!r}); "
                                      "resume them (--resume) or choose another output directory (--out)")
@@ -74,13 +75,22 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
 def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: bool = False,
                     title: str | None = None) -> dict:
     """Train the planned runs in parallel single-thread processes; write out_dir/{results.json, results.md,
-    compare.png}. Returns the results dict."""
+    compare.png}. Returns the results dict.
+
+    Under torchrun (several processes) the runs are trained one after another, each by all the processes
+    together, and rank 0 alone writes the outputs (the other ranks return an empty dict)."""
     out_dir, dirs = plan.out_dir, plan.dirs
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not quiet:
+    procs = processes_from_env()
+    if procs.active:
+        workers = 1
+    if procs.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if not quiet and procs.is_main:
         print(f"compare: {plan.base.task}, {len(plan.jobs)} runs ({len(dirs)} encodings x {len(plan.seeds)} "
               f"seeds) -> {out_dir}", file=sys.stderr, flush=True)
-    run_parallel(train_job, plan.jobs, workers=workers, labels=plan.labels, quiet=quiet)
+    run_parallel(train_job, plan.jobs, workers=workers, labels=plan.labels, quiet=quiet or not procs.is_main)
+    if not procs.is_main:
+        return {}
     results = aggregate_compare(dirs, split=plan.split)
     results["seeds"] = plan.seeds
     results["config"] = plan.base.to_dict()

@@ -23,4 +23,8 @@ def task_defaults(task: str) -> dict:
     for r in REPRODUCTIONS.values():
         if r.config["task"] == task:
             return copy.deepcopy(r.config)
-    return {"task": task}
+    from poskit.tasks import task_model_defaults
+
+    # a task may declare the model it needs (masked-language modelling: a bidirectional model)
+    model = task_model_defaults(task)
+    return {"task": task, "model": model} if model else {"task": task}

@@ -17,9 +17,12 @@ def _context_of(run_dir: Path) -> int:
     if not (run_dir / CONFIG_FILE).exists():
         raise ValueError(f"runs must be `poskit train` run directories (with {CONFIG_FILE}), got {str(run_dir)!r}")
     cfg = load_config(run_dir)  # checked: a bad config.json is an error naming it
-    if cfg.task != "shakespeare":
-        raise ValueError(f"runs must be language-model runs (task shakespeare), {str(run_dir)!r} is {cfg.task!r}")
-    return build_task_for(cfg).max_input_len
+    task = build_task_for(cfg)
+    # a language-model task declares its long evaluation windows (shakespeare, the corpus tasks lm-*)
+    if not callable(getattr(task, "eval_windows", None)):
+        raise ValueError(f"runs must be language-model runs (a task with eval_windows: shakespeare, corpus, lm-*), "
+                         f"{str(run_dir)!r} is {cfg.task!r}")
+    return task.max_input_len
 
 
 def sweep_labels(results: list[dict]) -> dict[str, list[dict]]:
@@ -48,7 +51,7 @@ def run_extrapolate(run_dirs: list, lengths: str = "1x,2x,4x,8x", *, scalings: t
     if not run_dirs:
         raise ValueError("runs must list at least one run directory")
     check_workers(workers)
-    if split not in task_split_names("shakespeare"):
+    if split not in task_split_names("shakespeare"):  # the held-out splits every language-model task has
         raise ValueError(f"split must be one of {list(task_split_names('shakespeare'))}, got {split!r}")
     if n_chars is not None and (isinstance(n_chars, bool) or not isinstance(n_chars, int) or n_chars < 2):
         raise ValueError(f"n_chars must be an int >= 2 or unset (all), got {n_chars!r}")
@@ -71,7 +74,7 @@ def run_extrapolate(run_dirs: list, lengths: str = "1x,2x,4x,8x", *, scalings: t
     report = {"split": split, "n_chars": n_chars, "last_fraction": last_fraction, "runs": results, "sweeps": sweeps}
     atomic_write_json(out_dir / EXTRAPOLATION_JSON, report)
     context = contexts[0] if len(set(contexts)) == 1 else None
-    md = ("# zero-shot length extrapolation\n\nperplexity per character, all positions:\n\n"
+    md = ("# zero-shot length extrapolation\n\nperplexity per token (character or corpus token), all positions:\n\n"
           + extrapolation_table(sweeps, "perplexity")
           + f"\n\nlast {last_fraction:g} of each window:\n\n" + extrapolation_table(sweeps, "last_perplexity") + "\n")
     (out_dir / EXTRAPOLATION_MD).write_text(md)

@@ -7,3 +7,5 @@ COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "results.json", "results.md", "compare.
 EXTRAPOLATION_JSON, EXTRAPOLATION_MD, EXTRAPOLATION_PLOT = "extrapolation.json", "extrapolation.md", "extrapolation.png"
 # `poskit demo`: its summary, and the sub-directories of its language models and of its diagnostic compare
 DEMO_JSON, DEMO_MD, DEMO_LM_DIR, DEMO_DIAGNOSTIC_DIR = "demo.json", "demo.md", "lm", "diagnostic"
+# `poskit reproduce` of a reproduction that plots its training-loss curves (mlm)
+TRAINING_LOSS_PLOT = "training_loss.png"

@@ -16,9 +16,9 @@ from poskit.report import variants_table
 from poskit.training import TrainConfig, atomic_write_json
 
 from .compare import execute_compare, plan_compare
+from .realdata import add_nll, plan_sweep, run_sweep
 from .configs import REPRODUCTIONS, Reproduction, Variant
-from .configs.records import derive
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT
 from .specs import apply_overrides, parse_encodings, parse_value, safe_label
 
 __all__ = ["REPRODUCTIONS", "Reproduction", "Variant", "run_reproduction", "select_variants"]
@@ -37,6 +37,15 @@ def select_variants(r: Reproduction, spec: str | None, name: str = "--variants")
     return [v for v in r.variants if v.value in wanted]
 
 
+def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, title: str) -> Path:
+    """Training loss (left) and validation `metric` (right) of every run against step, one line per run."""
+    from poskit.report.plots import plot_runs
+    from poskit.training import read_metrics
+
+    runs = {(label if len(ds) == 1 else f"{label} {d.name}"): read_metrics(d) for label, ds in dirs.items() for d in ds}
+    return plot_runs(runs, path, metric=metric, title=title)
+
+
 def _get(config: dict, dotted: str):
     node = config
     for part in dotted.split("."):
@@ -46,25 +55,38 @@ def _get(config: dict, dotted: str):
     return node
 
 
+def preset_config(r: Reproduction, preset: str | None) -> dict:
+    """The base config of reproduction `r` at `preset`: "default" (or None) its CPU-scale config; "paper" that
+    config with the reproduction's `paper_preset` changes and the task's paper preset (config "preset")."""
+    if preset not in (None, "default", "paper"):
+        raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
+    cfg = copy.deepcopy(r.config)
+    if preset == "paper":
+        cfg["preset"] = "paper"
+        for dotted, value in r.paper_preset.items():
+            node, *path = [cfg, *dotted.split(".")]
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = copy.deepcopy(value)
+    return cfg
+
+
 def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
                      workers: int | None = None, resume: bool = False, quiet: bool = False,
                      overrides: list[str] | None = None, variants: str | None = None,
-                     preset: str = "default") -> dict:
+                     preset: str | None = None) -> dict:
     """Run reproduction `name` (see REPRODUCTIONS) as a compare, or one compare per variant (`variants`: a
     comma-separated subset of the variant values, default all); returns the results. `seeds` and `steps`
-    replace every variant's. `preset` "paper": the task's paper preset and the reproduction's `paper_config`
-    (the paper's sizes), applied before steps and overrides. Every sub-run is checked before the first one
-    trains."""
+    replace every variant's; `preset="paper"` gives the paper's model size and schedule (`preset_config`).
+    Every sub-run is checked before the first one trains. Language-model reproductions also report the NLL
+    per token (`nll` in results.json, a second table in results.md) and, where the reproduction declares one,
+    a length-extrapolation sweep of the trained runs (<out>/extrapolation/), and where it asks for one, a
+    training-loss plot of every run (training_loss.png)."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
     r = REPRODUCTIONS[name]
     chosen = select_variants(r, variants)
-    cfg = copy.deepcopy(r.config)
-    if preset not in ("default", "paper"):
-        raise ValueError(f"preset must be 'default' or 'paper', got {preset!r}")
-    if preset == "paper":
-        cfg = derive(cfg, r.paper_config or {})
-        cfg["preset"] = "paper"
+    cfg = preset_config(r, preset)
     if steps is not None:
         cfg["max_steps"] = steps
     apply_overrides(cfg, overrides or [])
@@ -74,7 +96,16 @@ def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, ste
     if not chosen:
         plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
                             resume=resume, split=r.split)
-        return execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        sweep_plan = plan_sweep(r, plan, out, workers) if r.extrapolation else None
+        results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
+        if results["metric"] == "perplexity":
+            add_nll(results, plan, out)
+        if sweep_plan is not None:
+            results["extrapolation"] = run_sweep(sweep_plan, quiet)
+            atomic_write_json(out / COMPARE_JSON, results)
+        if r.training_loss_plot:
+            plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
+        return results
 
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):
         raise ValueError(f"{r.variant_field} is what the {name} reproduction varies; choose among "

@@ -15,7 +15,8 @@ Every task has ``name``, ``vocab`` (:class:`Vocab`, ``pad_id == 0``), ``metric``
 see :mod:`poskit.tasks.base` (which gathers :mod:`.data`, :mod:`.metrics`,
 :mod:`.protocol` and :mod:`.synthetic`).  Shakespeare adds ``eval_windows(length, split,
 n_chars, last_fraction)`` for length extrapolation; so do the real-corpus tasks of
-:mod:`.corpus` (``corpus``, ``lm-jsb``, ``lm-wiki``, ...; data from :mod:`poskit.data`).
+:mod:`.corpus` (``corpus``, ``lm-jsb``, ``lm-wiki``, ...; data from :mod:`poskit.data`).  :mod:`.mlm`
+(``mlm``, ``mlm-wiki``) is BERT's masked-language modelling, for bidirectional models (``causal=False``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .indirect_indexing import IndirectIndexing
 from .selective_copy import SelectiveCopy
 from .shakespeare import Shakespeare, load_plays, strip_markdown
 from .corpus import CORPUS_TASKS, CorpusLM
+from .mlm import MLM_TASKS, MaskedLM
 
 _REGISTRY: dict[str, type] = {
     "indirect-indexing": IndirectIndexing,
@@ -41,6 +43,7 @@ _REGISTRY: dict[str, type] = {
     "counting": Counting,
     "shakespeare": Shakespeare,
     **CORPUS_TASKS,  # language modelling on real corpora (poskit.data): corpus, lm-jsb, lm-genome, ...
+    **MLM_TASKS,  # masked-language modelling (BERT's objective, bidirectional models): mlm, mlm-wiki
 }
 
 PRESETS = ("default", "paper")
@@ -62,6 +65,11 @@ def task_split_names(name: str) -> tuple[str, ...]:
     cls = _lookup(name)
     variants = getattr(cls, "split_variants", None)
     return tuple(variants) if variants else tuple(cls.split_names)
+
+
+def task_model_defaults(name: str) -> dict:
+    """ModelConfig fields a task needs by default (its class's ``model_defaults``, e.g. {"causal": False})."""
+    return dict(getattr(_lookup(name), "model_defaults", {}))
 
 
 def _lookup(name: str) -> type:
@@ -108,6 +116,7 @@ __all__ = [
     "SelectiveCopy",
     "Shakespeare",
     "CorpusLM",
+    "MaskedLM",
     "load_plays",
     "strip_markdown",
     "PRESETS",
@@ -115,4 +124,5 @@ __all__ = [
     "build_task",
     "task_parameters",
     "task_split_names",
+    "task_model_defaults",
 ]

@@ -18,7 +18,7 @@ class Task(Protocol):
 
     name: str
     vocab: Vocab
-    metric: str  # "accuracy" or "perplexity"
+    metric: str  # "accuracy", "perplexity" or "loss" (masked-language modelling): a key of evaluate()
     accuracy_level: str  # "token" or "sequence": which accuracy is the headline
     split_names: tuple[str, ...]
     max_input_len: int  # longest T any batch of this task can have (train and eval splits)

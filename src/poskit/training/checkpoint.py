@@ -1,5 +1,6 @@
 """Reading a run's checkpoint back, checked before anything is loaded: its structure, that it belongs to the
-run's config.json, and the part of metrics.jsonl it was written after."""
+run's config.json, and the part of metrics.jsonl it was written after. (The files themselves, the current
+format and the legacy checkpoint.pt: checkpoint_store.py.)"""
 from __future__ import annotations
 
 import io
@@ -9,7 +10,8 @@ from pathlib import Path
 import torch
 
 from .config import TrainConfig, config_difference
-from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
+from .checkpoint_store import read_checkpoint_files
+from .files import CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
 from .rng import check_rng_state
 
 # what Trainer.state_dict saves: key -> accepted types
@@ -19,8 +21,18 @@ _RNG_ENTRIES = ("torch", "numpy", "python")
 
 
 def read_checkpoint(path, device: str = "cpu") -> dict:
-    """The state saved in checkpoint file `path`, on `device`; a RunFileError naming the file when it is
-    truncated, zero-filled, not a checkpoint or missing one of its entries. Nothing is loaded anywhere."""
+    """The state saved in checkpoint `path` (a run's checkpoint.json, or the checkpoint.pt of a run written
+    before it), on `device`; a RunFileError naming the file when one of its files is truncated, zero-filled,
+    corrupt, not a checkpoint or missing one of its entries. Nothing is loaded anywhere."""
+    path = Path(path)
+    if path.name == LEGACY_CHECKPOINT_FILE:
+        state = _read_legacy(path, device)
+    else:
+        state, path = read_checkpoint_files(path, device)  # entries are checked naming training_state.pt
+    return _check_state(path, state)
+
+
+def _read_legacy(path: Path, device: str) -> dict:
     data = read_bytes(path)
     if not data.strip(b"\x00"):
         raise RunFileError(path, f"holds only zero bytes ({len(data)}), not a checkpoint (a write was cut short)")
@@ -33,6 +45,10 @@ def read_checkpoint(path, device: str = "cpu") -> dict:
         raise RunFileError(path, f"is not a readable checkpoint (truncated or corrupt: {reason})") from None
     if not isinstance(state, dict):
         raise RunFileError(path, f"holds a {type(state).__name__}, not a checkpoint's dict of training state")
+    return state
+
+
+def _check_state(path: Path, state: dict) -> dict:
     for key, kind in _ENTRIES.items():
         if not isinstance(state.get(key), kind) or (kind is int and isinstance(state.get(key), bool)):
             problem = "lacks" if key not in state else "has a malformed"

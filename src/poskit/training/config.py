@@ -10,6 +10,11 @@ from poskit.config_check import ConfigError, check_field_types, from_known_field
 from poskit.model import ModelConfig
 from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
 
+PARALLEL_MODES = ("ddp", "fsdp")
+# fields a resumed run may change freely: how many processes train it and whether TensorBoard also logs
+# change neither the data stream nor the numbers (docs/distributed.md)
+RESUME_FREE_FIELDS = ("world_size", "tensorboard")
+
 # loss_on's forms, in the words of its error message
 LOSS_ON_ALLOWED = '"task", "last" or a non-empty list of distinct target indices such as [-1] or [0, -2]'
 
@@ -71,6 +76,16 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end)."""
     device: str = "cpu"
     """Torch device of the model and batches ("cpu", "cuda", "cuda:1", ...)."""
+    parallel: str = "ddp"
+    """How several processes (a `torchrun --nproc_per_node N` launch) share the model: "ddp" (a full copy on
+    each, DistributedDataParallel) or "fsdp" (parameters, gradients and optimizer state sharded with FSDP2's
+    fully_shard). Ignored by a one-process run. See docs/distributed.md."""
+    world_size: int | None = None
+    """Number of processes that trained the run, recorded by the trainer (the launch's WORLD_SIZE, 1 without
+    torchrun); a value given before training must equal the launch's. A resume may use another number."""
+    tensorboard: bool = False
+    """Also log the metrics.jsonl records as TensorBoard scalars in <run_dir>/tensorboard (needs the
+    "tensorboard" extra). A resume may switch it on or off."""
 
     def __post_init__(self):
         if isinstance(self.model, dict):
@@ -115,6 +130,10 @@ class TrainConfig:
         splits = task_split_names(self.task)
         if self.eval_split not in splits:
             raise ConfigError("eval_split", f"one of the splits of task {self.task!r}: {list(splits)}", self.eval_split)
+        if self.parallel not in PARALLEL_MODES:
+            raise ConfigError("parallel", f"one of {list(PARALLEL_MODES)}", self.parallel)
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError("world_size", "a positive int or null (recorded by the trainer)", self.world_size)
         try:
             torch.device(self.device)
         except RuntimeError:
@@ -189,7 +208,7 @@ def config_difference(old: TrainConfig, new: TrainConfig) -> tuple[str, str, str
     missing = object()
     for key in sorted(a_fields.keys() | b_fields.keys()):
         a, b = a_fields.get(key, missing), b_fields.get(key, missing)
-        if a == b or (key == "max_steps" and b > a):
+        if a == b or (key == "max_steps" and b > a) or key in RESUME_FREE_FIELDS:
             continue
         a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
         return key, a, b

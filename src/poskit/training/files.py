@@ -11,7 +11,9 @@ from pathlib import Path
 from ..durable import fsync_dir, write_synced
 from .config import TrainConfig
 
-CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.pt", "results.json"
+CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.json", "results.json"
+# the single-file checkpoint of runs written before checkpoint.json (still read and resumed: checkpoint_store.py)
+LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 # temporary files of atomic writes: ".<name>.tmp<pid>"; one left behind by a killed writer is never read
 TEMP_PREFIX, TEMP_MARK = ".", ".tmp"
 
@@ -61,7 +63,7 @@ def remove_stale_temp_files(run_dir) -> list[Path]:
     """Delete the temporary files killed atomic writes left in `run_dir` (they were never renamed into place,
     so no reader depends on them); returns what was deleted."""
     run_dir = Path(run_dir)
-    names = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE)
+    names = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, RESULTS_FILE)
     stale = [p for p in run_dir.iterdir()
              if any(p.name.startswith(f"{TEMP_PREFIX}{n}{TEMP_MARK}") for n in names)] if run_dir.is_dir() else []
     for p in stale:

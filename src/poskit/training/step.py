@@ -7,6 +7,7 @@ import math
 from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 
 from poskit.encodings import project_parameters_
 from poskit.model import Transformer
@@ -14,6 +15,7 @@ from poskit.tasks import IGNORE_INDEX, build_task, evaluate_batches, lm_loss
 from poskit.tasks.base import Batch
 
 from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions
+from .distributed import Processes, sum_across
 
 
 class NonFiniteLossError(ValueError):
@@ -90,20 +92,27 @@ def loss_targets(targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
 
 
 def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig,
-                   step: int) -> float:
+                   step: int, procs: Processes | None = None) -> float:
     """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
     the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
     `cfg.loss_on` keeps, backward, global-norm gradient clipping, the AdamW update and the projection of the
     encodings' parameters into their allowed sets (PoPE's delta; encodings/projection.py). Returns the loss.
-    A loss that is not finite raises NonFiniteLossError before any parameter is updated."""
+    A loss that is not finite raises NonFiniteLossError before any parameter is updated.
+
+    Under several processes (`procs`; `model` wrapped by DDP or FSDP, `batch` this rank's rows) the loss is
+    the mean over the targets of the whole global batch, as one process computes it, and so is the
+    gradient after the wrapper averages it across ranks; every rank returns that same global loss."""
     lr = lr_at(step, cfg)
     for g in optimizer.param_groups:
         g["lr"] = lr
     targets = loss_targets(batch.targets.to(cfg.device), cfg)
     with _autocast(cfg.bf16, cfg.device):
         logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
-    loss = lm_loss(logits.float(), targets)
-    value = loss.item()
+    if procs is None or not procs.active:
+        loss = lm_loss(logits.float(), targets)
+        value = loss.item()
+    else:
+        loss, value = _global_mean_loss(logits.float(), targets, procs)
     if not math.isfinite(value):
         # an update with NaN/inf gradients would destroy the weights; stop while they are still the last good ones
         raise NonFiniteLossError(f"training loss is {value} at step {step + 1} (the model's output or the data "
@@ -115,6 +124,19 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
     optimizer.step()
     project_parameters_(model)  # PoPE's delta back into [-2 pi, 0], where its clamp passes gradients
     return value
+
+
+def _global_mean_loss(logits: torch.Tensor, targets: torch.Tensor, procs: Processes) -> tuple[torch.Tensor, float]:
+    """(loss to backpropagate, global mean loss). Ranks may hold different numbers of targets (padding,
+    loss_on), so each rank's mean would weight them wrongly: the rank's summed loss is divided by the global
+    target count, and multiplied by world_size because DDP and FSDP average (not sum) gradients across ranks."""
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                            reduction="sum")
+    local = torch.tensor([total.item(), float((targets != IGNORE_INDEX).sum())], dtype=torch.float64)
+    loss_sum, count = sum_across(local, procs).tolist()
+    if not count:  # no target anywhere: a NaN loss, refused by the caller like any other
+        return total, float("nan")
+    return total * (procs.world_size / count), loss_sum / count
 
 
 def evaluate(model: Transformer, task, split: str, max_batches: int | None = None, bf16: bool = False) -> dict:

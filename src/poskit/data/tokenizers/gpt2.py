@@ -63,3 +63,7 @@ class GPT2(Tokenizer):
 
     def decode(self, ids) -> str:
         return self._enc.decode([int(i) - 1 for i in ids])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes that id ``token_id`` (a poskit id: GPT-2 id + 1) stands for; every byte 0-255 is a token."""
+        return self._enc.decode_single_token_bytes(int(token_id) - 1)

@@ -21,4 +21,10 @@ INDIRECT_INDEXING = Reproduction(
         **OPTIMIZER_AND_LOGGING,
     },
     encodings="rope,pope:delta_init=uniform",  # the paper's comparison, PoPE with its uniform delta init
+    paper_preset={  # App. B, Tables 6-7 (Indirect Idx. column); the task's paper preset: 1M fixed training
+        # examples, 10k validation and test examples
+        "model.d_model": 512, "model.n_layers": 8, "model.n_heads": 8,  # Table 6
+        "lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 4000, "max_steps": 100_000,  # Table 7 (decay over all steps)
+        "eval_every": 5000, "checkpoint_every": 5000,  # 0.6-0.7 GPU-hours per run in the paper
+    },
 )

@@ -41,7 +41,7 @@ PERFORMER = Reproduction(
     seeds=(0, 1),  # two seeds: mean and spread of the curves
     # `poskit reproduce performer --preset paper`: the paper's set-up (12 layers, 768 wide, 12 heads, batch
     # 128, lr 1e-4, sequence 1024); hours on a GPU, not meant for a CPU
-    paper_config={
+    paper_preset={
         "task_options.context": 1024,
         "model.d_model": 768, "model.n_layers": 12, "model.n_heads": 12,
         "batch_size": 128, "lr": 1e-4, "min_lr": 1e-5, "max_steps": 100000,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,15 @@ class Reproduction:
     """Dotted config key that differs between the sub-runs (e.g. "task_options.n_vars"); None: one compare."""
     variants: tuple = ()
     """The sub-runs (Variant), in table order."""
-    paper_config: dict | None = None
-    """{dotted TrainConfig key: value} applied by `--preset paper` (the paper's own sizes), or None: the
-    reproduction's task preset "paper" only."""
+    paper_preset: dict = field(default_factory=dict)
+    """`--preset paper`: {dotted config key: value} changes to `config` that give the paper's model size and
+    schedule (the task's own paper preset, e.g. its sequence length, is applied as well); empty: the
+    reproduction has no paper preset beyond the task's."""
+    extrapolation: dict | None = None
+    """After training, a `poskit extrapolate` sweep of the trained runs: {"lengths": "1x,2x,...", "scalings":
+    (test-time rope variants), "n_chars": tokens per length or None}; None: no sweep."""
+    training_loss_plot: bool = False
+    """Also plot every run's training loss against step (training_loss.png), as papers plotting loss curves do."""
 
     @property
     def variant_name(self) -> str:
@@ -86,3 +92,79 @@ def derive(base: dict, changes: dict) -> dict:
             raise KeyError(f"derive: {dotted!r} is not a setting of the base config")
         node[path[-1]] = value
     return out
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a run has shown what it will show; `metric` is the validation metric (higher is better)."""
+
+    learned_at: float = 0.9
+    """Stop once the validation metric reaches this (the run has learned the task)."""
+    patience: int = 10
+    """Evaluations without a gain of min_gain in the best validation value before the run counts as plateaued."""
+    min_gain: float = 0.02
+    """The smallest rise of the best validation value that counts as progress."""
+    min_steps: int = 0
+    """No plateau stop before this many steps (a slow start is not a plateau)."""
+
+    def __post_init__(self):
+        if not 0 < self.learned_at <= 1:
+            raise ValueError(f"learned_at must be in (0, 1], got {self.learned_at!r}")
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
+            raise ValueError(f"patience must be a positive int, got {self.patience!r}")
+        if not self.min_gain >= 0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain!r}")
+        if isinstance(self.min_steps, bool) or not isinstance(self.min_steps, int) or self.min_steps < 0:
+            raise ValueError(f"min_steps must be a non-negative int, got {self.min_steps!r}")
+
+    def verdict(self, curve: list[tuple[int, float]]) -> str | None:
+        """"learned", "plateaued" or None (keep going) for a validation curve [(step, value), ...]."""
+        if not curve:
+            return None
+        if curve[-1][1] >= self.learned_at:
+            return "learned"
+        if curve[-1][0] < self.min_steps or len(curve) <= self.patience:
+            return None
+        best_before = max(v for _, v in curve[: -self.patience])
+        recent_best = max(v for _, v in curve[-self.patience:])
+        return "plateaued" if recent_best < best_before + self.min_gain else None
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    name: str
+    """Directory name of the run (letters, digits, '-', '_', '.')."""
+    config: dict
+    """The run's TrainConfig fields."""
+    group: str = ""
+    """Row label in the study's table: runs that differ only in encoding and seed share a group."""
+
+    def train_config(self):
+        """The run's checked TrainConfig."""
+        from poskit.training import TrainConfig  # configs stay importable without the trainer
+        return TrainConfig.from_dict(self.config)
+
+
+@dataclass(frozen=True)
+class Study:
+    question: str
+    """What the study is meant to find out (printed by `poskit list` and in the report)."""
+    runs: tuple
+    """StudyRun records, in the order they start."""
+    rule: StopRule = StopRule()
+    metric_split: str = "test"
+    """The split of the reported accuracy."""
+
+    def __post_init__(self):
+        names = [r.name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"study runs must have distinct names, got duplicates in {names}")
+        for r in self.runs:
+            if not r.name or not all(c.isalnum() or c in "-_." for c in r.name):
+                raise ValueError(f"study run name must be letters, digits, '-', '_' or '.', got {r.name!r}")
+
+    def run(self, name: str) -> StudyRun:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise ValueError(f"run must name a run of this study: one of {[r.name for r in self.runs]}, got {name!r}")

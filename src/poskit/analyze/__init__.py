@@ -1,0 +1,15 @@
+"""Analyses behind `poskit analyze`: one module per analysis, each a function returning a JSON-able dict and
+a writer of that dict plus its PNG.
+
+- frequency: mean query and key magnitude per frequency component, per layer and head, of trained runs
+  (PoPE paper Figs. 3-6); reads the encodings' declared `component_frequencies`/`component_magnitudes`.
+- decay: RoFormer's relative upper bound of the long-term decay (App. C) beside the same curve measured on
+  poskit's logits.
+- correlation: position-correlation matrices of absolute encodings (Legendre PE paper Figs. 1 and 3).
+"""
+from .correlation import position_correlation, write_correlation
+from .decay import decay_curves, write_decay
+from .frequency import frequency_usage, write_frequency
+
+__all__ = ["decay_curves", "frequency_usage", "position_correlation", "write_correlation", "write_decay",
+           "write_frequency"]

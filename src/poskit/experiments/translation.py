@@ -1,0 +1,168 @@
+"""`poskit reproduce translation`: train one EncoderDecoder per (encoding, seed) on the German-English pairs,
+translate the test split with beam search, and report BLEU and chrF (mean and std over seeds), the
+validation/test NLL, and the training-loss curves (the Legendre PE paper's Fig. 4 shape) as a PNG.
+
+Runs are independent single-thread processes (experiments/parallel.py); each is resumable (its directory
+holds a checkpoint), so `--resume` after an interruption continues where the runs stopped and reuses the
+finished ones. Output files: <out>/<encoding>-seed<seed>/ (one run each), results.json, results.md,
+convergence.png.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ..training.files import atomic_write_json, check_writable_dir
+from ..training.seq2seq import CONFIG, RESULTS, Seq2SeqConfig, _metrics, load_pairs, train_seq2seq
+from .configs import SEQ2SEQ_REPRODUCTIONS
+from .configs.records import derive
+from .parallel import check_workers, run_parallel
+from .specs import apply_overrides, safe_label
+
+__all__ = ["run_translation", "RESULTS_JSON", "RESULTS_MD", "CONVERGENCE_PNG"]
+
+RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG = "results.json", "results.md", "convergence.png"
+
+
+def _job(job: tuple) -> dict:
+    cfg_dict, run_dir, quiet, label = job
+    return train_seq2seq(Seq2SeqConfig.from_dict(cfg_dict), run_dir, resume=True, quiet=quiet, label=label)
+
+
+def _stats(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "per_seed": values}
+
+
+def _curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    records = [r for r in _metrics(run_dir) if "train_loss" in r]
+    return [r["step"] for r in records], [r["train_loss"] for r in records]
+
+
+def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list[str] | None = None,
+                     seeds: list[int] | None = None, steps: int | None = None,
+                     overrides: list[str] | None = None) -> list[tuple[str, int, Seq2SeqConfig]]:
+    """Every run's (encoding, seed, config), each config validated: nothing runs unless all are valid."""
+    if name not in SEQ2SEQ_REPRODUCTIONS:
+        raise ValueError(f"name must be one of {sorted(SEQ2SEQ_REPRODUCTIONS)}, got {name!r}")
+    r = SEQ2SEQ_REPRODUCTIONS[name]
+    if preset not in r.presets:
+        raise ValueError(f"preset must be one of {sorted(r.presets)} for {name}, got {preset!r}")
+    base = derive(r.config, r.presets[preset])
+    if steps is not None:
+        base["max_steps"] = steps
+    apply_overrides(base, list(overrides or []))
+    names = encodings if encodings is not None else r.encodings.split(",")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"encodings must list distinct encodings, got {names}")
+    plan = []
+    for enc in names:
+        for seed in (seeds if seeds is not None else r.seeds):
+            cfg = copy.deepcopy(base)
+            cfg["model"]["encoding"] = enc
+            cfg["seed"] = seed
+            plan.append((enc, seed, Seq2SeqConfig.from_dict(cfg)))
+    return plan
+
+
+def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", encodings: list[str] | None = None,
+                    seeds: list[int] | None = None, steps: int | None = None, workers: int | None = None,
+                    resume: bool = False, quiet: bool = False, overrides: list[str] | None = None) -> dict:
+    """Run (or resume) the reproduction; writes results.json, results.md and convergence.png in out_dir."""
+    check_workers(workers)
+    out = Path(out_dir)
+    check_writable_dir(out, "out")
+    plan = plan_translation(name, preset=preset, encodings=encodings, seeds=seeds, steps=steps, overrides=overrides)
+    runs = [(enc, seed, cfg, out / safe_label(f"{enc}-seed{seed}")) for enc, seed, cfg in plan]
+    if not resume:
+        taken = [str(d) for *_, d in runs if (d / CONFIG).exists()]
+        if taken:
+            raise ValueError(f"out already holds runs ({taken[0]} ...): pass --resume to continue them, or choose "
+                             "another --out")
+    t0 = time.perf_counter()
+    load_pairs(plan[0][2], quiet=quiet)  # build the data cache once, before the workers read it
+    jobs = [(cfg.to_dict(), str(d), quiet, f"{enc} seed {seed}") for enc, seed, cfg, d in runs]
+    if not quiet:
+        print(f"reproduce {name} ({preset}): {len(jobs)} runs, {cfg_line(plan[0][2])}", file=sys.stderr, flush=True)
+    results = run_parallel(_job, jobs, workers=workers, labels=[j[3] for j in jobs], quiet=quiet)
+    wall = time.perf_counter() - t0
+    report = aggregate(name, preset, runs, results, wall)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / RESULTS_JSON, report)
+    (out / RESULTS_MD).write_text(markdown(report))
+    plot_convergence(report, {enc: [_curve(d) for e, _, _, d in runs if e == enc] for enc in report["encodings"]},
+                     out / CONVERGENCE_PNG)
+    return report
+
+
+def cfg_line(cfg: Seq2SeqConfig) -> str:
+    m = cfg.model_config()
+    return (f"d_model {m.d_model}, {m.n_encoder_layers}+{m.n_decoder_layers} layers, vocab {cfg.vocab_size}, "
+            f"{cfg.max_steps} steps of ~{cfg.batch_tokens} target tokens, beam {cfg.beam_size}")
+
+
+def aggregate(name: str, preset: str, runs, results: list[dict], wall: float) -> dict:
+    by_enc: dict[str, list[dict]] = {}
+    for (enc, *_), res in zip(runs, results):
+        by_enc.setdefault(enc, []).append(res)
+    encodings = {}
+    for enc, rs in by_enc.items():
+        encodings[enc] = {key: _stats([r[key] for r in rs]) for key in ("bleu", "chrf", "test_nll", "validation_nll",
+                                                                          "train_seconds")}
+        encodings[enc]["seeds"] = [r["seed"] for r in rs]
+        encodings[enc]["steps"] = rs[0]["steps"]
+        encodings[enc]["parameters"] = rs[0]["parameters"]
+    first = runs[0][2]
+    return {"name": name, "preset": preset, "setup": cfg_line(first), "config": first.to_dict(),
+            "test_pairs": results[0]["test_pairs"], "bleu_signature": results[0]["bleu_signature"],
+            "chrf_signature": results[0]["chrf_signature"], "wall_seconds": wall, "encodings": encodings}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# reproduce {report['name']} ({report['preset']}): {report['setup']}", "",
+             f"Test split: {report['test_pairs']} pairs; BLEU `{report['bleu_signature']}`; "
+             f"wall time {report['wall_seconds']:.0f} s.", "",
+             "| encoding | seeds | BLEU | chrF | test NLL | validation NLL | train s / run | parameters |",
+             "|---|---|---|---|---|---|---|---|"]
+    for enc, e in report["encodings"].items():
+        f = lambda k, p=2: f"{e[k]['mean']:.{p}f} ± {e[k]['std']:.{p}f}"  # noqa: E731
+        lines.append(f"| {enc} | {len(e['seeds'])} | {f('bleu')} | {f('chrf')} | {f('test_nll', 3)} | "
+                     f"{f('validation_nll', 3)} | {e['train_seconds']['mean']:.0f} | {e['parameters']:,} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_convergence(report: dict, curves: dict, path: Path) -> Path:
+    """Left: training loss vs step, mean over seeds (003 Fig. 4's shape); right: test BLEU per encoding."""
+    from ..report.plots import color, plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for enc, runs in curves.items():
+        runs = [r for r in runs if r[0]]
+        if not runs:
+            continue
+        n = min(len(r[0]) for r in runs)
+        steps = runs[0][0][:n]
+        mean = [statistics.fmean(r[1][i] for r in runs) for i in range(n)]
+        ax1.plot(steps, mean, label=enc, color=color(enc), linewidth=1.2)
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("training loss (label-smoothed cross-entropy)")
+    ax1.set_title("training-loss convergence (mean over seeds)")
+    ax1.legend()
+    encs = list(report["encodings"])
+    for i, enc in enumerate(encs):
+        b = report["encodings"][enc]["bleu"]
+        ax2.bar(i, b["mean"], yerr=b["std"], capsize=4, color=color(enc), alpha=0.85)
+        ax2.scatter([i] * len(b["per_seed"]), b["per_seed"], s=12, color="black", zorder=3)
+    ax2.set_xticks(range(len(encs)))
+    ax2.set_xticklabels(encs)
+    ax2.set_ylabel("test BLEU")
+    ax2.set_title("test BLEU (bars: mean, whiskers: std, dots: seeds)")
+    fig.suptitle(f"reproduce {report['name']} ({report['preset']}): {report['setup']}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

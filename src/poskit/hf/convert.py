@@ -1,0 +1,91 @@
+"""Conversion both ways between poskit models and Hugging Face directories.
+
+from_poskit(transformer)        -> PoskitForCausalLM holding the same weights
+to_poskit(directory)            -> poskit.model.Transformer of a saved PoskitForCausalLM directory
+export_run(run_dir, directory)  -> a `poskit train` run as a Hugging Face directory (`poskit export RUN --hf DIR`)
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from poskit.model import Transformer
+
+from .config import PoskitConfig
+from .model import PoskitForCausalLM
+
+#: written beside the weights by export_run: where the model came from and the task's vocabulary
+RUN_INFO_FILE = "poskit_run.json"
+
+
+def from_poskit(model: Transformer, **config_kwargs) -> PoskitForCausalLM:
+    """A PoskitForCausalLM holding a copy of `model` (weights, dtypes, device as they are).
+    config_kwargs: other PretrainedConfig fields (e.g. max_position_embeddings, eos_token_id)."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model must be a poskit.model.Transformer, got {type(model).__name__}")
+    config = PoskitConfig.from_model_config(model.config, **config_kwargs)
+    with torch.device("meta"):  # the wrapper's own Transformer is replaced below: no memory for it
+        hf = PoskitForCausalLM(config)
+    # a deep copy keeps everything as it is in `model`: weights, tying, dtypes (float64 frequency buffers of a
+    # float32 model included, which a cast of the whole module would round), device
+    hf.model = copy.deepcopy(model)
+    return hf.eval()
+
+
+def to_poskit(directory, *, dtype: torch.dtype | None = None) -> Transformer:
+    """The poskit.model.Transformer saved in a PoskitForCausalLM directory (config.json + safetensors), in
+    eval mode; dtype: as saved when None. A missing or unreadable directory is an error naming it."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"directory {str(directory)!r} must hold a saved PoskitForCausalLM (config.json and "
+                         "model.safetensors, from save_pretrained or `poskit export --hf`)")
+    try:
+        config = PoskitConfig.from_pretrained(directory)
+        hf = PoskitForCausalLM.from_pretrained(directory, config=config, dtype=dtype or "auto")
+    except Exception as e:  # whatever the reader raised (safetensors' own errors included): name the directory
+        raise ValueError(f"cannot load a poskit model from {str(directory)!r} (config.json and its weights files): "
+                         f"{type(e).__name__}: {e}") from None
+    return hf.model.eval()
+
+
+def export_run(run_dir, directory, *, overwrite: bool = False) -> Path:
+    """Write the trained run `run_dir` (a `poskit train` directory) as a Hugging Face directory: config.json,
+    model.safetensors, generation_config.json and poskit_run.json (the run's config, task and vocabulary).
+
+    The directory is written under a temporary name and renamed when complete, so it never holds half an
+    export; an existing non-empty `directory` is refused unless `overwrite`."""
+    from poskit.training.run import load_run
+
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"--hf directory {str(directory)!r} is a file; choose a directory path")
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise ValueError(f"--hf directory {str(directory)!r} exists and is not empty; choose another (or overwrite)")
+    model, task, cfg = load_run(run_dir)  # checks every run file, naming the bad one
+    hf = from_poskit(model, max_position_embeddings=task.max_input_len, pad_token_id=task.vocab.pad_id)
+    info = {"run_dir": str(Path(run_dir).resolve()), "task": task.name, "task_params": _jsonable(task.params),
+            "vocab": {"tokens": list(task.vocab.tokens), "sep": task.vocab.sep, "pad_id": task.vocab.pad_id},
+            "train_config": _jsonable(cfg.to_dict() if hasattr(cfg, "to_dict") else {})}
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        hf.save_pretrained(staging)
+        (staging / RUN_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _jsonable(value):
+    """value with anything JSON cannot hold (numpy scalars, tuples, paths) turned into what it can."""
+    return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

@@ -1,0 +1,198 @@
+"""`PoskitForCausalLM`: `poskit.model.Transformer` as a transformers causal LM (PreTrainedModel + GenerationMixin).
+
+The wrapped Transformer (`.model`) does all the computing, for every encoding, with no branch on the
+encoding's name: left padding, positions from the attention mask, the KV cache behind `PoskitCache`. What
+transformers adds on top comes from its own machinery: the loss (`loss_function`, its shift-by-one convention
+and ignore index -100), generation (greedy, sampling, beam search), save/load, Trainer. Hidden states and
+attention weights are read by hooks on the Transformer's modules, only for a call that asks for them.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+import poskit
+from poskit.attention.reference import softmax_rows
+from poskit.config_check import ConfigError
+from poskit.encodings.base import PositionalEncoding
+from poskit.model import Transformer
+
+from .cache import PoskitCache
+from .config import PoskitConfig
+
+# keywords transformers' Trainer passes to a model's forward for its loss (ForCausalLMLoss accepts them)
+_LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index")
+
+
+class PoskitPreTrainedModel(PreTrainedModel):
+    config_class = PoskitConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module):
+        # poskit's Transformer initialises its weights itself when built (GPT-2-style scaled residual projections,
+        # each encoding's own parameters such as PoPE's phase bias): transformers' generic initialisation would
+        # undo that. What transformers does need from here are the encodings' non-persistent buffers (frequencies,
+        # slopes), which from_pretrained leaves empty because no checkpoint holds them.
+        if isinstance(module, PositionalEncoding):
+            _recompute_derived_buffers(module, self.config)
+
+
+class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
+    """A poskit decoder-only Transformer for transformers' AutoModelForCausalLM, generate() and Trainer.
+
+    forward(input_ids, attention_mask=None, past_key_values=None, labels=None, use_cache=None,
+    output_attentions=None, output_hidden_states=None, return_dict=None) -> CausalLMOutputWithPast.
+    attention_mask (B, T), or (B, cached + T) with a cache: 1 = real token, 0 = padding, left or right; a
+    token's position counts only the real tokens before it, so a padded row computes what it computes alone.
+    """
+
+    _tied_weights_keys = {"model.head.weight": "model.embed.weight"}
+
+    def __init__(self, config: PoskitConfig):
+        if not isinstance(config, PoskitConfig):
+            raise ValueError(f"config must be a PoskitConfig, got {type(config).__name__}")
+        if config.is_causal is not True:
+            raise ConfigError("is_causal", "True (a causal LM; a bidirectional MLM encoder cannot generate)",
+                              config.is_causal)
+        super().__init__(config)
+        self.model = Transformer(config.to_model_config())
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def set_input_embeddings(self, value):
+        self.model.embed = value
+
+    def get_output_embeddings(self):
+        return self.model.head
+
+    def set_output_embeddings(self, value):
+        self.model.head = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                past_key_values: PoskitCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None, **kwargs):
+        unknown = sorted(set(kwargs) - set(_LOSS_KEYWORDS))
+        if unknown:
+            raise TypeError(f"PoskitForCausalLM.forward got unexpected keyword(s) {unknown}; it takes input_ids, "
+                            "attention_mask, past_key_values, labels, use_cache, output_attentions, "
+                            f"output_hidden_states, return_dict and the loss keywords {list(_LOSS_KEYWORDS)}")
+        if input_ids is None:
+            raise ValueError("input_ids must be a (B, T) tensor of token ids (poskit models embed their own tokens; "
+                             "inputs_embeds is not supported)")
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
+                                else output_hidden_states)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        if use_cache is None:  # a cache only where it serves: decoding, not training steps
+            use_cache = self.config.use_cache and not self.training
+        if past_key_values is not None and not isinstance(past_key_values, PoskitCache):
+            raise ValueError(f"past_key_values must be a poskit.hf.PoskitCache (generate() creates one), got "
+                             f"{type(past_key_values).__name__}: poskit caches what each encoding needs (rotated "
+                             "keys, PoPE magnitudes, padding), not transformers' raw key/value states")
+        if past_key_values is None and use_cache:
+            past_key_values = PoskitCache(self.config.num_hidden_layers)
+        if output_attentions and past_key_values is not None and past_key_values.get_seq_length():
+            raise ValueError("output_attentions needs the raw keys of every cached token, which the poskit cache "
+                             "does not keep for every encoding (it stores rotated keys or PoPE magnitudes): pass "
+                             "use_cache=False (generate(..., use_cache=False)) to get attention weights")
+        kv = past_key_values.kv if past_key_values is not None else None
+        with _recording(self.model, output_hidden_states, output_attentions) as recorded:
+            logits = self.model(input_ids, cache=kv, attention_mask=attention_mask)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        out = CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(recorded["hidden_states"]) if output_hidden_states else None,
+            attentions=tuple(recorded["attentions"]) if output_attentions else None)
+        return out if return_dict else out.to_tuple()
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
+                                      max_cache_length):
+        # generate() would create a DynamicCache (raw key/value states); a poskit model decodes with its own cache
+        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+            return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode,
+                                                         batch_size, max_cache_length)
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not available for "
+                             "poskit models, which decode with their own cache (PoskitCache): leave it unset")
+        model_kwargs["past_key_values"] = PoskitCache(self.config.num_hidden_layers, max_length=max_cache_length + 1)
+
+
+def _recompute_derived_buffers(encoding: PositionalEncoding, config: PoskitConfig) -> None:
+    """Fill `encoding`'s non-persistent buffers with the values a freshly built twin has: they are functions of
+    the encoding's options (which poskit checkpoints do not store either: poskit rebuilds them at construction)."""
+    derived = [(name, buf) for name, buf in _non_persistent_buffers(encoding)]
+    if not derived:
+        return
+    # the model's own encoding carries the config's options; any other (the "none" inside the layers of a model
+    # with an absolute encoding) was built without options
+    options = config.position_encoding_options if encoding.name == config.position_encoding else {}
+    with torch.device("cpu"):  # from_pretrained builds under the meta device: the twin needs real values
+        twin = poskit.build_encoding(encoding.name, head_dim=encoding.head_dim, num_heads=encoding.num_heads,
+                                     dim=config.hidden_size, **options)
+    fresh = dict(_non_persistent_buffers(twin))
+    with torch.no_grad():
+        for name, buf in derived:
+            buf.copy_(fresh[name].to(buf.dtype))
+
+
+def _non_persistent_buffers(module: torch.nn.Module):
+    for prefix, sub in module.named_modules():
+        for name in sub._non_persistent_buffers_set:
+            buf = sub._buffers.get(name)
+            if buf is not None:
+                yield (f"{prefix}.{name}" if prefix else name), buf
+
+
+@contextlib.contextmanager
+def _recording(model: Transformer, hidden_states: bool, attentions: bool):
+    """Collect, during one forward of `model`, transformers' `hidden_states` (the embeddings, each block's
+    output, the last one after the final norm) and `attentions` (each layer's softmax weights (B, H, T, Tk),
+    recomputed from the layer's inputs by the float64-checkable reference scores)."""
+    recorded = {"hidden_states": [], "attentions": []}
+    handles = []
+    if hidden_states:
+        blocks = list(model.blocks)
+
+        def keep(module, args, output):
+            recorded["hidden_states"].append(output)
+
+        # model.drop runs once, on the embeddings (the blocks have their own dropout modules)
+        handles.append(model.drop.register_forward_hook(keep))
+        handles += [b.register_forward_hook(keep) for b in blocks[:-1]]
+        handles.append(model.norm.register_forward_hook(keep))
+    if attentions:
+        for block in model.blocks:
+            handles.append(block.attn.register_forward_pre_hook(
+                lambda module, args: recorded["attentions"].append(_attention_weights(module, *args))))
+    try:
+        yield recorded
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _attention_weights(attn, x, positions, cache=None, real=None) -> torch.Tensor:
+    """(B, H, T, T) softmax weights of one poskit attention layer on its input x (B, T, d_model)."""
+    q = attn._heads(attn.q_proj(x), attn.num_heads)
+    k = attn._heads(attn.k_proj(x), attn.num_kv_heads)
+    v = attn._heads(attn.v_proj(x), attn.num_kv_heads)
+    g = attn._heads(attn.g_proj(x), attn.num_kv_heads) if attn.g_proj is not None else None
+    mask = None if real is None else real[:, None, None, :]
+    logits = poskit.attention_scores(q, k, attn.encoding, is_causal=True, enable_gqa=True, q_positions=positions,
+                                     k_positions=positions, attn_mask=mask, v=v, gate_keys=g)
+    return softmax_rows(logits, logits > float("-inf"))
+
+
+__all__ = ["PoskitForCausalLM", "PoskitPreTrainedModel"]

@@ -1,0 +1,85 @@
+"""The table (study.md) and learning curves (study.png) of a `poskit study`, from its run directories alone.
+
+Finished runs report their outcome (study.json: why they stopped, steps, wall time, accuracy per split);
+runs still training or waiting appear with their curve so far, marked as such, so the report can be written
+at any time while the study runs.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .plots import color, plt
+
+STUDY_MD = "study.md"
+STUDY_PNG = "study.png"
+
+
+def _row(study, run, out_dir) -> dict:
+    from poskit.experiments.study import outcome, validation_curve
+
+    run_dir = Path(out_dir) / run.name
+    cfg = run.config
+    o = outcome(run_dir)
+    curve = o["curve"] if o else validation_curve(run_dir)
+    row = {"group": run.group or run.name, "encoding": cfg["model"]["encoding"], "seed": cfg.get("seed", 0),
+           "model": "d{d_model} L{n_layers} H{n_heads}".format(**cfg["model"]),
+           "curve": [tuple(p) for p in curve]}
+    if o:
+        acc = o["splits"].get(study.metric_split, {}).get("accuracy")
+        row.update(status=o["stop"], steps=o["steps"], seconds=o["train_seconds"], accuracy=acc)
+    else:
+        row.update(status="running" if curve else "waiting", steps=curve[-1][0] if curve else 0,
+                   seconds=None, accuracy=None)
+    row["best_validation"] = max((v for _, v in curve), default=None)
+    return row
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def write_study_report(study, out_dir) -> list[Path]:
+    """Write <out_dir>/study.md and study.png; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [_row(study, r, out_dir) for r in study.runs]
+    lines = [f"Question: {study.question}.", "",
+             f"Stop rule: learned at {study.rule.learned_at:.0%} validation accuracy; plateaued when the best "
+             f"value has not risen by {study.rule.min_gain:.2f} in {study.rule.patience} evaluations (from step "
+             f"{study.rule.min_steps}).", "",
+             f"| group | model | encoding | seed | status | steps | train time | best validation | "
+             f"{study.metric_split} accuracy |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        minutes = None if r["seconds"] is None else r["seconds"] / 60
+        lines.append(f"| {r['group']} | {r['model']} | {r['encoding']} | {r['seed']} | {r['status']} | {r['steps']} "
+                     f"| {_fmt(minutes, '.0f')} min | {_fmt(r['best_validation'], '.3f')} | "
+                     f"{_fmt(r['accuracy'], '.3f')} |")
+    md = out_dir / STUDY_MD
+    md.write_text("\n".join(lines) + "\n")
+
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    cols = min(3, len(groups))
+    nrows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
+    for ax, group in zip(axes.flat, groups):
+        for r in (r for r in rows if r["group"] == group):
+            if r["curve"]:
+                steps, values = zip(*r["curve"])
+                ax.plot(steps, values, label=f"{r['encoding']} s{r['seed']} ({r['status']})",
+                        color=color(r["encoding"]), alpha=1.0 if r["seed"] == 0 else 0.6)
+        ax.axhline(study.rule.learned_at, color="#999999", lw=0.8, ls="--")
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation accuracy")
+        ax.set_ylim(0, 1)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.tight_layout()
+    png = out_dir / STUDY_PNG
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return [md, png]

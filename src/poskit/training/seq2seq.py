@@ -1,0 +1,336 @@
+"""Training an `EncoderDecoder` on the German-English pairs, resumably, and scoring it with BLEU and chrF.
+
+The recipe is the papers' (002 §4.1, after Vaswani et al.): Adam (0.9, 0.98), the learning rate rising
+linearly from 1e-7 to `lr` over `warmup` steps and then falling as 1/sqrt(step), label smoothing 0.1,
+batches of about `batch_tokens` target tokens, beam search with length penalty for the test translations.
+
+One run lives in one directory (the decoder-only trainer's layout):
+
+    config.json       the Seq2SeqConfig
+    metrics.jsonl     {"step", "train_loss", "lr", "elapsed"} every log_every steps (the convergence curve),
+                      {"step", "split": "validation", "loss"} every eval_every steps
+    checkpoint.pt     model, optimizer, step, epoch and batch position, RNG states (atomic)
+    results.json      validation and test NLL per token, test BLEU and chrF, steps, wall time
+    test.hyp.txt      the test translations, one per line, in corpus order
+
+Resume: the batch order is a function of (seed, epoch), and the checkpoint holds the position in it and the
+RNG states, so a run killed and resumed ends with the numbers of an uninterrupted one; metrics.jsonl is cut
+back to the checkpoint's step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..config_check import ConfigError, check_field_types, from_known_fields
+from ..encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from ..tasks.translation import BOS, EOS, PAD, PairSet
+from .files import RunFileError, atomic_write_bytes, atomic_write_json, parse_metrics, read_bytes, read_json
+from .rng import rng_state, seed_everything, set_rng_state
+
+__all__ = ["DIRECTIONS", "Seq2SeqConfig", "train_seq2seq", "load_pairs", "corpus_scores"]
+
+DIRECTIONS = ("de-en", "en-de")
+CONFIG, METRICS, CHECKPOINT, RESULTS, HYPOTHESES = ("config.json", "metrics.jsonl", "checkpoint.pt", "results.json",
+                                                    "test.hyp.txt")
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Every knob of a translation run (the model's are in `model`: EncoderDecoderConfig fields other than
+    the vocabulary sizes, which come from `vocab_size`)."""
+
+    model: dict = field(default_factory=dict)
+    """EncoderDecoderConfig fields (d_model, n_heads, layers, encoding, ...)."""
+    vocab_size: int = 8000
+    """Joint BPE vocabulary of both languages (poskit.data.translation)."""
+    direction: str = "de-en"
+    """"de-en" (German source) or "en-de"."""
+    max_steps: int = 2000
+    """Optimizer steps."""
+    batch_tokens: int = 1500
+    """Target tokens per training batch (padding included), about."""
+    lr: float = 5e-4
+    """Peak learning rate (after warm-up; then 1/sqrt(step))."""
+    warmup: int = 400
+    """Steps of linear warm-up from 1e-7."""
+    label_smoothing: float = 0.1
+    """Label smoothing of the training loss."""
+    clip_norm: float = 1.0
+    """Gradient-norm clipping (0: none)."""
+    max_len: int = 64
+    """Training pairs with a side longer than this many tokens are left out (none of the test pairs is)."""
+    seed: int = 0
+    """Initialisation, dropout and batch order."""
+    log_every: int = 10
+    """Training loss logged every this many steps."""
+    eval_every: int = 500
+    """Validation loss every this many steps (and at the end)."""
+    checkpoint_every: int = 250
+    """Checkpoint every this many steps (and at the end)."""
+    beam_size: int = 4
+    """Beam of the test translations (1: greedy)."""
+    length_penalty: float = 0.6
+    """Exponent of the length normalisation of beam scores (fairseq's lenpen; RoFormer's 0.6)."""
+    decode_extra: int = 10
+    """Longest translation: source length * 1.5 + decode_extra tokens."""
+    limit: int | None = None
+    """Use only the first `limit` pairs of the corpus (a small slice for tests)."""
+    test_limit: int | None = None
+    """Translate only the first `test_limit` test pairs (quick checks; None: all)."""
+
+    def __post_init__(self):
+        check_field_types(self)
+        if self.direction not in DIRECTIONS:
+            raise ConfigError("direction", f"one of {list(DIRECTIONS)}", self.direction)
+        for name in ("max_steps", "batch_tokens", "max_len", "log_every", "eval_every", "checkpoint_every",
+                     "beam_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "a positive int", getattr(self, name))
+        for name in ("warmup", "decode_extra"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, "an int >= 0", getattr(self, name))
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise ConfigError("lr", "a finite number > 0", self.lr)
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError("label_smoothing", "in [0, 1)", self.label_smoothing)
+        if not self.clip_norm >= 0:
+            raise ConfigError("clip_norm", ">= 0", self.clip_norm)
+        if not self.length_penalty >= 0:
+            raise ConfigError("length_penalty", ">= 0", self.length_penalty)
+        for name in ("limit", "test_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(name, "a positive int or null", getattr(self, name))
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            if name in self.model:
+                raise ConfigError(f"model.{name}", "left out (set vocab_size: the vocabulary is joint)",
+                                  self.model[name])
+        try:
+            self.model_config()
+        except ConfigError as e:
+            raise ConfigError(f"model.{e.field}", e.requirement, e.value) from None
+        except ValueError as e:
+            raise ValueError(f"model: {e}") from None
+
+    def model_config(self) -> EncoderDecoderConfig:
+        return EncoderDecoderConfig.from_dict({**self.model, "src_vocab_size": self.vocab_size,
+                                               "tgt_vocab_size": self.vocab_size})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Seq2SeqConfig":
+        return from_known_fields(cls, d, "translation config")
+
+
+def lr_at(step: int, cfg: Seq2SeqConfig) -> float:
+    """Linear warm-up from 1e-7 to lr, then lr * sqrt(warmup / step) (the inverse square root schedule)."""
+    if cfg.warmup and step <= cfg.warmup:
+        return 1e-7 + (cfg.lr - 1e-7) * step / cfg.warmup
+    return cfg.lr * math.sqrt(max(cfg.warmup, 1) / max(step, 1))
+
+
+def load_pairs(cfg: Seq2SeqConfig, quiet: bool = True):
+    """(data, {split: PairSet}) in the configured direction; training pairs above max_len dropped."""
+    from ..data.translation import load_translation
+
+    data = load_translation(cfg.vocab_size, cfg.limit, quiet=quiet)
+    src_lang, tgt_lang = cfg.direction.split("-")
+    sets = {s: PairSet(data.ids(s, src_lang), data.ids(s, tgt_lang)) for s in ("train", "validation", "test")}
+    sets["train"] = sets["train"].drop_longer_than(cfg.max_len)
+    return data, sets
+
+
+def _loss(model, batch, smoothing: float) -> torch.Tensor:
+    logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD,
+                           label_smoothing=smoothing)
+
+
+@torch.no_grad()
+def mean_nll(model, pairs: PairSet, batch_size: int = 64) -> float:
+    """Negative log-likelihood per target token (EOS included), no smoothing, no dropout."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for index in pairs.eval_batches(batch_size):
+        b = pairs.batch(index)
+        logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(), ignore_index=PAD,
+                                       reduction="sum"))
+        count += b.n_target_tokens
+    model.train(was)
+    return total / count
+
+
+def translate_pairs(model, pairs: PairSet, cfg: Seq2SeqConfig, batch_size: int = 32) -> list[list[int]]:
+    """Beam-search (or greedy) translations of every source, in PairSet order."""
+    out: list = [None] * len(pairs)
+    for index in pairs.eval_batches(batch_size):
+        b = pairs.batch(index)
+        max_len = int(b.src.shape[1] * 1.5) + cfg.decode_extra
+        hyps = model.translate(b.src, b.src_mask, bos=BOS, eos=EOS, max_len=max_len, beam_size=cfg.beam_size,
+                               length_penalty=cfg.length_penalty)
+        for i, h in zip(index, hyps):
+            out[i] = h
+    return out
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU's corpus BLEU (13a tokenisation) and chrF of detokenised text."""
+    try:
+        import sacrebleu
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("BLEU and chrF need sacrebleu: pip install -c constraints.txt 'poskit[data]'") from None
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+
+
+def _save_checkpoint(run_dir: Path, model, opt, step: int, epoch: int, position: int) -> None:
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
+             "position": position, "rng": rng_state()}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(run_dir / CHECKPOINT, lambda f: f.write(buf.getvalue()))
+
+
+def _read_checkpoint(path: Path) -> dict:
+    try:
+        state = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=False)
+    except RunFileError:
+        raise
+    except Exception as e:  # a truncated or foreign file, whatever torch raises
+        raise RunFileError(path, f"is not a poskit translation checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not {"model", "optimizer", "step", "epoch", "position", "rng"} <= set(state):
+        raise RunFileError(path, "is not a poskit translation checkpoint (keys missing)")
+    return state
+
+
+def _append_metrics(run_dir: Path, records: list[dict]) -> None:
+    with open(run_dir / METRICS, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def _cut_metrics(run_dir: Path, step: int) -> None:
+    path = run_dir / METRICS
+    if not path.exists():
+        return
+    kept = [r for r in parse_metrics(path, read_bytes(path)) if r["step"] <= step]
+    atomic_write_bytes(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+
+
+def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bool = False,
+                  label: str = "") -> dict:
+    """Train (or continue, or just return the results of) the run in `run_dir`; returns results.json's dict.
+    An existing run directory must hold the same config (a RunFileError naming config.json otherwise)."""
+    run_dir = Path(run_dir)
+    if not isinstance(cfg, Seq2SeqConfig):
+        raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
+    if (run_dir / CONFIG).exists():
+        saved = read_json(run_dir / CONFIG, "a translation config")
+        if saved != cfg.to_dict():
+            changed = sorted(k for k in set(saved) | set(cfg.to_dict()) if saved.get(k) != cfg.to_dict().get(k))
+            raise RunFileError(run_dir / CONFIG, f"holds another config (fields {changed} differ); use another "
+                                                 "output directory or delete this run")
+        if not resume:
+            raise ValueError(f"run directory {str(run_dir)!r} exists; pass resume to continue it")
+        if (run_dir / RESULTS).exists():
+            return read_json(run_dir / RESULTS, "translation results")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / CONFIG, cfg.to_dict())
+    t_start = time.perf_counter()
+    data, sets = load_pairs(cfg)
+    seed_everything(cfg.seed)
+    model = EncoderDecoder(cfg.model_config())
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+    step, epoch, position, elapsed0 = 0, 0, 0, 0.0
+    if (run_dir / CHECKPOINT).exists():
+        state = _read_checkpoint(run_dir / CHECKPOINT)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, epoch, position = state["step"], state["epoch"], state["position"]
+        set_rng_state(state["rng"])
+        _cut_metrics(run_dir, step)
+        elapsed0 = next((r["elapsed"] for r in reversed(_metrics(run_dir)) if "elapsed" in r), 0.0)
+    elif (run_dir / METRICS).exists():
+        (run_dir / METRICS).unlink()  # a run killed before its first checkpoint starts afresh
+    model.train()
+    batches = sets["train"].epoch_batches(cfg.batch_tokens, cfg.seed, epoch)
+    t0 = time.perf_counter() - elapsed0
+    pending, losses = [], []
+    while step < cfg.max_steps:
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+            batches = sets["train"].epoch_batches(cfg.batch_tokens, cfg.seed, epoch)
+        batch = sets["train"].batch(batches[position])
+        position += 1
+        step += 1
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        loss = _loss(model, batch, cfg.label_smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"training loss is {float(loss)} at step {step} ({label or run_dir})")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step % cfg.log_every == 0:
+            pending.append({"step": step, "train_loss": sum(losses) / len(losses), "lr": lr_at(step, cfg),
+                            "elapsed": time.perf_counter() - t0})
+            losses = []
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            pending.append({"step": step, "split": "validation", "loss": mean_nll(model, sets["validation"])})
+            if not quiet:
+                print(f"  {label} step {step}/{cfg.max_steps}: validation NLL {pending[-1]['loss']:.3f} "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+            _append_metrics(run_dir, pending)  # before the checkpoint: a resume cuts back to its step
+            pending = []
+            _save_checkpoint(run_dir, model, opt, step, epoch, position)
+    train_seconds = time.perf_counter() - t0
+    results = evaluate_run(model, data, sets, cfg)
+    hyps = results.pop("hypotheses")
+    atomic_write_bytes(run_dir / HYPOTHESES, lambda f: f.write("".join(h + "\n" for h in hyps).encode()))
+    results.update({"steps": step, "train_seconds": train_seconds, "encoding": cfg.model.get("encoding", "sinusoidal"),
+                    "seed": cfg.seed, "parameters": model.num_parameters(),
+                    "session_seconds": time.perf_counter() - t_start})
+    atomic_write_json(run_dir / RESULTS, results)
+    return results
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / METRICS
+    return parse_metrics(path, read_bytes(path)) if path.exists() else []
+
+
+def evaluate_run(model, data, sets, cfg: Seq2SeqConfig) -> dict:
+    """Validation and test NLL, and test BLEU/chrF of beam-search translations (returned as "hypotheses")."""
+    t0 = time.perf_counter()
+    test = sets["test"]
+    refs_lang = 1 if cfg.direction == "de-en" else 0
+    references = [p[refs_lang] for p in data.pairs["test"]]
+    if cfg.test_limit is not None:
+        test = PairSet(test.src[:cfg.test_limit], test.tgt[:cfg.test_limit])
+        references = references[:cfg.test_limit]
+    model.eval()
+    hyps = [data.tokenizer.decode(h) for h in translate_pairs(model, test, cfg)]
+    scores = corpus_scores(hyps, references)
+    out = {"validation_nll": mean_nll(model, sets["validation"]), "test_nll": mean_nll(model, test),
+           **scores, "test_pairs": len(test), "decode_seconds": time.perf_counter() - t0,
+           "hypotheses": hyps}
+    return out
