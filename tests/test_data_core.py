@@ -173,9 +173,9 @@ def test_fetch_without_a_registry_names_the_package_in_one_line(data_home):
     with pytest.raises(FetchError, match=r"cannot fetch PyPI package gensim==4\.4\.0 .*registry") as e:
         fetch("wiki", run=FakeRegistry(None, fail=True))
     assert "\n" not in str(e.value) and not (data_home / "fetched/wiki/files").exists()
-    with pytest.raises(ValueError, match=r"fetchable corpora: \['genome', 'maestro', 'wiki'\]"):
+    with pytest.raises(ValueError, match=r"fetchable corpora: \['genome', 'maestro', 'translation', 'wiki'\]"):
         fetch("jsb")
-    assert set(ARTIFACTS) == {"genome", "maestro", "wiki"}
+    assert set(ARTIFACTS) == {"genome", "maestro", "translation", "wiki"}
 
 
 def test_corpus_task_windows_metric_and_registry():
