@@ -88,6 +88,13 @@ def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpu
         assert resumed[key] == straight[key], key
     lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines if "train_loss" in x] == list(range(1, 7))
+    # a finished 4-step run extended to 6 steps ends where the 6-step run did (the schedule ignores max_steps)
+    short = Seq2SeqConfig.from_dict({**cfg.to_dict(), "max_steps": 4})
+    seq2seq.train_seq2seq(short, tmp_path / "extended", quiet=True)
+    extended = seq2seq.train_seq2seq(cfg, tmp_path / "extended", quiet=True)
+    assert extended["test_nll"] == straight["test_nll"] and extended["steps"] == 6
+    with pytest.raises(ValueError, match=r"fields \['lr'\] differ"):
+        seq2seq.train_seq2seq(Seq2SeqConfig.from_dict({**cfg.to_dict(), "lr": 1e-2}), tmp_path / "extended")
 
 
 def test_config_errors_name_the_field():
