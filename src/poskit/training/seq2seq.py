@@ -271,7 +271,7 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
         step, epoch, position = state["step"], state["epoch"], state["position"]
         set_rng_state(state["rng"])
         _cut_metrics(run_dir, step)
-        elapsed0 = next((r["elapsed"] for r in reversed(_metrics(run_dir)) if "elapsed" in r), 0.0)
+        elapsed0 = next((r["elapsed"] for r in reversed(read_run_metrics(run_dir)) if "elapsed" in r), 0.0)
     elif (run_dir / METRICS).exists():
         (run_dir / METRICS).unlink()  # a run killed before its first checkpoint starts afresh
     model.train()
@@ -320,7 +320,8 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
     return results
 
 
-def _metrics(run_dir: Path) -> list[dict]:
+def read_run_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl ([] before the first checkpoint)."""
     path = run_dir / METRICS
     return parse_metrics(path, read_bytes(path)) if path.exists() else []
 
