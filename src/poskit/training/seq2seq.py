@@ -15,7 +15,8 @@ One run lives in one directory (the decoder-only trainer's layout):
 
 Resume: the batch order is a function of (seed, epoch), and the checkpoint holds the position in it and the
 RNG states, so a run killed and resumed ends with the numbers of an uninterrupted one; metrics.jsonl is cut
-back to the checkpoint's step.
+back to the checkpoint's step. A larger max_steps (and nothing else changed) extends a finished run, again
+exactly: the learning-rate schedule does not depend on max_steps.
 """
 from __future__ import annotations
 
@@ -239,17 +240,23 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
     run_dir = Path(run_dir)
     if not isinstance(cfg, Seq2SeqConfig):
         raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
+    extend = False
     if (run_dir / CONFIG).exists():
         saved = read_json(run_dir / CONFIG, "a translation config")
-        if saved != cfg.to_dict():
-            changed = sorted(k for k in set(saved) | set(cfg.to_dict()) if saved.get(k) != cfg.to_dict().get(k))
-            raise RunFileError(run_dir / CONFIG, f"holds another config (fields {changed} differ); use another "
-                                                 "output directory or delete this run")
+        new = cfg.to_dict()
+        changed = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
+        # a larger max_steps extends a run exactly: the inverse-sqrt schedule does not depend on max_steps
+        extend = changed == ["max_steps"] and isinstance(saved["max_steps"], int) and new["max_steps"] > saved["max_steps"]
+        if changed and not extend:
+            raise RunFileError(run_dir / CONFIG, f"holds another config (fields {changed} differ; only a larger "
+                                                 "max_steps may extend a run); use another output directory")
         if not resume:
             raise ValueError(f"run directory {str(run_dir)!r} exists; pass resume to continue it")
-        if (run_dir / RESULTS).exists():
+        if (run_dir / RESULTS).exists() and not extend:
             return read_json(run_dir / RESULTS, "translation results")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if extend:  # the old results describe the shorter run
+        (run_dir / RESULTS).unlink(missing_ok=True)
     atomic_write_json(run_dir / CONFIG, cfg.to_dict())
     t_start = time.perf_counter()
     data, sets = load_pairs(cfg)
@@ -264,7 +271,7 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
         step, epoch, position = state["step"], state["epoch"], state["position"]
         set_rng_state(state["rng"])
         _cut_metrics(run_dir, step)
-        elapsed0 = next((r["elapsed"] for r in reversed(_metrics(run_dir)) if "elapsed" in r), 0.0)
+        elapsed0 = next((r["elapsed"] for r in reversed(read_run_metrics(run_dir)) if "elapsed" in r), 0.0)
     elif (run_dir / METRICS).exists():
         (run_dir / METRICS).unlink()  # a run killed before its first checkpoint starts afresh
     model.train()
@@ -313,7 +320,8 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
     return results
 
 
-def _metrics(run_dir: Path) -> list[dict]:
+def read_run_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl ([] before the first checkpoint)."""
     path = run_dir / METRICS
     return parse_metrics(path, read_bytes(path)) if path.exists() else []
 

@@ -1,0 +1,130 @@
+"""`poskit reproduce translation` at a tiny size (files written, numbers finite, plot present), exact resume
+of a translation run, the configuration's errors and the CLI's."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from poskit.data.sources import trans
+from poskit.data.sources.base import CorpusNotPresent
+from poskit.training.seq2seq import Seq2SeqConfig
+
+
+def _real_corpus():
+    try:
+        return trans.locate()
+    except CorpusNotPresent:
+        return None
+
+
+REAL = _real_corpus()
+needs_corpus = pytest.mark.skipif(REAL is None, reason="the trans-de-en corpus is absent: poskit data fetch translation "
+                                                       "(or apt-get install trans-de-en)")
+TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1", "vocab_size=400", "limit=300", "test_limit=8", "eval_every=2",
+        "checkpoint_every=2", "log_every=1", "warmup=2", "beam_size=2", "batch_tokens=300"]
+
+
+@pytest.fixture
+def corpus_home(tmp_path, monkeypatch):
+    pytest.importorskip("tokenizers", reason="the translation BPE needs the tokenizers package (poskit[data])")
+    pytest.importorskip("sacrebleu", reason="BLEU and chrF need sacrebleu (poskit[data])")
+    pytest.importorskip("matplotlib", reason="the convergence plot needs matplotlib (poskit[experiments])")
+    home = tmp_path / "poskit-data"
+    (home / "fetched/translation/files/share").mkdir(parents=True)
+    os.symlink(REAL, home / "fetched/translation/files/share/de-en")
+    monkeypatch.setenv("POSKIT_DATA", str(home))
+    monkeypatch.setenv("POSKIT_FUSED_DECODE", "0")  # no minute-long compile of PoPE's decode kernel here
+    return home
+
+
+@pytest.mark.slow
+@needs_corpus
+def test_tiny_reproduction_writes_its_table_plot_and_finite_numbers(corpus_home, tmp_path, capsys):
+    from poskit.cli import main
+
+    out = tmp_path / "repro"
+    assert main(["reproduce", "translation", "--out", str(out), "--encodings", "sinusoidal,rope", "--seeds", "0,1",
+                 "--steps", "4", "--workers", "1", "--quiet", *TINY]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["encodings"]) == {"sinusoidal", "rope"}
+    for enc, e in report["encodings"].items():
+        assert e["seeds"] == [0, 1] and e["steps"] == 4
+        for key in ("bleu", "chrf", "test_nll", "validation_nll"):
+            assert all(math.isfinite(v) for v in e[key]["per_seed"]) and len(e[key]["per_seed"]) == 2
+        assert (out / f"{enc}-seed0" / "test.hyp.txt").read_text().count("\n") == 8
+    assert (out / "convergence.png").stat().st_size > 1000
+    assert "| rope | 2 |" in (out / "results.md").read_text() and "| rope | 2 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@needs_corpus
+def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpus_home, tmp_path, monkeypatch):
+    from poskit.experiments.specs import apply_overrides
+    from poskit.training import seq2seq
+
+    cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
+    cfg = Seq2SeqConfig.from_dict(apply_overrides(cfg, TINY))
+    straight = seq2seq.train_seq2seq(cfg, tmp_path / "straight", quiet=True)
+
+    saves = {"n": 0}
+    real_save = seq2seq._save_checkpoint
+
+    def save_then_die(*args, **kw):
+        real_save(*args, **kw)
+        saves["n"] += 1
+        if saves["n"] == 2:  # killed right after the step-4 checkpoint
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(seq2seq, "_save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        seq2seq.train_seq2seq(cfg, tmp_path / "resumed", quiet=True)
+    monkeypatch.setattr(seq2seq, "_save_checkpoint", real_save)
+    resumed = seq2seq.train_seq2seq(cfg, tmp_path / "resumed", quiet=True)
+    for key in ("bleu", "chrf", "test_nll", "validation_nll", "steps"):
+        assert resumed[key] == straight[key], key
+    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if "train_loss" in x] == list(range(1, 7))
+    # a finished 4-step run extended to 6 steps ends where the 6-step run did (the schedule ignores max_steps)
+    short = Seq2SeqConfig.from_dict({**cfg.to_dict(), "max_steps": 4})
+    seq2seq.train_seq2seq(short, tmp_path / "extended", quiet=True)
+    extended = seq2seq.train_seq2seq(cfg, tmp_path / "extended", quiet=True)
+    assert extended["test_nll"] == straight["test_nll"] and extended["steps"] == 6
+    with pytest.raises(ValueError, match=r"fields \['lr'\] differ"):
+        seq2seq.train_seq2seq(Seq2SeqConfig.from_dict({**cfg.to_dict(), "lr": 1e-2}), tmp_path / "extended")
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="direction"):
+        Seq2SeqConfig(direction="fr-en")
+    with pytest.raises(ValueError, match="model.src_vocab_size"):
+        Seq2SeqConfig(model={"src_vocab_size": 5})
+    with pytest.raises(ValueError, match="model.cross_attention_positions"):
+        Seq2SeqConfig(model={"encoding": "learned", "cross_attention_positions": "aligned"})
+    with pytest.raises(ValueError, match="unknown"):
+        Seq2SeqConfig.from_dict({"max_step": 3})
+
+
+def test_cli_refuses_a_bad_preset_and_presets_elsewhere(capsys):
+    from poskit.cli import main
+
+    for argv, message in ((["reproduce", "translation", "--preset", "huge"], "preset must be one of"),
+                          (["reproduce", "flip-flop", "--preset", "paper"], "--preset applies to"),
+                          (["reproduce", "translation", "--variants", "1"], "--variants does not apply")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    assert main(["list"]) == 0
+    assert "translation" in capsys.readouterr().out
+
+
+def test_paper_preset_is_the_transformer_base():
+    from poskit.experiments.translation import plan_translation
+
+    plan = plan_translation(preset="paper", encodings=["rope"], seeds=[0])
+    m = plan[0][2].model_config()
+    assert (m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers) == (512, 8, 2048, 6, 6)
+    assert plan[0][2].beam_size == 4 and plan[0][2].length_penalty == 0.6 and plan[0][2].label_smoothing == 0.1
