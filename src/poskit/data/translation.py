@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..durable import fsync_dir, write_synced
-from .cache import StaleCache, open_split, write_split
+from .cache import StaleCache, build_lock, open_split, write_split
 from .home import data_home
 from .sources import trans
 from .sources.base import CorpusNotPresent
@@ -201,11 +201,18 @@ def load_translation(vocab_size: int = 8000, limit: int | None = None, quiet: bo
         why = str(e)
     if not quiet and "no cache at" not in why:
         print(f"poskit.data: rebuilding the translation/bpe-{vocab_size} cache: {why}", file=sys.stderr)
-    t0 = time.perf_counter()
-    _build(directory, path, split, vocab_size, limit)
-    built = time.perf_counter() - t0
-    tok, tokens = _open(directory, path, vocab_size, limit)
-    return TranslationData(tok, split, tokens, built)
+    with build_lock(directory):  # two workers that found no cache at once build it once (data/cache.py)
+        try:
+            tok, tokens = _open(directory, path, vocab_size, limit)
+            if all(len(tokens[(s, "de")].documents) == len(split[s]) for s in SPLITS):
+                return TranslationData(tok, split, tokens, None)
+        except StaleCache:
+            pass
+        t0 = time.perf_counter()
+        _build(directory, path, split, vocab_size, limit)
+        built = time.perf_counter() - t0
+        tok, tokens = _open(directory, path, vocab_size, limit)
+        return TranslationData(tok, split, tokens, built)
 
 
 def translation_row(vocab_size: int = 8000) -> dict:
