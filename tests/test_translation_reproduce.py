@@ -127,3 +127,14 @@ def test_paper_preset_is_the_transformer_base():
     m = plan[0][2].model_config()
     assert (m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers) == (512, 8, 2048, 6, 6)
     assert plan[0][2].beam_size == 4 and plan[0][2].length_penalty == 0.6 and plan[0][2].label_smoothing == 0.1
+
+
+def test_a_missing_sacrebleu_is_reported_before_any_training(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from poskit.cli import main
+
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)  # import sacrebleu now fails
+    with pytest.raises(SystemExit):
+        main(["reproduce", "translation", "--out", str(tmp_path / "out")])
+    assert "need sacrebleu" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from ..training.files import atomic_write_json, check_writable_dir
-from ..training.seq2seq import CONFIG, Seq2SeqConfig, load_pairs, read_run_metrics, train_seq2seq
+from ..training.seq2seq import (CONFIG, Seq2SeqConfig, load_pairs, read_run_metrics, require_scorer,
+                                train_seq2seq)
 from .configs import SEQ2SEQ_REPRODUCTIONS
 from .configs.records import derive
 from .parallel import check_workers, run_parallel
@@ -82,6 +83,7 @@ def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", 
         if taken:
             raise ValueError(f"out already holds runs ({taken[0]} ...): pass --resume to continue them, or choose "
                              "another --out")
+    require_scorer()
     t0 = time.perf_counter()
     load_pairs(plan[0][2], quiet=quiet)  # build the data cache once, before the workers read it
     jobs = [(cfg.to_dict(), str(d), quiet, f"{enc} seed {seed}") for enc, seed, cfg, d in runs]

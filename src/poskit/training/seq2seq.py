@@ -187,12 +187,20 @@ def translate_pairs(model, pairs: PairSet, cfg: Seq2SeqConfig, batch_size: int =
     return out
 
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU's corpus BLEU (13a tokenisation) and chrF of detokenised text."""
+def require_scorer():
+    """The sacrebleu module, checked before any training (a run would otherwise fail only at its end)."""
     try:
         import sacrebleu
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("BLEU and chrF need sacrebleu: pip install -c constraints.txt 'poskit[data]'") from None
+        from ..data.sources.base import CorpusNotPresent
+
+        raise CorpusNotPresent("BLEU and chrF need sacrebleu: pip install -c constraints.txt 'poskit[data]'") from None
+    return sacrebleu
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU's corpus BLEU (13a tokenisation) and chrF of detokenised text."""
+    sacrebleu = require_scorer()
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
     return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
             "chrf": chrf.corpus_score(hypotheses, [references]).score,
@@ -240,6 +248,7 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
     run_dir = Path(run_dir)
     if not isinstance(cfg, Seq2SeqConfig):
         raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
+    require_scorer()
     extend = False
     if (run_dir / CONFIG).exists():
         saved = read_json(run_dir / CONFIG, "a translation config")
