@@ -401,10 +401,7 @@ def as_position_tensor(positions, length: int, batch: int, device, argname: str,
         return _axial_position_tensor(positions, length, batch, device, argname, coords)
     if positions is None:
         return torch.arange(length, device=device).unsqueeze(0)
-    positions = torch.as_tensor(positions, device=device)
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
-        raise ValueError(f"{argname} must be an integer tensor, got dtype {positions.dtype}")
-    positions = positions.long()
+    positions = _integer_tensor(positions, device, argname)
     if positions.dim() == 1:
         positions = positions.unsqueeze(0)
     if positions.dim() != 2 or positions.shape[-1] != length or positions.shape[0] not in (1, batch):
@@ -417,15 +414,20 @@ def as_position_tensor(positions, length: int, batch: int, device, argname: str,
     return positions
 
 
+def _integer_tensor(positions, device, argname: str) -> torch.Tensor:
+    """`positions` as an int64 tensor on `device`; floats, bools and complex numbers are refused, not rounded."""
+    positions = torch.as_tensor(positions, device=device)
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+        raise ValueError(f"{argname} must be an integer tensor, got dtype {positions.dtype}")
+    return positions.long()
+
+
 def _axial_position_tensor(positions, length: int, batch: int, device, argname: str, coords: int) -> torch.Tensor:
     shapes = f"({length}, {coords}) or ({batch}, {length}, {coords})"
     if positions is None:
         raise ValueError(f"{argname} must be given for an encoding with axial_dims ({coords} coordinates per "
                          f"position): an int tensor of shape {shapes}, e.g. the (row, column) of each patch")
-    positions = torch.as_tensor(positions, device=device)
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
-        raise ValueError(f"{argname} must be an integer tensor, got dtype {positions.dtype}")
-    positions = positions.long()
+    positions = _integer_tensor(positions, device, argname)
     if positions.dim() == 2:
         positions = positions.unsqueeze(0)
     if (positions.dim() != 3 or positions.shape[1] != length or positions.shape[0] not in (1, batch)
