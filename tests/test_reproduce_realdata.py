@@ -39,6 +39,22 @@ def test_registered_and_valid_at_both_presets(name):
         assert _get(paper, dotted) == value
     TrainConfig.from_dict(paper)  # the paper's settings are valid fields with valid values
     assert preset_config(r, None) == r.config  # the default preset leaves the record's config alone
+    for key, value in r.config.get("task_options", {}).items():  # CPU task options the paper preset keeps
+        if key not in ("context",) and f"task_options.{key}" not in r.paper_preset:
+            assert paper["task_options"][key] == value
+
+
+@pytest.mark.parametrize("name", REAL_DATA)
+def test_paper_preset_reaches_the_tasks_paper_sequence_length(name):
+    """The task built from the paper config has the task's paper context (or the one the preset sets), not
+    the CPU default's: the CPU config's explicit context must not override it."""
+    from poskit.tasks import _lookup
+
+    r = REPRODUCTIONS[name]
+    cfg = preset_config(r, "paper")
+    want = r.paper_preset.get("task_options.context", _lookup(cfg["task"]).paper_params.get("context"))
+    built = {**_lookup(cfg["task"]).paper_params, **cfg["task_options"]}  # build_task's order: paper, then explicit
+    assert want is not None and built["context"] == want != r.config["task_options"]["context"]
 
 
 def test_jsb_paper_preset_is_the_papers_table_6_and_7_column():

@@ -62,7 +62,13 @@ def preset_config(r: Reproduction, preset: str | None) -> dict:
         raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
     cfg = copy.deepcopy(r.config)
     if preset == "paper":
+        from poskit.tasks import _lookup
+
         cfg["preset"] = "paper"
+        # the CPU config's own task options (e.g. context 256) would override the task's paper sizes (explicit
+        # options win in build_task): drop those the task's paper preset sets, so that its values apply
+        paper_task = getattr(_lookup(cfg["task"]), "paper_params", {})
+        cfg["task_options"] = {k: v for k, v in cfg.get("task_options", {}).items() if k not in paper_task}
         for dotted, value in r.paper_preset.items():
             node, *path = [cfg, *dotted.split(".")]
             for part in path[:-1]:
