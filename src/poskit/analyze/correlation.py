@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 import poskit
-from poskit.training import atomic_write_json, check_writable_dir
 from poskit.validate import check_int
+
+from .output import checked_out_dir, write_result
 
 CORRELATION_JSON, CORRELATION_PNG = "correlation.json", "correlation.png"
 PAPER_ANCHORS = (1, 40, 100, 200, 260, 299)  # the positions n of the paper's eq. 5
@@ -87,10 +88,6 @@ def plot_correlation(result: dict, path) -> Path:
 
 
 def write_correlation(out_dir, encodings: list[str], **kw) -> dict:
-    out_dir = Path(out_dir)
-    check_writable_dir(out_dir, "out")
-    result = position_correlation(encodings, **kw)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / CORRELATION_JSON, result)
-    plot_correlation(result, out_dir / CORRELATION_PNG)
-    return result
+    """Compute `position_correlation(encodings, **kw)`; write its JSON and PNG in `out_dir`."""
+    out_dir = checked_out_dir(out_dir)
+    return write_result(out_dir, position_correlation(encodings, **kw), CORRELATION_JSON, plot_correlation, CORRELATION_PNG)

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 import poskit
-from poskit.training import atomic_write_json, check_writable_dir
 from poskit.validate import check_int
+
+from .output import checked_out_dir, write_result
 
 DECAY_JSON, DECAY_PNG = "decay.json", "decay.png"
 
@@ -102,10 +103,6 @@ def plot_decay(result: dict, path) -> Path:
 
 
 def write_decay(out_dir, encodings: list[str], **kw) -> dict:
-    out_dir = Path(out_dir)
-    check_writable_dir(out_dir, "out")
-    result = decay_curves(encodings, **kw)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / DECAY_JSON, result)
-    plot_decay(result, out_dir / DECAY_PNG)
-    return result
+    """Compute `decay_curves(encodings, **kw)`; write its JSON and PNG in `out_dir`."""
+    out_dir = checked_out_dir(out_dir)
+    return write_result(out_dir, decay_curves(encodings, **kw), DECAY_JSON, plot_decay, DECAY_PNG)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-from poskit.training import atomic_write_json, check_writable_dir, load_run
+from poskit.training import load_run
+
+from .output import checked_out_dir, write_result
 
 FREQUENCY_JSON, FREQUENCY_PNG = "frequency.json", "frequency.png"
 
@@ -137,11 +139,8 @@ def write_frequency(run_dirs: list, out_dir, split: str = "test", max_tokens: in
     Every run is checked (it loads, its encoding declares frequency components) before anything is written."""
     if not run_dirs:
         raise ValueError("runs must list at least one run directory")
-    out_dir = Path(out_dir)
-    check_writable_dir(out_dir, "out")
+    out_dir = checked_out_dir(out_dir)
     results = [frequency_usage(d, split, max_tokens) for d in run_dirs]
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = {"split": split, "max_tokens": max_tokens, "runs": results}
-    atomic_write_json(out_dir / FREQUENCY_JSON, report)
-    plot_frequency(results, out_dir / FREQUENCY_PNG)
-    return report
+    return write_result(out_dir, report, FREQUENCY_JSON, lambda r, path: plot_frequency(r["runs"], path),
+                        FREQUENCY_PNG)
