@@ -74,7 +74,7 @@ def write_study_report(study, out_dir) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel("validation accuracy")
         ax.set_ylim(0, 1)
-        if ax.lines:
+        if any(not line.get_label().startswith("_") for line in ax.lines):  # a run has a curve (not just the 90 % line)
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
