@@ -90,4 +90,5 @@ def plot_correlation(result: dict, path) -> Path:
 def write_correlation(out_dir, encodings: list[str], **kw) -> dict:
     """Compute `position_correlation(encodings, **kw)`; write its JSON and PNG in `out_dir`."""
     out_dir = checked_out_dir(out_dir)
-    return write_result(out_dir, position_correlation(encodings, **kw), CORRELATION_JSON, plot_correlation, CORRELATION_PNG)
+    result = position_correlation(encodings, **kw)
+    return write_result(out_dir, result, CORRELATION_JSON, plot_correlation, CORRELATION_PNG)

@@ -105,4 +105,5 @@ def plot_decay(result: dict, path) -> Path:
 def write_decay(out_dir, encodings: list[str], **kw) -> dict:
     """Compute `decay_curves(encodings, **kw)`; write its JSON and PNG in `out_dir`."""
     out_dir = checked_out_dir(out_dir)
-    return write_result(out_dir, decay_curves(encodings, **kw), DECAY_JSON, plot_decay, DECAY_PNG)
+    result = decay_curves(encodings, **kw)
+    return write_result(out_dir, result, DECAY_JSON, plot_decay, DECAY_PNG)
