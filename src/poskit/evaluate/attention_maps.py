@@ -25,7 +25,8 @@ from poskit.attention.reference import attention_scores
 def attention_maps(model, tokens: torch.Tensor) -> list[torch.Tensor]:
     """One (B, H, T, T) float64 tensor of attention probabilities per layer, for causal `tokens` (B, T)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        raise ValueError(f"tokens must be a (B, T) integer tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
+        got = getattr(tokens, "shape", type(tokens).__name__)
+        raise ValueError(f"tokens must be a (B, T) integer tensor, got {got}")
     inputs = []
     hooks = [b.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
              for b in model.blocks]
