@@ -5,7 +5,7 @@ from .records import Reproduction
 JSB = Reproduction(
     paper="PoPE paper, Table 2 JSB (6 layers, d 256, context 2048, 3000 steps; RoPE 0.5081, PoPE 0.4889 NLL)",
     summary="rope, pope, none, alibi on JSB chorales at context 256, 2 layers d 128, 400 steps, 2 seeds: "
-            "estimated 10 min on 2 idle cores (loaded runs: docs/reproductions.md)",
+            "9 min measured on the 2-core machine, partly loaded (docs/reproductions.md)",
     config=corpus_lm_config("lm-jsb"),  # context 256 = about a quarter of a chorale (~900 tokens raster-scanned)
     # the paper's delta init range for JSB is 2 pi (its Table 6): uniform in [-2 pi, 0]
     encodings="rope,pope:delta_init=uniform,none,alibi",
