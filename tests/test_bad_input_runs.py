@@ -28,6 +28,8 @@ from poskit.training import (
 )
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 
+from checkpoint_helpers import to_legacy
+
 TINY = dict(task="flip-flop", task_options={"length": 16, "eval_size": 32, "eval_batch_size": 32},
             model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}, batch_size=8, max_steps=16,
             lr=3e-3, warmup_steps=2, eval_every=8, log_every=4, checkpoint_every=8)
@@ -62,14 +64,6 @@ def _file(run: Path, name: str) -> Path:
     return run / name
 
 
-def to_legacy(run: Path) -> None:
-    """Rewrite a run's checkpoint as the single checkpoint.pt of runs written before checkpoint.json."""
-    state = read_checkpoint(run / CHECKPOINT_FILE)
-    for key in ("model_config", "world_size"):
-        state.pop(key)
-    torch.save(state, run / LEGACY_CHECKPOINT_FILE)
-    (run / CHECKPOINT_FILE).unlink()
-    shutil.rmtree(run / CHECKPOINTS_DIR)
 
 
 def _legacy(corrupt):

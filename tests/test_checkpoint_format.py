@@ -25,6 +25,8 @@ from poskit.training import (
 from poskit.training import checkpoint_store
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 
+from checkpoint_helpers import to_legacy
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(task="flip-flop", task_options={"length": 16, "eval_size": 32, "eval_batch_size": 32},
@@ -40,15 +42,6 @@ def _files(run: Path) -> Path:
     return run / json.loads((run / CHECKPOINT_FILE).read_text())["directory"]
 
 
-def to_legacy(run: Path) -> None:
-    """Rewrite a run's checkpoint as the single checkpoint.pt that runs written before checkpoint.json hold:
-    the same entries as the trainer's state dict of that time (no model_config, no world_size)."""
-    state = read_checkpoint(run / CHECKPOINT_FILE)
-    for key in ("model_config", "world_size"):
-        state.pop(key)
-    torch.save(state, run / LEGACY_CHECKPOINT_FILE)
-    (run / CHECKPOINT_FILE).unlink()
-    shutil.rmtree(run / CHECKPOINTS_DIR)
 
 
 @pytest.fixture(scope="module")
