@@ -205,3 +205,12 @@ def test_lookup_report_writes_json_and_png_for_trained_runs(tmp_path):
     assert png.stat().st_size > 1000
     with pytest.raises(ValueError, match="run_dirs"):
         write_lookup_report({}, tmp_path / "none")
+
+
+def test_study_cli_refuses_an_unknown_attention_group_before_writing(tmp_path, capsys):
+    from poskit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["study", "indirect-indexing", "--out", str(tmp_path / "s"), "--report-only", "--attention", "nope"])
+    assert "--attention must name a group" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

@@ -250,21 +250,25 @@ def cmd_study(args) -> int:
     if args.name not in STUDIES:
         raise ValueError(f"NAME must be one of {sorted(STUDIES)}, got {args.name!r}")
     study, out = STUDIES[args.name], Path(args.out or f"runs/study-{args.name}")
+    groups = sorted({r.group for r in study.runs})
+    if args.attention is not None and args.attention not in groups:  # refused before any run or file
+        raise ValueError(f"--attention must name a group of study {args.name!r}: one of {groups}, "
+                         f"got {args.attention!r}")
     if not args.report_only:
         _check_positive(args, "workers")
         run_study(study, out, workers=args.workers or 2)
-    from poskit.report.study import write_study_report
-
-    paths = write_study_report(study, out)
-    if args.attention:  # where the group's trained models look (seed 0 of each encoding)
-        from poskit.report.lookup_plot import write_lookup_report
-
+    runs = {}
+    if args.attention:  # where the group's trained models look (seed 0 of each encoding); checked first
         runs = {r.config["model"]["encoding"]: out / r.name for r in study.runs
                 if r.group == args.attention and r.config.get("seed", 0) == 0 and (out / r.name).exists()}
         if not runs:
-            groups = sorted({r.group for r in study.runs})
-            raise ValueError(f"--attention must name a study group with trained runs in {out}: one of {groups}, "
-                             f"got {args.attention!r}")
+            raise ValueError(f"--attention: group {args.attention!r} has no trained runs in {out} yet")
+    from poskit.report.study import write_study_report
+
+    paths = write_study_report(study, out)
+    if runs:
+        from poskit.report.lookup_plot import write_lookup_report
+
         paths += write_lookup_report(runs, out / f"attention-{args.attention}")
     for path in paths:
         print(f"wrote {path}")
