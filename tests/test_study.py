@@ -214,3 +214,13 @@ def test_study_cli_refuses_an_unknown_attention_group_before_writing(tmp_path, c
         main(["study", "indirect-indexing", "--out", str(tmp_path / "s"), "--report-only", "--attention", "nope"])
     assert "--attention must name a group" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_study_cli_refuses_attention_for_a_group_without_runs_before_writing(tmp_path, capsys):
+    from poskit.cli import main
+
+    group = STUDIES["indirect-indexing"].runs[0].group
+    with pytest.raises(SystemExit):
+        main(["study", "indirect-indexing", "--out", str(tmp_path / "s"), "--report-only", "--attention", group])
+    assert "has no trained runs" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
