@@ -146,3 +146,14 @@ def test_malformed_inputs_are_refused_naming_the_argument():
         model(ids, position_ids=torch.arange(6).expand(3, 6))
     with pytest.raises(ValueError, match="position_ids must be >= 0, got a minimum of -1"):
         model(ids, position_ids=torch.arange(6)[None] - 1)
+
+
+def test_poskit_transformer_takes_inputs_embeds_and_refuses_them_with_tokens():
+    model = hf_model("sinusoidal").model
+    ids = _ids()
+    embeds = model.embed(ids)
+    assert torch.equal(model(None, inputs_embeds=embeds), model(ids))
+    with pytest.raises(ValueError, match="tokens or inputs_embeds, not both"):
+        model(ids, inputs_embeds=embeds)
+    with pytest.raises(ValueError, match=r"inputs_embeds must be a floating \(B, T, 32\) tensor"):
+        model(None, inputs_embeds=embeds[0])
