@@ -146,11 +146,11 @@ def test_unknown_keyword_and_foreign_cache_are_refused():
 
     model = hf_model("rope")
     ids = torch.randint(1, VOCAB, (1, 5))
-    with pytest.raises(TypeError, match="position_ids"):
-        model(ids, position_ids=torch.arange(5))
+    with pytest.raises(TypeError, match="token_type_ids"):
+        model(ids, token_type_ids=torch.zeros_like(ids))
     with pytest.raises(ValueError, match="past_key_values must be a poskit.hf.PoskitCache.*DynamicCache"):
         model(ids, past_key_values=DynamicCache())
-    with pytest.raises(ValueError, match="input_ids"):
+    with pytest.raises(ValueError, match=r"exactly one of input_ids .* and inputs_embeds .*got neither"):
         model(None)
 
 

@@ -60,15 +60,9 @@ def test_tiny_reproduction_writes_its_table_plot_and_finite_numbers(corpus_home,
     assert "| rope | 2 |" in (out / "results.md").read_text() and "| rope | 2 |" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-@needs_corpus
-def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpus_home, tmp_path, monkeypatch):
-    from poskit.experiments.specs import apply_overrides
+def _interrupt_after_second_checkpoint(cfg, run_dir, monkeypatch):
+    """Train `cfg` in `run_dir` until just after its second checkpoint is written, then 'kill' it."""
     from poskit.training import seq2seq
-
-    cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
-    cfg = Seq2SeqConfig.from_dict(apply_overrides(cfg, TINY))
-    straight = seq2seq.train_seq2seq(cfg, tmp_path / "straight", quiet=True)
 
     saves = {"n": 0}
     real_save = seq2seq._save_checkpoint
@@ -81,13 +75,43 @@ def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpu
 
     monkeypatch.setattr(seq2seq, "_save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        seq2seq.train_seq2seq(cfg, tmp_path / "resumed", quiet=True)
+        seq2seq.train_seq2seq(cfg, run_dir, quiet=True)
     monkeypatch.setattr(seq2seq, "_save_checkpoint", real_save)
-    resumed = seq2seq.train_seq2seq(cfg, tmp_path / "resumed", quiet=True)
+
+
+def _assert_same_run(resumed_dir, straight_dir, resumed, straight):
+    """Same results, the same logged losses and validation NLLs, bit-identical final weights."""
+    import torch
+
+    from poskit.training.seq2seq import read_seq2seq_checkpoint
+
     for key in ("bleu", "chrf", "test_nll", "validation_nll", "steps"):
         assert resumed[key] == straight[key], key
-    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines if "train_loss" in x] == list(range(1, 7))
+
+    def logged(run):  # every record but its wall-clock field
+        return [{k: v for k, v in json.loads(x).items() if k != "elapsed"}
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert logged(resumed_dir) == logged(straight_dir)
+    assert [r["step"] for r in logged(resumed_dir) if "train_loss" in r] == list(range(1, 7))
+    a, b = read_seq2seq_checkpoint(resumed_dir)[0]["model"], read_seq2seq_checkpoint(straight_dir)[0]["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@needs_corpus
+def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpus_home, tmp_path, monkeypatch):
+    from poskit.experiments.specs import apply_overrides
+    from poskit.training import seq2seq
+
+    cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
+    cfg = Seq2SeqConfig.from_dict(apply_overrides(cfg, TINY))
+    straight = seq2seq.train_seq2seq(cfg, tmp_path / "straight", quiet=True)
+    assert (tmp_path / "straight" / "checkpoint.json").exists() and not (tmp_path / "straight" / "checkpoint.pt").exists()
+
+    _interrupt_after_second_checkpoint(cfg, tmp_path / "resumed", monkeypatch)
+    resumed = seq2seq.train_seq2seq(cfg, tmp_path / "resumed", quiet=True)
+    _assert_same_run(tmp_path / "resumed", tmp_path / "straight", resumed, straight)
     # a finished 4-step run extended to 6 steps ends where the 6-step run did (the schedule ignores max_steps)
     short = Seq2SeqConfig.from_dict({**cfg.to_dict(), "max_steps": 4})
     seq2seq.train_seq2seq(short, tmp_path / "extended", quiet=True)
@@ -95,6 +119,31 @@ def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpu
     assert extended["test_nll"] == straight["test_nll"] and extended["steps"] == 6
     with pytest.raises(ValueError, match=r"fields \['lr'\] differ"):
         seq2seq.train_seq2seq(Seq2SeqConfig.from_dict({**cfg.to_dict(), "lr": 1e-2}), tmp_path / "extended")
+
+
+@pytest.mark.slow
+@needs_corpus
+@pytest.mark.parametrize("convert_first", [False, True])
+def test_a_legacy_checkpoint_pt_run_resumes_exactly(corpus_home, tmp_path, monkeypatch, convert_first):
+    """A run interrupted under the old single-file checkpoint.pt resumes (or is converted, then resumes) to
+    the numbers and weights of an uninterrupted run; its next checkpoint is in the current format."""
+    from poskit.cli import main
+    from poskit.experiments.specs import apply_overrides
+    from poskit.training import seq2seq
+    from seq2seq_checkpoint_helpers import to_legacy
+
+    cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
+    cfg = Seq2SeqConfig.from_dict(apply_overrides(cfg, TINY))
+    straight = seq2seq.train_seq2seq(cfg, tmp_path / "straight", quiet=True)
+    run = tmp_path / "legacy"
+    _interrupt_after_second_checkpoint(cfg, run, monkeypatch)
+    to_legacy(run)
+    if convert_first:
+        assert main(["convert-checkpoint", "--quiet", str(run)]) == 0
+        assert not (run / "checkpoint.pt").exists()
+    resumed = seq2seq.train_seq2seq(cfg, run, quiet=True)
+    assert not (run / "checkpoint.pt").exists() and len(list((run / "checkpoints").iterdir())) == 1
+    _assert_same_run(run, tmp_path / "straight", resumed, straight)
 
 
 def test_config_errors_name_the_field():

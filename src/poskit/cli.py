@@ -146,10 +146,10 @@ def _rank() -> int:
 
 
 def cmd_convert_checkpoint(args) -> int:
-    from poskit.training.run import convert_legacy_checkpoint
+    from poskit.training.convert import convert_checkpoint
 
     for run in args.runs:
-        record = convert_legacy_checkpoint(run)
+        record = convert_checkpoint(run)
         if not args.quiet:
             print(f"converted {run}: checkpoint.pt -> {record} (safetensors weights beside the training state)")
     return 0
@@ -602,7 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("convert-checkpoint", help="rewrite old runs' checkpoint.pt as safetensors + training state",
-                       description="Rewrite the single-file checkpoint.pt of runs written by older poskit versions in "
+                       description="Rewrite the single-file checkpoint.pt of runs (training or translation runs) "
+                                   "written by older poskit versions in "
                                    "the current format (model.safetensors, model_config.json and training_state.pt, "
                                    "committed by checkpoint.json) and remove checkpoint.pt. Resuming an old run "
                                    "converts it too, at its next checkpoint.")

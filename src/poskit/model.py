@@ -255,13 +255,15 @@ class Transformer(nn.Module):
             return [self.abs_encoding]
         return [b.attn.encoding for b in self.blocks]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor | None, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, attention_mask: torch.Tensor | None = None, *,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) int64 -> logits (B, T, vocab_size): the output head on `features` (same arguments)."""
-        return self.head(self.features(tokens, positions, cache, attention_mask))
+        return self.head(self.features(tokens, positions, cache, attention_mask, inputs_embeds=inputs_embeds))
 
-    def features(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, tokens: torch.Tensor | None, positions: torch.Tensor | None = None,
+                 cache: KVCache | None = None, attention_mask: torch.Tensor | None = None, *,
+                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) int64 -> the final normalised hidden states (B, T, d_model), what the output head reads
         (a sequence-classification head reads them too).
 
@@ -271,29 +273,41 @@ class Transformer(nn.Module):
         attention_mask: (B, T) 1/True = real token, 0 = padding (Hugging Face's convention), left or right
         padding alike; with a cache also (B, cached + T), whose cached part must be the one already stored.
         Pads are hidden as keys from every query (their own logits are meaningless), for every encoding.
+        inputs_embeds: (B, T, d_model) vectors to use instead of the token embeddings (tokens None then); an
+        absolute encoding is still added to them, at `positions`, as it is to embedded tokens.
         """
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        if inputs_embeds is not None:
+            if tokens is not None:
+                raise ValueError("pass tokens or inputs_embeds, not both")
+            d = self.config.d_model
+            if (not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d
+                    or not inputs_embeds.is_floating_point()):
+                raise ValueError(f"inputs_embeds must be a floating (B, T, {d}) tensor, got "
+                                 f"{getattr(inputs_embeds, 'shape', type(inputs_embeds).__name__)}")
+            (B, T), device = inputs_embeds.shape[:2], inputs_embeds.device
+        elif not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a (B, T) integer tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
-        B, T = tokens.shape
+        else:
+            (B, T), device = tokens.shape, tokens.device
         if cache is not None and not self.config.causal:
             raise ValueError("cache: a bidirectional model (ModelConfig.causal=False) has no KV cache: every token "
                              "attends to later tokens too, so run it on the whole sequence with cache=None")
         if cache is not None and cache.num_layers != len(self.blocks):
             raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
-        real = None if attention_mask is None else self._new_token_mask(attention_mask, B, T, cache, tokens.device)
+        real = None if attention_mask is None else self._new_token_mask(attention_mask, B, T, cache, device)
         if positions is None and cache is not None:
-            positions = decode_positions(cache, 0, real, T, tokens.device)
+            positions = decode_positions(cache, 0, real, T, device)
         elif positions is None and real is not None:
             positions = padded_positions(real)
         elif positions is None:
-            positions = torch.arange(T, device=tokens.device)
-        positions = torch.as_tensor(positions, device=tokens.device).long()
+            positions = torch.arange(T, device=device)
+        positions = torch.as_tensor(positions, device=device).long()
         positions = positions.unsqueeze(0) if positions.dim() == 1 else positions  # (1|B, T)
         if positions.dim() != 2 or positions.shape[-1] != T or positions.shape[0] not in (1, B):
             raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {tuple(positions.shape)}")
+        x = self.embed(tokens) if inputs_embeds is None else inputs_embeds  # (B, T, d_model)
         if T == 0:  # no token: empty outputs for every encoding, the cache untouched (nothing to append)
-            return self.norm(self.embed(tokens))  # (B, 0, d_model)
-        x = self.embed(tokens)  # (B, T, d_model)
+            return self.norm(x)  # (B, 0, d_model)
         if self.abs_encoding is not None:
             x = x + self.abs_encoding.embed(positions).to(x.dtype)  # (1|B, T, d_model)
         x = self.drop(x)

@@ -64,6 +64,7 @@ def position_correlation(encodings: list[str], dim: int = 512, positions: int = 
 
 
 def plot_correlation(result: dict, path) -> Path:
+    from poskit.report.figure import save_figure
     from poskit.report.plots import plt
 
     names = list(result["encodings"])
@@ -80,11 +81,7 @@ def plot_correlation(result: dict, path) -> Path:
         row[2].set(title=f"{name}: Corr(p_n, p_m) over dims {hf}..{dim - 1}", xlabel="position m",
                    ylabel="correlation", ylim=(-1.05, 1.05))
         row[2].legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def write_correlation(out_dir, encodings: list[str], **kw) -> dict:

@@ -78,6 +78,7 @@ def decay_curves(encodings: list[str], head_dim: int = 128, max_distance: int = 
 
 
 def plot_decay(result: dict, path) -> Path:
+    from poskit.report.figure import save_figure
     from poskit.report.plots import color, plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -95,11 +96,7 @@ def plot_decay(result: dict, path) -> Path:
             title=f"bound vs poskit logits (q = k = x, mean of {result['samples']} x)")
     for ax in (ax1, ax2):
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_decay(out_dir, encodings: list[str], **kw) -> dict:

@@ -114,6 +114,7 @@ def _label(r: dict) -> str:
 def plot_frequency(results: list[dict], path) -> Path:
     """One row per run, queries left and keys right: components (highest frequency at the top) x layers,
     the mean magnitude over heads, as the paper's Figs. 3-6."""
+    from poskit.report.figure import save_figure
     from poskit.report.plots import plt
 
     fig, axes = plt.subplots(len(results), 2, figsize=(9, 3.2 * len(results)), squeeze=False)
@@ -127,11 +128,7 @@ def plot_frequency(results: list[dict], path) -> Path:
             ax.set_ylabel("component (high -> low frequency)")
             ax.set_xticks(range(grid.shape[1]))
             fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_frequency(run_dirs: list, out_dir, split: str = "test", max_tokens: int | None = 16384) -> dict:

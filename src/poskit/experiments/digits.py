@@ -150,6 +150,7 @@ def plot_results(results: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..report.figure import save_figure
     from ..report.plots import color
 
     sizes = results["settings"]["eval_sizes"]
@@ -175,11 +176,7 @@ def plot_results(results: dict, path: Path) -> Path:
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("ViT on sklearn digits: mean ± std over seeds (dots: seeds)")
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def _run_settings(s: DigitsSettings) -> dict:

@@ -138,6 +138,7 @@ def markdown(report: dict) -> str:
 
 def plot_convergence(report: dict, curves: dict, path: Path) -> Path:
     """Left: training loss vs step, mean over seeds (003 Fig. 4's shape); right: test BLEU per encoding."""
+    from ..report.figure import save_figure
     from ..report.plots import color, plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -163,8 +164,4 @@ def plot_convergence(report: dict, curves: dict, path: Path) -> Path:
     ax2.set_ylabel("test BLEU")
     ax2.set_title("test BLEU (bars: mean, whiskers: std, dots: seeds)")
     fig.suptitle(f"reproduce {report['name']} ({report['preset']}): {report['setup']}", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

@@ -22,6 +22,7 @@ from poskit.model import Transformer
 
 from .cache import PoskitCache
 from .config import PoskitConfig
+from .inputs import check_position_ids, check_token_inputs
 
 # keywords transformers' Trainer passes to a model's forward for its loss (ForCausalLMLoss accepts them)
 _LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index")
@@ -46,10 +47,14 @@ class PoskitPreTrainedModel(PreTrainedModel):
 class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
     """A poskit decoder-only Transformer for transformers' AutoModelForCausalLM, generate() and Trainer.
 
-    forward(input_ids, attention_mask=None, past_key_values=None, labels=None, use_cache=None,
-    output_attentions=None, output_hidden_states=None, return_dict=None) -> CausalLMOutputWithPast.
+    forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+    labels=None, use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None)
+    -> CausalLMOutputWithPast.
     attention_mask (B, T), or (B, cached + T) with a cache: 1 = real token, 0 = padding, left or right; a
     token's position counts only the real tokens before it, so a padded row computes what it computes alone.
+    position_ids (B, T) or (1, T) integers >= 0, when given, are the new tokens' positions instead (for every
+    encoding: an absolute one added at the embeddings, q/k rotations, biases, the cache). inputs_embeds
+    (B, T, hidden_size) replaces input_ids (exactly one of the two).
     """
 
     _tied_weights_keys = {"model.head.weight": "model.embed.weight"}
@@ -77,17 +82,19 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
         self.model.head = value
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                past_key_values: PoskitCache | None = None, labels: torch.LongTensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: PoskitCache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, output_attentions: bool | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None, **kwargs):
         unknown = sorted(set(kwargs) - set(_LOSS_KEYWORDS))
         if unknown:
             raise TypeError(f"PoskitForCausalLM.forward got unexpected keyword(s) {unknown}; it takes input_ids, "
-                            "attention_mask, past_key_values, labels, use_cache, output_attentions, "
-                            f"output_hidden_states, return_dict and the loss keywords {list(_LOSS_KEYWORDS)}")
-        if input_ids is None:
-            raise ValueError("input_ids must be a (B, T) tensor of token ids (poskit models embed their own tokens; "
-                             "inputs_embeds is not supported)")
+                            "attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache, "
+                            "output_attentions, output_hidden_states, return_dict and the loss keywords "
+                            f"{list(_LOSS_KEYWORDS)}")
+        check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size)
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        check_position_ids(position_ids, batch, length)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
                                 else output_hidden_states)
@@ -106,7 +113,8 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
                              "use_cache=False (generate(..., use_cache=False)) to get attention weights")
         kv = past_key_values.kv if past_key_values is not None else None
         with _recording(self.model, output_hidden_states, output_attentions) as recorded:
-            logits = self.model(input_ids, cache=kv, attention_mask=attention_mask)
+            logits = self.model(input_ids, position_ids, cache=kv, attention_mask=attention_mask,
+                                inputs_embeds=inputs_embeds)
 
         loss = None
         if labels is not None:
@@ -116,6 +124,13 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
             hidden_states=tuple(recorded["hidden_states"]) if output_hidden_states else None,
             attentions=tuple(recorded["attentions"]) if output_attentions else None)
         return out if return_dict else out.to_tuple()
+
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
+        # generate() would derive position_ids from the attention mask itself (cumsum - 1, pads at 0) and then
+        # count on from the last column, which is wrong after right padding; None leaves positions to the
+        # model, which derives them from the mask and the cache (the default of forward). position_ids a caller
+        # passes to generate() are still used, and extended by one per new token by transformers.
+        return None
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
                                       max_cache_length):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .figure import save_figure
 from .plots import plt
 
 LOOKUP_JSON = "lookup_attention.json"
@@ -76,8 +77,5 @@ def write_lookup_report(run_dirs: dict[str, Path], out_dir, n: int = 200, seed: 
         for pos, mark in ((ex["source"], "source"), (ex["target"], "target")):
             ax.axvline(pos, color="white" if mark == "source" else "red", lw=1, ls="--")
         ax.set_title(f"last token's attention (mean over heads); white: source, red: target", fontsize=9)
-    fig.tight_layout()
-    png = out_dir / LOOKUP_PNG
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png = save_figure(fig, out_dir / LOOKUP_PNG, dpi=110)
     return [js, png]

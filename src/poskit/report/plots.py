@@ -9,6 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from .figure import save_figure  # noqa: E402
+
 # plain numbers on log axes (perplexities like 5, 7, 20 rather than 10^0.7)
 _plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
 
@@ -56,11 +58,7 @@ def plot_compare(results: dict, curves: dict[str, tuple[list, list, list]], path
     ax2.set_ylabel(metric)
     ax2.set_title("final metric (bars: mean, whiskers: std, dots: seeds)")
     fig.suptitle(title or f"{results['task']}: {', '.join(encs)}")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 _VARIANT_STYLES = {"linear": "--", "ntk": "-.", "dynamic": (0, (1, 1)), "yarn": ":"}
@@ -89,11 +87,7 @@ def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None 
         ax.set_title(sub)
         ax.legend(loc="upper left")
     fig.suptitle(title or "zero-shot length extrapolation")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_runs(runs: dict[str, list[dict]], path, metric: str = "accuracy", title: str | None = None) -> Path:
@@ -115,8 +109,4 @@ def plot_runs(runs: dict[str, list[dict]], path, metric: str = "accuracy", title
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle(title or "training runs")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .figure import save_figure
 from .plots import color, plt
 
 STUDY_MD = "study.md"
@@ -78,8 +79,5 @@ def write_study_report(study, out_dir) -> list[Path]:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
-    fig.tight_layout()
-    png = out_dir / STUDY_PNG
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png = save_figure(fig, out_dir / STUDY_PNG, dpi=110)
     return [md, png]

@@ -30,7 +30,8 @@ directory's files, atomic writes, checked reads), `checkpoint_store` (a checkpoi
 committed, read and verified), `checkpoint` (a checkpoint's content checked against the run), `rng`
 (seeding and RNG states), `distributed` (processes, model wrappers, the rank's rows, collectives), `step`
 (schedule, optimizer, loss, evaluation), `loop` (Trainer, time budget), `tensorboard_log` (optional scalars)
-and `run` (train, load_run, convert_legacy_checkpoint).
+`run` (train, load_run, convert_legacy_checkpoint), `convert` (convert-checkpoint for a training or a
+translation run) and `seq2seq` (the encoder-decoder translation trainer, on the same checkpoint store).
 """
 from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions, resume_config
 from .files import (

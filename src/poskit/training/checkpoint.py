@@ -3,15 +3,14 @@ run's config.json, and the part of metrics.jsonl it was written after. (The file
 format and the legacy checkpoint.pt: checkpoint_store.py.)"""
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import torch
 
 from .config import TrainConfig, config_difference
-from .checkpoint_store import read_checkpoint_files
-from .files import CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
+from .checkpoint_store import check_entries, read_state
+from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
 from .rng import check_rng_state
 
 # what Trainer.state_dict saves: key -> accepted types
@@ -24,45 +23,27 @@ def read_checkpoint(path, device: str = "cpu") -> dict:
     """The state saved in checkpoint `path` (a run's checkpoint.json, or the checkpoint.pt of a run written
     before it), on `device`; a RunFileError naming the file when one of its files is truncated, zero-filled,
     corrupt, not a checkpoint or missing one of its entries. Nothing is loaded anywhere."""
-    path = Path(path)
-    if path.name == LEGACY_CHECKPOINT_FILE:
-        state = _read_legacy(path, device)
-    else:
-        state, path = read_checkpoint_files(path, device)  # entries are checked naming training_state.pt
+    state, path = read_state(path, device)  # entries of the current format are checked naming training_state.pt
     return _check_state(path, state)
 
 
-def _read_legacy(path: Path, device: str) -> dict:
-    data = read_bytes(path)
-    if not data.strip(b"\x00"):
-        raise RunFileError(path, f"holds only zero bytes ({len(data)}), not a checkpoint (a write was cut short)")
-    try:
-        state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
-    except Exception as e:  # torch raises many types for a torn zip archive or pickle; all mean the same here
-        # the first sentence of torch's message (its zip reader appends a paragraph of advice to one line)
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        reason = first_line.split(". ")[0].rstrip(".")[:200]
-        raise RunFileError(path, f"is not a readable checkpoint (truncated or corrupt: {reason})") from None
-    if not isinstance(state, dict):
-        raise RunFileError(path, f"holds a {type(state).__name__}, not a checkpoint's dict of training state")
-    return state
-
-
 def _check_state(path: Path, state: dict) -> dict:
-    for key, kind in _ENTRIES.items():
-        if not isinstance(state.get(key), kind) or (kind is int and isinstance(state.get(key), bool)):
-            problem = "lacks" if key not in state else "has a malformed"
-            raise RunFileError(path, f"{problem} entry {key!r}: not a checkpoint written by poskit's trainer")
+    check_entries(path, state, _ENTRIES, "poskit's trainer")
     if state["step"] < 0 or len(state["loss_acc"]) != 2:
         raise RunFileError(path, f"has a malformed step or loss_acc (step {state['step']})")
-    missing = [k for k in _RNG_ENTRIES if k not in state["rng"]]
+    check_rng_entries(path, state["rng"])
+    return state
+
+
+def check_rng_entries(path: Path, rng: dict) -> None:
+    """Refuse (naming `path`) saved RNG states that lack one of torch/numpy/python or would not be accepted."""
+    missing = [k for k in _RNG_ENTRIES if k not in rng]
     if missing:
-        raise RunFileError(path, f"lacks the RNG state(s) {missing}: not a checkpoint written by poskit's trainer")
+        raise RunFileError(path, f"lacks the RNG state(s) {missing}: not a checkpoint written by poskit")
     try:
-        check_rng_state(state["rng"])
+        check_rng_state(rng)
     except ValueError as e:
         raise RunFileError(path, f"has a malformed RNG state ({e})") from None
-    return state
 
 
 def checkpoint_config(run_dir, state: dict, saved: TrainConfig) -> TrainConfig:

@@ -1,12 +1,16 @@
-"""A checkpoint on disk: the model's weights as safetensors with their ModelConfig as JSON, beside the rest of
+"""A checkpoint on disk: the model's weights as safetensors with the model's config as JSON, beside the rest of
 the training state (optimizer, step, RNG and data-generator states) as a torch file, committed by one small
-record, checkpoint.json:
+record, checkpoint.json. Both trainers write it (the decoder-only Trainer, loop.py, and the encoder-decoder
+trainer, seq2seq.py): the store takes a state dict whose "model" entry is the weights and a model-config dict,
+and reads back exactly those; which other entries a state must hold is each trainer's to check
+(`check_entries`).
 
     checkpoint.json                           the commit record: step, world_size, directory, and the size and
                                               SHA-256 of each file below
     checkpoints/step-00000100-3f2a9c/
         model.safetensors                     weights (loadable alone: safetensors.torch.load_file)
-        model_config.json                     the ModelConfig they belong to (vocab_size resolved)
+        model_config.json                     the config of the model they belong to (ModelConfig with
+                                              vocab_size resolved, or EncoderDecoderConfig)
         training_state.pt                     everything else a resume needs (torch.load, weights_only)
 
 Why a record and a fresh directory per checkpoint: three files cannot be renamed into place at once, but one
@@ -74,7 +78,8 @@ def _weights_bytes(weights: dict) -> bytes:
 
 
 def write_checkpoint(run_dir, state: dict, model_config: dict) -> Path:
-    """Write `state` (Trainer.state_dict's entries, "model" the weights) as a checkpoint of `run_dir` and
+    """Write `state` (a trainer's state dict: "model" the weights, "step" an int, any other entries
+    torch.save-able with weights_only loading) as a checkpoint of `run_dir` and
     commit it; returns the directory holding its files. Afterwards the previous checkpoint's directory, any
     uncommitted one and a legacy checkpoint.pt are removed."""
     run_dir = Path(run_dir)
@@ -152,8 +157,9 @@ def _checked_bytes(path: Path, expected: dict, record_path: Path) -> bytes:
 
 
 def read_checkpoint_files(record_path, device: str = "cpu") -> tuple[dict, Path]:
-    """(state, path of its training_state.pt): the training state of the checkpoint that `record_path` (checkpoint.json) commits, in the layout of
-    Trainer.state_dict ("model": the weights; "model_config": the ModelConfig dict). Every file is checked
+    """(state, path of its training_state.pt): the training state of the checkpoint that `record_path`
+    (checkpoint.json) commits, in the layout it was written in ("model": the weights; "model_config": the
+    model-config dict). Every file is checked
     against the record (size, SHA-256) and parsed before anything is returned; any problem is a RunFileError
     naming the file."""
     record_path = Path(record_path)
@@ -179,6 +185,42 @@ def read_checkpoint_files(record_path, device: str = "cpu") -> tuple[dict, Path]
         raise RunFileError(directory / STATE_FILE, f"is the state of step {state.get('step')!r}, but "
                                                    f"{record_path.name} commits step {record['step']}")
     return {**state, "model": weights, "model_config": model_config}, directory / STATE_FILE
+
+
+def read_legacy_file(path, device: str = "cpu") -> dict:
+    """The state in a checkpoint.pt of a run written before checkpoint.json (either trainer's), loaded with
+    weights_only; a RunFileError naming the file when it is zero-filled, torn or not a dict."""
+    path = Path(path)
+    data = read_bytes(path)
+    if not data.strip(b"\x00"):
+        raise RunFileError(path, f"holds only zero bytes ({len(data)}), not a checkpoint (a write was cut short)")
+    try:
+        state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+    except Exception as e:  # torch raises many types for a torn zip archive or pickle; all mean the same here
+        raise RunFileError(path, f"is not a readable checkpoint (truncated or corrupt: {_first_line(e)})") from None
+    if not isinstance(state, dict):
+        raise RunFileError(path, f"holds a {type(state).__name__}, not a checkpoint's dict of training state")
+    return state
+
+
+def read_state(path, device: str = "cpu") -> tuple[dict, Path]:
+    """(state, the file its entries came from) of checkpoint `path`: a run's checkpoint.json (its files
+    verified; entries come from training_state.pt) or a legacy checkpoint.pt. Only the files are checked
+    here; the entries are the caller's (`check_entries`)."""
+    path = Path(path)
+    if path.name == LEGACY_CHECKPOINT_FILE:
+        return read_legacy_file(path, device), path
+    return read_checkpoint_files(path, device)
+
+
+def check_entries(path, state: dict, entries: dict, writer: str) -> None:
+    """Refuse (a RunFileError naming `path`) a state lacking one of `entries` (name -> accepted type or types;
+    a bool is never an int) or holding it with another type; `writer` names what writes such states."""
+    for key, kind in entries.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            problem = "lacks" if key not in state else "has a malformed"
+            raise RunFileError(path, f"{problem} entry {key!r}: not a checkpoint written by {writer}")
 
 
 def _first_line(e: Exception) -> str:

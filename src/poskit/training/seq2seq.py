@@ -9,7 +9,9 @@ One run lives in one directory (the decoder-only trainer's layout):
     config.json       the Seq2SeqConfig
     metrics.jsonl     {"step", "train_loss", "lr", "elapsed"} every log_every steps (the convergence curve),
                       {"step", "split": "validation", "loss"} every eval_every steps
-    checkpoint.pt     model, optimizer, step, epoch and batch position, RNG states (atomic)
+    checkpoint.json   the commit record of the latest checkpoint (checkpoint_store.py, the decoder trainer's
+    checkpoints/      format): model.safetensors + model_config.json (the EncoderDecoderConfig) +
+                      training_state.pt (optimizer, step, epoch and batch position, RNG states, the config)
     results.json      validation and test NLL per token, test BLEU and chrF, steps, wall time
     test.hyp.txt      the test translations, one per line, in corpus order
 
@@ -17,11 +19,15 @@ Resume: the batch order is a function of (seed, epoch), and the checkpoint holds
 RNG states, so a run killed and resumed ends with the numbers of an uninterrupted one; metrics.jsonl is cut
 back to the checkpoint's step. A larger max_steps (and nothing else changed) extends a finished run, again
 exactly: the learning-rate schedule does not depend on max_steps.
+
+Runs written before checkpoint.json hold a single checkpoint.pt; they resume exactly (the next checkpoint is
+written in the current format and checkpoint.pt removed) and `poskit convert-checkpoint RUN` rewrites them.
+Every checkpoint is read and checked in full, and fitted to a fresh model and optimizer, before the run
+directory changes: a bad file is one RunFileError naming it.
 """
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import sys
@@ -35,14 +41,20 @@ import torch.nn.functional as F
 from ..config_check import ConfigError, check_field_types, from_known_fields
 from ..encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from ..tasks.translation import BOS, EOS, PAD, PairSet
-from .files import RunFileError, atomic_write_bytes, atomic_write_json, parse_metrics, read_bytes, read_json
+from .checkpoint import check_rng_entries
+from .checkpoint_store import (check_entries, checkpoint_path, has_checkpoint, read_state,
+                               remove_uncommitted_checkpoints, write_checkpoint)
+from .files import (LEGACY_CHECKPOINT_FILE, RunFileError, atomic_write_bytes, atomic_write_json, parse_metrics,
+                    read_bytes, read_json, remove_stale_temp_files)
 from .rng import rng_state, seed_everything, set_rng_state
 
-__all__ = ["DIRECTIONS", "Seq2SeqConfig", "train_seq2seq", "load_pairs", "corpus_scores"]
+__all__ = ["DIRECTIONS", "Seq2SeqConfig", "train_seq2seq", "load_pairs", "corpus_scores", "read_seq2seq_checkpoint",
+           "convert_legacy_seq2seq_checkpoint"]
 
 DIRECTIONS = ("de-en", "en-de")
-CONFIG, METRICS, CHECKPOINT, RESULTS, HYPOTHESES = ("config.json", "metrics.jsonl", "checkpoint.pt", "results.json",
-                                                    "test.hyp.txt")
+CONFIG, METRICS, RESULTS, HYPOTHESES = "config.json", "metrics.jsonl", "results.json", "test.hyp.txt"
+# what a translation checkpoint's state holds (both formats): entry -> accepted types
+_ENTRIES = {"model": dict, "optimizer": dict, "step": int, "epoch": int, "position": int, "rng": dict}
 
 
 @dataclass
@@ -207,24 +219,63 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
-def _save_checkpoint(run_dir: Path, model, opt, step: int, epoch: int, position: int) -> None:
+def _save_checkpoint(run_dir: Path, cfg: Seq2SeqConfig, model, opt, step: int, epoch: int, position: int) -> None:
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-             "position": position, "rng": rng_state()}
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(run_dir / CHECKPOINT, lambda f: f.write(buf.getvalue()))
+             "position": position, "rng": rng_state(), "config": cfg.to_dict(), "world_size": 1}
+    write_checkpoint(run_dir, state, model.config.to_dict())
 
 
-def _read_checkpoint(path: Path) -> dict:
+def read_seq2seq_checkpoint(run_dir) -> tuple[dict, Path]:
+    """(state, the file to name in errors about it) of a translation run's checkpoint, current or legacy; every
+    file and entry checked (a RunFileError naming the file), nothing loaded anywhere."""
+    state, path = read_state(checkpoint_path(run_dir))
+    check_entries(path, state, _ENTRIES, "poskit's translation trainer")
+    if min(state["step"], state["epoch"], state["position"]) < 0:
+        raise RunFileError(path, f"has a negative step, epoch or position ({state['step']}, {state['epoch']}, "
+                                 f"{state['position']})")
+    check_rng_entries(path, state["rng"])
+    return state, path
+
+
+def _fresh_model(cfg: Seq2SeqConfig):
+    model = EncoderDecoder(cfg.model_config())
+    return model, torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+
+
+def _load_into(model, opt, state: dict, path: Path) -> None:
+    """Load a checked state's weights and optimizer; one that does not fit (another model's checkpoint) is a
+    RunFileError naming the file. The caller discards model and optimizer then, so nothing half-loaded lives on."""
     try:
-        state = torch.load(io.BytesIO(read_bytes(path)), map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RunFileError(path, f"does not fit the run's model and optimizer ({reason})") from None
+
+
+def convert_legacy_seq2seq_checkpoint(run_dir) -> Path:
+    """Rewrite the checkpoint.pt of a translation run written before checkpoint.json in the current format,
+    then remove checkpoint.pt; returns the new checkpoint.json. The old file is read, checked and fitted to
+    the run's model and optimizer first: a bad one is a RunFileError and nothing changes."""
+    run_dir = Path(run_dir)
+    legacy = run_dir / LEGACY_CHECKPOINT_FILE
+    if not legacy.exists():
+        raise ValueError(f"run_dir {str(run_dir)!r} has no {LEGACY_CHECKPOINT_FILE} to convert")
+    try:
+        cfg = Seq2SeqConfig.from_dict(read_json(run_dir / CONFIG, "a translation config"))
     except RunFileError:
         raise
-    except Exception as e:  # a truncated or foreign file, whatever torch raises
-        raise RunFileError(path, f"is not a poskit translation checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or not {"model", "optimizer", "step", "epoch", "position", "rng"} <= set(state):
-        raise RunFileError(path, "is not a poskit translation checkpoint (keys missing)")
-    return state
+    except (ValueError, TypeError) as e:
+        raise RunFileError(run_dir / CONFIG, f"is not a valid translation config: {e}") from None
+    state, path = read_seq2seq_checkpoint(run_dir)
+    with torch.random.fork_rng(devices=[]):  # building the check model must not move the caller's RNG
+        model, opt = _fresh_model(cfg)
+    _load_into(model, opt, state, path)
+    remove_stale_temp_files(run_dir)
+    remove_uncommitted_checkpoints(run_dir)
+    # the state is written as read (weights, optimizer, RNG), so a resume after the conversion is exact
+    write_checkpoint(run_dir, {"config": cfg.to_dict(), "world_size": 1, **state}, model.config.to_dict())
+    return run_dir / "checkpoint.json"
 
 
 def _append_metrics(run_dir: Path, records: list[dict]) -> None:
@@ -233,12 +284,10 @@ def _append_metrics(run_dir: Path, records: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def _cut_metrics(run_dir: Path, step: int) -> None:
+def _metrics_up_to(run_dir: Path, step: int) -> list[dict]:
+    """The records of metrics.jsonl up to `step` (each line checked): what a resume from that step keeps."""
     path = run_dir / METRICS
-    if not path.exists():
-        return
-    kept = [r for r in parse_metrics(path, read_bytes(path)) if r["step"] <= step]
-    atomic_write_bytes(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+    return [r for r in parse_metrics(path, read_bytes(path)) if r["step"] <= step] if path.exists() else []
 
 
 def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bool = False,
@@ -263,24 +312,29 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
             raise ValueError(f"run directory {str(run_dir)!r} exists; pass resume to continue it")
         if (run_dir / RESULTS).exists() and not extend:
             return read_json(run_dir / RESULTS, "translation results")
+    # the checkpoint is read and checked before anything is built or the run directory changes
+    state, state_path = read_seq2seq_checkpoint(run_dir) if has_checkpoint(run_dir) else (None, None)
+    t_start = time.perf_counter()
+    data, sets = load_pairs(cfg)
+    seed_everything(cfg.seed)
+    model, opt = _fresh_model(cfg)
+    step, epoch, position, elapsed0 = 0, 0, 0, 0.0
+    if state is not None:
+        _load_into(model, opt, state, state_path)
+        step, epoch, position = state["step"], state["epoch"], state["position"]
+        kept = _metrics_up_to(run_dir, step)
+    # from here on the run directory changes
     run_dir.mkdir(parents=True, exist_ok=True)
     if extend:  # the old results describe the shorter run
         (run_dir / RESULTS).unlink(missing_ok=True)
     atomic_write_json(run_dir / CONFIG, cfg.to_dict())
-    t_start = time.perf_counter()
-    data, sets = load_pairs(cfg)
-    seed_everything(cfg.seed)
-    model = EncoderDecoder(cfg.model_config())
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
-    step, epoch, position, elapsed0 = 0, 0, 0, 0.0
-    if (run_dir / CHECKPOINT).exists():
-        state = _read_checkpoint(run_dir / CHECKPOINT)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, epoch, position = state["step"], state["epoch"], state["position"]
-        set_rng_state(state["rng"])
-        _cut_metrics(run_dir, step)
-        elapsed0 = next((r["elapsed"] for r in reversed(read_run_metrics(run_dir)) if "elapsed" in r), 0.0)
+    remove_stale_temp_files(run_dir)
+    remove_uncommitted_checkpoints(run_dir)
+    if state is not None:
+        # lines the killed invocation logged after its checkpoint are logged again by this one
+        atomic_write_bytes(run_dir / METRICS, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+        elapsed0 = next((r["elapsed"] for r in reversed(kept) if "elapsed" in r), 0.0)
+        set_rng_state(state["rng"])  # last, as in an uninterrupted run: nothing above draws random numbers
     elif (run_dir / METRICS).exists():
         (run_dir / METRICS).unlink()  # a run killed before its first checkpoint starts afresh
     model.train()
@@ -317,7 +371,7 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
             _append_metrics(run_dir, pending)  # before the checkpoint: a resume cuts back to its step
             pending = []
-            _save_checkpoint(run_dir, model, opt, step, epoch, position)
+            _save_checkpoint(run_dir, cfg, model, opt, step, epoch, position)
     train_seconds = time.perf_counter() - t0
     results = evaluate_run(model, data, sets, cfg)
     hyps = results.pop("hypotheses")
