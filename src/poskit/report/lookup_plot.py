@@ -76,6 +76,6 @@ def write_lookup_report(run_dirs: dict[str, Path], out_dir, n: int = 200, seed: 
         ax.set_yticks(range(len(ex["rows"])), [f"layer {l}" for l in range(len(ex["rows"]))])
         for pos, mark in ((ex["source"], "source"), (ex["target"], "target")):
             ax.axvline(pos, color="white" if mark == "source" else "red", lw=1, ls="--")
-        ax.set_title(f"last token's attention (mean over heads); white: source, red: target", fontsize=9)
+        ax.set_title("last token's attention (mean over heads); white: source, red: target", fontsize=9)
     png = save_figure(fig, out_dir / LOOKUP_PNG, dpi=110)
     return [js, png]
