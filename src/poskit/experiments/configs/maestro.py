@@ -5,7 +5,7 @@ from .records import Reproduction
 MAESTRO = Reproduction(
     paper="PoPE paper, Table 2 MAESTRO (6 layers, d 384, context 2048, 60k steps; RoPE 1.501, PoPE 1.486 NLL)",
     summary="rope, pope, none, alibi on the ten MAESTRO performances miditok ships, context 256, 2 layers d 128, "
-            "400 steps, 2 seeds: estimated 10 min on 2 idle cores (loaded runs: docs/reproductions.md)",
+            "400 steps, 2 seeds: 11.5 min measured on the partly loaded 2-core machine (docs/reproductions.md)",
     config=corpus_lm_config("lm-maestro"),
     encodings="rope,pope:delta_init=uniform,none,alibi",  # delta init range 2 pi for MAESTRO (Table 6)
     seeds=(0, 1),
