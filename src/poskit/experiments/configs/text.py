@@ -11,7 +11,7 @@ from .records import Reproduction
 TEXT = Reproduction(
     paper="PoPE paper, Table 4 (OpenWebText, 124M: RoPE 21.55, PoPE 21.33 validation perplexity)",
     summary="rope, pope, none, alibi on the Wikipedia extract (bytes), context 256, 2 layers d 128, 400 steps, "
-            "2 seeds: estimated 10 min on 2 idle cores (loaded runs: docs/reproductions.md)",
+            "2 seeds: 12.5 min measured on the partly loaded 2-core machine (docs/reproductions.md)",
     config=corpus_lm_config("lm-wiki", task_options={"tokenizer": "bytes"}),
     encodings="rope,pope,none,alibi",  # delta init 0 for OpenWebText (Table 6): pope's default
     seeds=(0, 1),
