@@ -8,7 +8,7 @@ ABLATIONS = Reproduction(
     paper="PoPE paper, Table 8 (124M on OpenWebText: without softplus 21.57, without delta 21.42, full 21.33 "
           "validation perplexity)",
     summary="pope, pope without softplus, without delta, delta init uniform on the Wikipedia extract (bytes), "
-            "context 256, 2 layers d 128, 400 steps, 2 seeds: estimated 12 min on 2 idle cores (loaded runs: docs/reproductions.md)",
+            "context 256, 2 layers d 128, 400 steps, 2 seeds: 12.5 min measured on the partly loaded 2-core machine (docs/reproductions.md)",
     config=corpus_lm_config("lm-wiki", task_options={"tokenizer": "bytes"}),
     # the options pope declares (encodings/pope.py): softplus, phase_bias, delta_init
     encodings="pope,pope:softplus=false,pope:phase_bias=false,pope:delta_init=uniform",
