@@ -26,7 +26,6 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,26 +56,14 @@ void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, in
   sgemm_(&opb, &opa, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
 }
 
-// bf16 x bf16 -> fp32 through torch's cpublas::brgemm, which reaches oneDNN's bf16 GEMM (native bf16 dot
-// products where the CPU has them); MKL's own bf16 GEMM emulates them on non-Intel CPUs (measured 1.4x slower
-// here). brgemm takes no transposes and no alpha: a transposed operand is copied (one tile, 1/64 of its GEMM's
-// work), and alpha is applied to C afterwards, which needs beta == 0.
-const at::BFloat16* transposed(const at::BFloat16* src, int rows, int cols, int ld, std::vector<at::BFloat16>& buf) {
-  buf.resize((size_t)rows * cols);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) buf[(size_t)c * rows + r] = src[(int64_t)r * ld + c];
-  return buf.data();
-}
-
+// bf16 x bf16 -> fp32: MKL's GEMM, the one CPU SDPA's bf16 kernel reaches too (measured with perf; on this
+// AMD CPU MKL widens the tiles to fp32 inside). alpha applies to the product only.
 void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const at::BFloat16* a, int lda, const at::BFloat16* b,
           int ldb, float beta, float* c, int ldc) {
-  thread_local std::vector<at::BFloat16> a_t, b_t;
-  TORCH_CHECK(beta == 0.f || alpha == 1.f, "cpu_flash: bf16 gemm scales only a fresh product");
-  if (ta) { a = transposed(a, k, m, lda, a_t); lda = k; }
-  if (tb) { b = transposed(b, n, k, ldb, b_t); ldb = n; }
-  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, beta != 0.f, a, b, c, /*is_vnni=*/false);
-  if (alpha != 1.f)
-    for (int r = 0; r < m; ++r) scale_row(c + (int64_t)r * ldc, n, alpha);
+  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS enum values
+  cblas_gemm_bf16bf16f32(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, m, n, k, alpha,
+                         reinterpret_cast<const uint16_t*>(a), lda, reinterpret_cast<const uint16_t*>(b), ldb, beta,
+                         c, ldc);
 }
 
 // An fp32 tile as a GEMM operand of the input's type: itself for fp32, a rounded copy in `scratch` for bf16.

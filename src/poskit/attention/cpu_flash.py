@@ -83,6 +83,28 @@ def positions_served(q_positions: torch.Tensor, k_positions: torch.Tensor, causa
     return kp.numel() < 2 or bool((kp[1:] >= kp[:-1]).all())
 
 
+def serves(inp, enc) -> bool:
+    """Whether a call (AttentionInputs `inp`, encoding `enc`) takes this kernel: switched on, an encoding that
+    declares q/k wider than v (qk_width > 1: the case CPU SDPA cannot run unpadded), at least MIN_KEYS keys and
+    more than one query block (decode keeps the blocked path), no mask beyond causal-by-position, finite q/k,
+    and a kernel that builds. Cheap checks first; the build happens at most once per process."""
+    q, k = inp.q, inp.k
+    if enc.qk_width == 1 or q.device.type != "cpu" or inp.attn_mask is not None or inp.key_padding_mask is not None:
+        return False
+    if k.shape[2] < MIN_KEYS or q.shape[2] <= BLOCK_Q or not enabled() or torch.compiler.is_compiling():
+        return False
+    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or (inp.v is not None and inp.v.dtype != q.dtype):
+        return False
+    if inp.q_positions is not None and not positions_served(inp.q_positions, inp.k_positions, inp.causal):
+        return False
+    if inp.v is not None:  # (route() asks without values or data)
+        from .sdpa import all_finite
+
+        if not all_finite(q, k):  # NaN rows stay NaN on the exact materialised path (sdpa.py)
+            return False
+    return available()
+
+
 def _plan(q_positions, k_positions, causal: bool, block_q: int):
     """Per query tile: (key_end, full_end) int64, as the kernel expects; empty tensors when not causal."""
     if not causal:
