@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import poskit
 from poskit.attention import cpu_flash
 from poskit.attention.engine import route
+from poskit.attention.sdpa import BLOCKED_MAX_KEYS
 
 
 def reference(q, k, v, scale, q_positions, k_positions, causal):
@@ -57,7 +58,6 @@ def test_unbuildable_kernel_keeps_the_usual_path(monkeypatch):
 
     monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
     monkeypatch.setattr(ext, "load", no_compiler)
-    monkeypatch.setattr(cpu_flash, "MIN_KEYS", 1)
     cpu_flash.kernel.cache_clear()
     try:
         enc = poskit.build_encoding("pope", head_dim=8, num_heads=2)
@@ -144,13 +144,14 @@ def test_bf16_close_to_float64_formula(causal):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_engine_routes_pope_through_the_kernel(monkeypatch, dtype):
-    """poskit.attention with the switch on: PoPE (qk_width 2) at MIN_KEYS keys takes the kernel, grouped kv heads
-    included, and agrees with the reference path in float64 (encoding included), values and gradients."""
+def test_engine_routes_pope_through_the_kernel(monkeypatch):
+    """poskit.attention with the switch on: PoPE (qk_width 2) takes the kernel beyond the blocked path's key limit,
+    grouped kv heads included, and agrees with the reference path in float64 (encoding included), values and
+    gradients."""
     _require_kernel()
+    dtype = torch.float32
     monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
-    T, H, Hkv, D = cpu_flash.MIN_KEYS + 5, 4, 2, 8
+    T, H, Hkv, D = BLOCKED_MAX_KEYS + 5, 2, 1, 8
     enc = poskit.build_encoding("pope", head_dim=D, num_heads=H)
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, H, T, D, generator=g).to(dtype).requires_grad_()
@@ -159,7 +160,7 @@ def test_engine_routes_pope_through_the_kernel(monkeypatch, dtype):
     got = poskit.attention(q, k, v, enc.to(dtype), is_causal=True, enable_gqa=True)
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     want = poskit.attention(*leaves, enc.double(), is_causal=True, enable_gqa=True, backend="reference")
-    atol = 2e-5 if dtype == torch.float32 else 4e-2
+    atol = 2e-5
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
     w = torch.randn(want.shape, dtype=torch.float64, generator=g)
     for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), w.to(dtype)), torch.autograd.grad(want, leaves, w)):
@@ -170,12 +171,19 @@ def test_engine_routes_pope_through_the_kernel(monkeypatch, dtype):
 
 @pytest.mark.slow
 def test_engine_keeps_other_paths_for_what_the_kernel_does_not_serve(monkeypatch):
-    """Decode-sized queries, an encoding with qk_width 1, a padding mask: routed as without the switch."""
+    """One query (decode), an encoding with qk_width 1, bf16, a padding mask: routed as without the switch."""
     _require_kernel()
     monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
     pope, rope = (poskit.build_encoding(n, head_dim=8, num_heads=2) for n in ("pope", "rope"))
-    long = torch.randn(1, 2, cpu_flash.MIN_KEYS, 8)
+    long = torch.randn(1, 2, BLOCKED_MAX_KEYS + 1, 8)
     assert route(pope, long, long) == "cpu-flash"
+    assert route(pope, long[:, :, :64], long[:, :, :64]) == "cpu-flash"  # training sizes too
     assert route(pope, long[:, :, :1], long) == "blocked"  # one query: the decode path
     assert route(rope, long, long) == "sdpa"
-    assert route(pope, long[:, :, :100], long[:, :, :100]) == "blocked"  # below MIN_KEYS
+    assert route(pope.to(torch.bfloat16), long.bfloat16(), long.bfloat16()) == "sdpa"  # bf16: padded SDPA there
+    q, k, v = (torch.randn(1, 2, 70, 8) for _ in range(3))
+    pad = torch.ones(1, 1, 1, 70, dtype=torch.bool)
+    pad[..., :3] = False
+    got = poskit.attention(q, k, v, pope, is_causal=True, attn_mask=pad)  # a padding mask: the blocked path
+    torch.testing.assert_close(got, poskit.attention(q, k, v, pope, is_causal=True, attn_mask=pad, backend="reference"))
+    assert route(pope.to(torch.bfloat16), long.bfloat16(), long.bfloat16()) == "sdpa"  # bf16: padded SDPA there

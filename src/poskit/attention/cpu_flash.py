@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .blocks import sorted_key_ends
+from .sdpa import all_finite
 
 ENV_SWITCH = "POSKIT_CPU_KERNEL"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -30,9 +31,16 @@ SOURCE = Path(__file__).with_name("cpu_flash.cpp")
 BLOCK_Q = 64
 BLOCK_K = 512
 
-# Calls with fewer keys than this keep the blocked path (attention/blocked.py), which is faster there
-# (it keeps its probabilities for the backward instead of recomputing them): measured crossover.
-MIN_KEYS = 1024
+# Where the engine routes the kernel (when switched on): fp32 calls with more than one query, at any length.
+# Measured in one process each (B, H, T, d; forward + backward; time relative to RoPE + SDPA; a loaded
+# machine, docs/benchmarks.md): (32, 4, 64, 32), the default LM's attention: kernel 1.19x, blocked path 1.69x,
+# padded SDPA 1.80x; (8, 8, 1024, 64): kernel 1.20x, blocked 2.97x (1.25x on an idle machine), padded 2.11x;
+# (8, 8, 4096, 64): kernel 1.72x, padded SDPA 2.21x. bf16 is not routed: at 4096 the kernel took 1.85x against
+# padded SDPA's 1.71x, at 1024 1.30x against the blocked path's 0.95x (idle). The only GEMM reachable here with
+# an fp32 output, MKL's bf16 one, widens the tiles to fp32 on this AMD CPU, while SDPA's bf16 kernels reach
+# oneDNN's native bf16 GEMM. Single queries (decode) keep the blocked path (not measured with the kernel).
+# Called directly, the kernel serves fp32 and bf16 at any size.
+ROUTED_DTYPES = (torch.float32,)
 
 
 def enabled() -> bool:
@@ -67,12 +75,6 @@ def available() -> bool:
     return kernel() is not None
 
 
-def shape_served(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """The tensors the kernel computes on: CPU, fp32 or bf16 alike, no empty axis."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
-            and k.dtype == q.dtype and v.dtype == q.dtype and min(q.shape[2], k.shape[2], q.shape[0]) > 0)
-
-
 def positions_served(q_positions: torch.Tensor, k_positions: torch.Tensor, causal: bool) -> bool:
     """Scalar positions shared by the batch, keys ascending when causal (the kernel's tile skipping)."""
     if q_positions.dim() != 2 or k_positions.dim() != 2 or q_positions.shape[0] != 1 or k_positions.shape[0] != 1:
@@ -85,21 +87,19 @@ def positions_served(q_positions: torch.Tensor, k_positions: torch.Tensor, causa
 
 def serves(inp, enc) -> bool:
     """Whether a call (AttentionInputs `inp`, encoding `enc`) takes this kernel: switched on, an encoding that
-    declares q/k wider than v (qk_width > 1: the case CPU SDPA cannot run unpadded), at least MIN_KEYS keys and
-    more than one query block (decode keeps the blocked path), no mask beyond causal-by-position, finite q/k,
-    and a kernel that builds. Cheap checks first; the build happens at most once per process."""
+    declares q/k wider than v (qk_width > 1: the case CPU SDPA cannot run unpadded), a dtype in ROUTED_DTYPES,
+    more than one query (decode keeps the blocked path), no mask beyond causal-by-position, finite q/k, and a
+    kernel that builds. Cheap checks first; the build happens at most once per process."""
     q, k = inp.q, inp.k
     if enc.qk_width == 1 or q.device.type != "cpu" or inp.attn_mask is not None or inp.key_padding_mask is not None:
         return False
-    if k.shape[2] < MIN_KEYS or q.shape[2] <= BLOCK_Q or not enabled() or torch.compiler.is_compiling():
+    if q.shape[2] < 2 or not enabled() or torch.compiler.is_compiling():
         return False
-    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or (inp.v is not None and inp.v.dtype != q.dtype):
+    if q.dtype not in ROUTED_DTYPES or k.dtype != q.dtype or (inp.v is not None and inp.v.dtype != q.dtype):
         return False
     if inp.q_positions is not None and not positions_served(inp.q_positions, inp.k_positions, inp.causal):
         return False
     if inp.v is not None:  # (route() asks without values or data)
-        from .sdpa import all_finite
-
         if not all_finite(q, k):  # NaN rows stay NaN on the exact materialised path (sdpa.py)
             return False
     return available()
