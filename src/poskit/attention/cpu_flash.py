@@ -4,7 +4,9 @@ Enabled by the environment variable POSKIT_CPU_KERNEL=1 (read at every call; "0"
 source is compiled on first use with torch.utils.cpp_extension (g++ and ninja; cached in torch's extension
 directory, TORCH_EXTENSIONS_DIR) and linked against the MKL GEMMs inside libtorch_cpu. When it cannot be built
 or loaded (no compiler, no ninja, a torch without MKL), a warning says why once and every call keeps its
-usual path: enabling it never turns a working call into an error.
+usual path: enabling it never turns a working call into an error. The build targets the CPU it runs on
+(-march=native, for the vectorised exp): give each CPU type its own TORCH_EXTENSIONS_DIR if one cache directory
+is shared between machines.
 
 Why: CPU SDPA's flash kernel needs equal q/k and v head dims, so PoPE pays for v zero-padded to 2d (4 of its
 GEMM widths instead of 3 in the forward); this kernel multiplies q/k at 2d and v at d in cache-sized tiles,
