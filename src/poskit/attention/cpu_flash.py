@@ -37,7 +37,7 @@ BLOCK_K = 512
 # Measured in one process each (B, H, T, d; forward + backward; time relative to RoPE + SDPA; a loaded
 # machine, docs/benchmarks.md): (32, 4, 64, 32), the default LM's attention: kernel 1.19x, blocked path 1.69x,
 # padded SDPA 1.80x; (8, 8, 1024, 64): kernel 1.20x, blocked 2.97x (1.25x on an idle machine), padded 2.11x;
-# (8, 8, 4096, 64): kernel 1.72x, padded SDPA 2.21x. bf16 is not routed: at 4096 the kernel took 1.85x against
+# (8, 8, 4096, 64): kernel 1.72x / 1.50x, padded SDPA 2.21x / 1.93x (two runs). bf16 is not routed: at 4096 the kernel took 1.85x against
 # padded SDPA's 1.71x, at 1024 1.30x against the blocked path's 0.95x (idle). The only GEMM reachable here with
 # an fp32 output, MKL's bf16 one, widens the tiles to fp32 on this AMD CPU, while SDPA's bf16 kernels reach
 # oneDNN's native bf16 GEMM. Single queries (decode) keep the blocked path (not measured with the kernel).
