@@ -2,6 +2,8 @@
 
     python benchmarks/attention.py                       # the issue's grid (B=8, H=8, d=64, T 256/1024/4096)
     python benchmarks/attention.py --quick                # every row once at a small size (about a minute)
+    python benchmarks/attention.py --T 1024,4096 --modes fwdbwd --encodings rope,pope --cpu-kernel --skip-decode
+                                                          # PoPE with the compiled CPU kernel (POSKIT_CPU_KERNEL=1)
 
 Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode:
 `ratio` for the time, `mem_ratio` for the peak memory (every row reports its peak, `peak_MB`: the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from _harness import allocator_peak_bytes, interleaved_medians, keep_freed_memor
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
+from poskit.attention import cpu_flash  # noqa: E402
 from poskit.attention.blocked import blocked_attention  # noqa: E402
 from poskit.attention.engine import route  # noqa: E402
 
@@ -115,6 +119,28 @@ def rope_sdpa_baseline(enc):
     return fn
 
 
+class _CpuKernelOn:
+    """POSKIT_CPU_KERNEL=1 for the duration of one call (the engine reads the switch at every call)."""
+
+    def __enter__(self):
+        self.saved = os.environ.get(cpu_flash.ENV_SWITCH)
+        os.environ[cpu_flash.ENV_SWITCH] = "1"
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del os.environ[cpu_flash.ENV_SWITCH]
+        else:
+            os.environ[cpu_flash.ENV_SWITCH] = self.saved
+
+
+def pope_cpu_kernel(enc):
+    """poskit.attention with the opt-in compiled CPU kernel switched on (attention/cpu_flash.py)."""
+    def fn(q, k, v):
+        with _CpuKernelOn():
+            return poskit.attention(q, k, v, enc, is_causal=True)
+    return fn
+
+
 PEERS = ("pope: padded-v SDPA", "pope: PoPE-pytorch style", "pope: naive complex")
 
 
@@ -142,6 +168,11 @@ def bench_grid(args):
                     # only the reference path is O(T^2) in memory (the blocked paths keep one query block's logits)
                     heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy))
+                if "pope" in names and args.cpu_kernel:
+                    pope = build("pope", H, D, dtype)
+                    with _CpuKernelOn():
+                        path = route(pope, q, k)
+                    cases.append((f"pope, POSKIT_CPU_KERNEL=1 [{path}]", pope_cpu_kernel(pope), False))
                 if "pope" in names:
                     pope = build("pope", H, D, dtype)
                     cases += [
@@ -242,6 +273,9 @@ def main(argv=None):
     p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
     p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cpu-kernel", action="store_true",
+                   help="add a pope row with the opt-in compiled CPU kernel switched on (POSKIT_CPU_KERNEL=1; "
+                        "compiled on first use, about a minute; the row shows the path taken)")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--quick", action="store_true",

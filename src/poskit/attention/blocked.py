@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import sorted_key_ends
+from .sdpa import all_finite
 
 DEFAULT_BLOCK = 64  # measured on a 2-core CPU: larger blocks hit slower GEMM shapes (benchmarks/attention.py)
 
@@ -66,8 +67,23 @@ def _partial_mask(q_positions, k_positions, key_padding_mask, causal, i, j, lo, 
     return vis
 
 
-def _block_probs(q3, k3, shape, bias, q_positions, k_positions, pad, causal, step, stat):
+def _hide(s4, vis, finite: bool) -> None:
+    """Set the logits s4 (B, H, rows, keys) to -inf where vis (broadcastable bool) is False, in place.
+
+    With finite logits, adding a small 0/-inf block is the same and about 10x faster than masked_fill_ with a
+    broadcast mask on CPU (measured 55 us against 565 us for 128 x 64 x 64 logits: the hidden keys of a
+    training-size causal block). A NaN or inf logit at a hidden key would leak through the addition, so
+    non-finite inputs keep masked_fill_.
+    """
+    if finite:
+        s4.add_(torch.zeros(vis.shape, dtype=s4.dtype, device=s4.device).masked_fill_(~vis, float("-inf")))
+    else:
+        s4.masked_fill_(~vis, float("-inf"))
+
+
+def _block_probs(q3, k3, shape, bias, q_positions, k_positions, pad, causal, step, stat, finite=False):
     """Softmax probabilities (B*H, j - i, key_end) of one query block, in `stat` precision.
+    finite: q3, k3 (and the bias) hold no NaN or inf (a faster mask, _hide).
 
     torch.softmax is used rather than exp(s - logsumexp): on CPU, exp of very negative logits produces
     denormals and runs up to 25x slower, while softmax's own vectorised exp does not (measured).
@@ -82,7 +98,7 @@ def _block_probs(q3, k3, shape, bias, q_positions, k_positions, pad, causal, ste
         return torch.softmax(s, dim=-1)
     vis = _partial_mask(q_positions, k_positions, pad, causal, i, j, full_end, ke)
     s4 = s.view(B, H, j - i, ke)
-    s4[..., full_end:].masked_fill_(~vis, float("-inf"))
+    _hide(s4[..., full_end:], vis, finite)
     p = torch.softmax(s, dim=-1)
     if full_end == 0:
         has_key = vis.any(-1, keepdim=True)
@@ -116,10 +132,10 @@ class _Rows:
         self.q_positions, self.k_positions = _batch_rows(q_positions, b0, b1), _batch_rows(k_positions, b0, b1)
         self.pad = None if pad is None else pad[b0:b1]
 
-    def probs(self, bias, causal, step, stat):
+    def probs(self, bias, causal, step, stat, finite=False):
         bias = None if bias is None else _batch_rows(bias, self.b0, self.b1)
         return _block_probs(self.q3, self.k3, self.shape, bias, self.q_positions, self.k_positions,
-                            self.pad, causal, step, stat)
+                            self.pad, causal, step, stat, finite)
 
 
 def _batch_rows(x, b0, b1):
@@ -143,6 +159,9 @@ class BlockedAttention(torch.autograd.Function):
         keep = any(ctx.needs_input_grad[:3]) and prob_bytes <= SAVE_PROBS_BYTES
         ctx.probs = {} if keep else None
         parts = [_Rows(b0, b1, H, q3, k3, v3, q_positions, k_positions, key_padding_mask) for b0, b1 in chunks]
+        # the fast mask needs finite logits: finite inputs (a generated bias, ALiBi's, is finite) in a dtype whose
+        # q . k cannot overflow at realistic magnitudes (float16's 65504 can)
+        finite = ((causal or key_padding_mask is not None) and q.dtype != torch.float16 and all_finite(q3, k3))
         for n, step in enumerate(plan):
             i, j, _, ke = step
             if ke == 0:
@@ -150,7 +169,7 @@ class BlockedAttention(torch.autograd.Function):
                 continue
             bias = None if bias_fn is None else bias_fn(i, j, ke)  # generated once per block, shared by chunks
             for part in parts:
-                p = part.probs(bias, causal, step, stat)
+                p = part.probs(bias, causal, step, stat, finite)
                 # (bmm out= into a strided view is 30x slower than this copy)
                 out3[part.rows, i:j] = torch.bmm(p.to(v.dtype), part.v3[:, :ke])
                 if keep:
@@ -158,7 +177,7 @@ class BlockedAttention(torch.autograd.Function):
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
         ctx.save_for_backward(q, k, v, out, q_positions, k_positions, pad)
         ctx.scale, ctx.causal, ctx.plan, ctx.has_pad, ctx.bias_fn = scale, causal, plan, key_padding_mask is not None, bias_fn
-        ctx.chunks = chunks
+        ctx.chunks, ctx.finite = chunks, finite
         return out
 
     @staticmethod
@@ -184,7 +203,7 @@ class BlockedAttention(torch.autograd.Function):
                 if ctx.probs is not None:  # kept by the forward; read-only (a second backward may need them)
                     p = ctx.probs[part.b0, n]
                 else:  # recomputed (FlashAttention-style), never stored across blocks
-                    p = part.probs(bias, ctx.causal, step, acc)
+                    p = part.probs(bias, ctx.causal, step, acc, ctx.finite)
                 do = do3[r, i:j]
                 # (baddbmm_ / bmm out= into these strided slices fall back to per-matrix loops: 30x slower)
                 dv3[r, :ke] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)

@@ -10,6 +10,8 @@ backend="auto":      triton for encodings with a fused kernel on CUDA when trito
                      attention/blocked_cope.py instead of the reference ("blocked-contextual").
 On CPU the sdpa backend never builds a T x T bias: a static bias (alibi) runs through attention/blocked.py,
 a learned one (relative) through attention/blocked_bias.py ("blocked-bias"), both generated per query block.
+With POSKIT_CPU_KERNEL=1, q/k wider than v (qk_width > 1, PoPE) at long context on CPU run the compiled tiled
+kernel of attention/cpu_flash.py ("cpu-flash") when it builds, instead of padded SDPA or the blocked path.
 
 Every choice here reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`,
 `fused_kernel`, `needs_gate_keys`: encodings/base.py), never its name.
@@ -25,6 +27,7 @@ from .inputs import AttentionInputs, prepare, refuse_renamed
 from .padding import real_token_mask
 from .reference import scores_from_inputs, softmax_rows
 from .inputs import repeat_kv
+from . import cpu_flash
 from .sdpa import all_finite, blocked, sdpa, use_blocked
 from .traced import traced_sdpa
 
@@ -113,6 +116,8 @@ def _run_sdpa(inp, enc, gate_keys):
     if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
         return traced_sdpa(inp, enc)
     if enc.kind == "qk":
+        if cpu_flash.serves(inp, enc):  # opt-in compiled kernel (POSKIT_CPU_KERNEL=1), long context on CPU
+            return _run_cpu_flash(inp, enc)
         if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
             q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
             return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
@@ -135,6 +140,13 @@ def _run_sdpa(inp, enc, gate_keys):
         bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
         return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
     return sdpa(inp, inp.q, inp.k, inp.v)
+
+
+def _run_cpu_flash(inp, enc):
+    q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)  # the scale rides on the encoded query
+    k = repeat_kv(enc.encode_k(inp.k, inp.k_positions), inp.groups)
+    return cpu_flash.cpu_flash_attention(q, k, repeat_kv(inp.v, inp.groups), scale=1.0, q_positions=inp.q_positions,
+                                         k_positions=inp.k_positions, causal=inp.causal)
 
 
 def _run_triton_pope(inp, enc, gate_keys):
@@ -211,7 +223,9 @@ def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = Non
     """The path `attention(q, k, ...)` takes: "reference", "sdpa", "blocked" (the exact CPU path of
     attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias),
     "blocked-bias" (attention/blocked_bias.py: a learned bias such as relative's, on CPU),
-    "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto) or "triton".
+    "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto), "cpu-flash"
+    (attention/cpu_flash.py: the opt-in compiled kernel for qk_width > 1 at long context, POSKIT_CPU_KERNEL=1)
+    or "triton".
     k defaults to q's length."""
     chosen = choose_backend(enc, q, backend)
     if q.shape[-2] == 0 or (k is not None and k.shape[-2] == 0):
@@ -222,6 +236,8 @@ def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = Non
         if _is_learned_bias_on_cpu(enc, q):
             return "blocked-bias"
         inp = AttentionInputs(q, q if k is None else k, None, None, None, 1.0, True, None)
+        if cpu_flash.serves(inp, enc):
+            return "cpu-flash"
         if use_blocked(inp, enc):
             return "blocked"
     return chosen

@@ -27,13 +27,16 @@ class PolarPair(torch.autograd.Function):
         out = x.new_empty(*torch.broadcast_shapes(x.shape, c.shape)[:-1], 2 * d)
         torch.mul(mu, c, out=out[..., :d])
         torch.mul(mu, s, out=out[..., d:])
-        ctx.save_for_backward(x, c, s)
+        # mu is kept when c or s need a gradient (PoPE's query, through the phase bias) rather than recomputed
+        # in the backward: softplus is the most expensive op here (measured ~0.5 ms per (32, 4, 64, 32) call)
+        keep_mu = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        ctx.save_for_backward(x, c, s, mu if keep_mu else None)
         ctx.softplus = softplus
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, c, s = ctx.saved_tensors
+        x, c, s, mu = ctx.saved_tensors
         d = x.shape[-1]
         g_c, g_s = grad[..., :d], grad[..., d:]
         dx = dc = ds = None
@@ -41,7 +44,6 @@ class PolarPair(torch.autograd.Function):
             dmu = torch.addcmul(g_c * c, g_s, s)
             dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if ctx.softplus else dmu, x.shape)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            mu = F.softplus(x) if ctx.softplus else x
             dc = _reduce_to(g_c * mu, c.shape) if ctx.needs_input_grad[1] else None
             ds = _reduce_to(g_s * mu, s.shape) if ctx.needs_input_grad[2] else None
         return dx, dc, ds, None
