@@ -8,7 +8,7 @@ CODE = Reproduction(
     paper="CoPE paper, Table 5 right (code, 4 layers, d 256, 8 heads, context 4096; RoPE 4.1, CoPE 3.9 test "
           "perplexity)",
     summary="cope, relative, rope, pope on the standard library's .py files (bytes, first 400 modules), context "
-            "256, 2 layers d 128, 400 steps, 2 seeds: estimated 15 min on 2 idle cores (loaded runs: docs/reproductions.md)",
+            "256, 2 layers d 128, 400 steps, 2 seeds: 13 min measured on the partly loaded 2-core machine (docs/reproductions.md)",
     # the first 400 modules of the hashed order (about 4M bytes): tokenising all 1,790 to bytes and evaluating
     # their held-out tenth would cost more than the training
     config=corpus_lm_config("lm-code", task_options={"tokenizer": "bytes", "max_documents": 400},
