@@ -24,6 +24,7 @@ from poskit.training import (
 )
 from poskit.training import checkpoint_store
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
+from poskit.training.files import RunFileError
 
 from checkpoint_helpers import to_legacy
 
@@ -189,3 +190,45 @@ def test_tensorboard_logs_the_metrics_records(runs, tmp_path):
     accuracy = {e.step: e.value for e in events.Scalars("validation/accuracy")}
     assert accuracy == pytest.approx({m["step"]: m["accuracy"] for m in log if m.get("split") == "validation"})
     assert json.loads((run / RESULTS_FILE).read_text())["final_train_loss"] == runs[1]["final_train_loss"]
+
+
+@pytest.mark.parametrize("field", ["sha256", "bytes"])
+def test_a_changed_entry_of_the_record_is_blamed_on_the_record_not_on_the_file_it_describes(runs, tmp_path, field):
+    # one character of model_config.json's recorded hash (or its size) changed: the intact model_config.json
+    # must not be reported as corrupt
+    run = _copy(runs, "stopped", tmp_path)
+    record_path = run / CHECKPOINT_FILE
+    record = json.loads(record_path.read_text())
+    entry = record["files"][MODEL_CONFIG_FILE]
+    entry[field] = ("0" if entry["sha256"][0] != "0" else "1") + entry["sha256"][1:] if field == "sha256" \
+        else entry["bytes"] + 1
+    record_path.write_text(json.dumps(record))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(RunFileError) as err:
+        train(None, run, resume=True, quiet=True)
+    assert err.value.path == record_path and "record_sha256" in str(err.value)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_record_written_before_its_own_hash_still_resumes_exactly(runs, tmp_path):
+    run = _copy(runs, "stopped", tmp_path)
+    record_path = run / CHECKPOINT_FILE
+    record = json.loads(record_path.read_text())
+    del record[checkpoint_store.RECORD_HASH]
+    record_path.write_text(json.dumps(record, indent=2))
+    results = train(None, run, resume=True, quiet=True)
+    assert results["final_train_loss"] == runs[1]["final_train_loss"]
+    assert checkpoint_store.RECORD_HASH in json.loads(record_path.read_text())  # the next checkpoint has it
+
+
+def test_a_recorded_hash_that_is_not_a_sha256_is_refused_naming_the_record(runs, tmp_path):
+    run = _copy(runs, "stopped", tmp_path)
+    record_path = run / CHECKPOINT_FILE
+    record = json.loads(record_path.read_text())
+    del record[checkpoint_store.RECORD_HASH]  # an older record: only the format check can catch it
+    record["files"][STATE_FILE]["sha256"] = record["files"][STATE_FILE]["sha256"][:20] + " " + \
+        record["files"][STATE_FILE]["sha256"][21:]
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(RunFileError) as err:
+        train(None, run, resume=True, quiet=True)
+    assert err.value.path == record_path

@@ -5,8 +5,8 @@ trainer, seq2seq.py): the store takes a state dict whose "model" entry is the we
 and reads back exactly those; which other entries a state must hold is each trainer's to check
 (`check_entries`).
 
-    checkpoint.json                           the commit record: step, world_size, directory, and the size and
-                                              SHA-256 of each file below
+    checkpoint.json                           the commit record: step, world_size, directory, the size and
+                                              SHA-256 of each file below, and the SHA-256 of these entries
     checkpoints/step-00000100-3f2a9c/
         model.safetensors                     weights (loadable alone: safetensors.torch.load_file)
         model_config.json                     the config of the model they belong to (ModelConfig with
@@ -43,6 +43,8 @@ CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE, MODEL_CONFIG_FILE, STATE_FILE = "model.safetensors", "model_config.json", "training_state.pt"
 FORMAT = "poskit-checkpoint-2"
 _DIR_PATTERN = re.compile(r"^step-\d{8,}-[0-9a-f]{6}$")
+_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+RECORD_HASH = "record_sha256"  # checkpoint.json's hash of its own other entries
 
 
 def has_checkpoint(run_dir) -> bool:
@@ -100,6 +102,7 @@ def write_checkpoint(run_dir, state: dict, model_config: dict) -> Path:
               "directory": f"{CHECKPOINTS_DIR}/{name}",
               "files": {file: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                         for file, data in contents.items()}}
+    record[RECORD_HASH] = _record_hash(record)
     atomic_write_json(run_dir / CHECKPOINT_FILE, record)  # the commit
     remove_uncommitted_checkpoints(run_dir)
     (run_dir / LEGACY_CHECKPOINT_FILE).unlink(missing_ok=True)
@@ -124,12 +127,23 @@ def remove_uncommitted_checkpoints(run_dir) -> list[Path]:
 
 # -- reading
 
+def _record_hash(record: dict) -> str:
+    """SHA-256 of the record's entries other than its own hash, in a canonical JSON form."""
+    body = {k: v for k, v in record.items() if k != RECORD_HASH}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _record(path: Path) -> dict:
-    """checkpoint.json, checked: its entries, and a directory inside the run's checkpoints/."""
+    """checkpoint.json, checked: its own hash, its entries, and a directory inside the run's checkpoints/."""
     record = read_json(path, "a checkpoint record")
-    if record.get("format") != FORMAT:
-        raise RunFileError(path, f"is not a poskit checkpoint record (format {record.get('format')!r}, "
-                                 f"expected {FORMAT!r})")
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise RunFileError(path, f"is not a poskit checkpoint record (format {found!r}, expected {FORMAT!r})")
+    # Without its own hash, a changed character inside a recorded SHA-256 would be blamed on the intact file
+    # it describes. Records written before the hash was added have none and are read as before.
+    if RECORD_HASH in record and record[RECORD_HASH] != _record_hash(record):
+        raise RunFileError(path, f"is corrupt: its entries no longer match the {RECORD_HASH} written with them "
+                                 "(the file was changed after the checkpoint was committed)")
     directory = record.get("directory")
     parts = directory.split("/") if isinstance(directory, str) else []
     if len(parts) != 2 or parts[0] != CHECKPOINTS_DIR or not _DIR_PATTERN.match(parts[1]):
@@ -137,7 +151,8 @@ def _record(path: Path) -> dict:
                                  f"{CHECKPOINTS_DIR}/step-<step>-<id> directories")
     files = record.get("files")
     if not isinstance(files, dict) or set(files) != {WEIGHTS_FILE, MODEL_CONFIG_FILE, STATE_FILE} or not all(
-            isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
+            isinstance(f, dict) and isinstance(f.get("bytes"), int) and not isinstance(f.get("bytes"), bool)
+            and f["bytes"] >= 0 and isinstance(f.get("sha256"), str) and _SHA256_PATTERN.match(f["sha256"])
             for f in files.values()):
         raise RunFileError(path, f"lacks the size and SHA-256 of each of {WEIGHTS_FILE}, {MODEL_CONFIG_FILE}, "
                                  f"{STATE_FILE}")
