@@ -116,11 +116,19 @@ def _flip_byte(name: str, where: float):
     return corrupt
 
 
-def _edit_record(**changes):
+def _signed(record: dict) -> str:
+    """The record as JSON with its own hash recomputed: an edit that the record's integrity check passes, so
+    that the checks behind it are what refuse it."""
+    from poskit.training.checkpoint_store import RECORD_HASH, record_hash
+
+    return json.dumps({**record, RECORD_HASH: record_hash(record)})
+
+
+def _edit_record(sign: bool = True, **changes):
     def corrupt(run: Path):
         record = json.loads((run / CHECKPOINT_FILE).read_text())
         record.update(changes)
-        (run / CHECKPOINT_FILE).write_text(json.dumps(record))
+        (run / CHECKPOINT_FILE).write_text(_signed(record) if sign else json.dumps(record))
     return corrupt
 
 
@@ -134,7 +142,7 @@ def _recorded(name: str, data_of):
         _file(run, name).write_bytes(data)
         record = json.loads((run / CHECKPOINT_FILE).read_text())
         record["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        (run / CHECKPOINT_FILE).write_text(json.dumps(record))
+        (run / CHECKPOINT_FILE).write_text(_signed(record))
     return corrupt
 
 
@@ -167,6 +175,8 @@ RESUME_CASES = [
     ("record names a directory outside", _edit_record(directory="../elsewhere"), RunFileError,
      f"{CHECKPOINT_FILE}: names directory '../elsewhere', not one of its run's"),
     ("record lacks hashes", _edit_record(files={}), RunFileError, f"{CHECKPOINT_FILE}: lacks the size and SHA-256"),
+    ("record edited after its commit", _edit_record(sign=False, step=7), RunFileError,
+     f"{CHECKPOINT_FILE}: is corrupt: its entries no longer match the record_sha256"),
     ("weights truncated", _truncate(WEIGHTS_FILE, 0.5), RunFileError, f"{WEIGHTS_FILE}: is truncated"),
     ("weights missing", lambda run: _file(run, WEIGHTS_FILE).unlink(), RunFileError, f"{WEIGHTS_FILE}: missing"),
     ("weights one byte flipped", _flip_byte(WEIGHTS_FILE, 0.7), RunFileError,

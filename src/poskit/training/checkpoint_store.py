@@ -102,7 +102,7 @@ def write_checkpoint(run_dir, state: dict, model_config: dict) -> Path:
               "directory": f"{CHECKPOINTS_DIR}/{name}",
               "files": {file: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                         for file, data in contents.items()}}
-    record[RECORD_HASH] = _record_hash(record)
+    record[RECORD_HASH] = record_hash(record)
     atomic_write_json(run_dir / CHECKPOINT_FILE, record)  # the commit
     remove_uncommitted_checkpoints(run_dir)
     (run_dir / LEGACY_CHECKPOINT_FILE).unlink(missing_ok=True)
@@ -127,7 +127,7 @@ def remove_uncommitted_checkpoints(run_dir) -> list[Path]:
 
 # -- reading
 
-def _record_hash(record: dict) -> str:
+def record_hash(record: dict) -> str:
     """SHA-256 of the record's entries other than its own hash, in a canonical JSON form."""
     body = {k: v for k, v in record.items() if k != RECORD_HASH}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -141,7 +141,7 @@ def _record(path: Path) -> dict:
         raise RunFileError(path, f"is not a poskit checkpoint record (format {found!r}, expected {FORMAT!r})")
     # Without its own hash, a changed character inside a recorded SHA-256 would be blamed on the intact file
     # it describes. Records written before the hash was added have none and are read as before.
-    if RECORD_HASH in record and record[RECORD_HASH] != _record_hash(record):
+    if RECORD_HASH in record and record[RECORD_HASH] != record_hash(record):
         raise RunFileError(path, f"is corrupt: its entries no longer match the {RECORD_HASH} written with them "
                                  "(the file was changed after the checkpoint was committed)")
     directory = record.get("directory")
