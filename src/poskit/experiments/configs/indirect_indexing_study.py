@@ -60,15 +60,18 @@ INDIRECT_INDEXING_STUDY = Study(
         # 2. a smaller instance of the same task (16 letters, strings of 8-16, shifts up to 7, four queries
         #    per string): the content match and the pointer arithmetic stay, the search space shrinks
         + _pair("small-q4-d64-L2", _model(64, 2, 4), _SMALL, steps=12_000, lr=1e-3, warmup=1000)
-        # 3. the q8 variant, the shift range growing from 0 to 15 over the first 5000 steps
+        # 3. the same small instance with four layers: is depth (room for the content match, then the pointer
+        #    arithmetic, in separate layers) what two layers lack?
+        + _pair("small-q4-d64-L4", _model(64, 4, 4), _SMALL, steps=12_000, lr=1e-3, warmup=1000)
+        # 4. the q8 variant, the shift range growing from 0 to 15 over the first 5000 steps
         + _pair("q8-shiftcurr-d64-L2", _model(64, 2, 4),
                 {**_N_QUERIES, "curriculum": "shift", "curriculum_steps": 5000}, steps=20_000, lr=1e-3,
                 warmup=1000)
-        # 4. depth: four layers at d 64 on the variant
+        # 5. depth: four layers at d 64 on the variant
         + _pair("q8-d64-L4", _model(64, 4, 4), _N_QUERIES, steps=20_000, lr=1e-3, warmup=1000)
-        # 5. the paper's task itself, twice the width and depth of the CPU reproduction (about 0.35 s per step)
+        # 6. the paper's task itself, twice the width and depth of the CPU reproduction (about 0.35 s per step)
         + _pair("paper-d128-L4", _model(128, 4, 8), _PAPER_DATA, steps=30_000, lr=5e-4, warmup=2000)
-        # 6. width on the variant
+        # 7. width on the variant
         + _pair("q8-d128-L4", _model(128, 4, 8), _N_QUERIES, steps=20_000, lr=5e-4, warmup=1000)
     ),
     # learned: 90 % validation accuracy; plateaued: the best value has not risen by 2 points in 10k steps,
