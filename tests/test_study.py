@@ -224,3 +224,31 @@ def test_study_cli_refuses_attention_for_a_group_without_runs_before_writing(tmp
         main(["study", "indirect-indexing", "--out", str(tmp_path / "s"), "--report-only", "--attention", group])
     assert "has no trained runs" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_second_runner_on_a_busy_study_directory_is_refused_and_changes_nothing(tmp_path):
+    from poskit.experiments.study import RUNNER_LOCK, StudyBusy, exclusive
+
+    study = Study("tiny", (StudyRun("a", TINY, "g"),), StopRule(1.0, 1, 1.0))
+    out = tmp_path / "s"
+    out.mkdir()
+    with exclusive(out / RUNNER_LOCK, "the first runner"):  # another runner holds the directory
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(StudyBusy, match="already running") as err:
+            run_study(study, out, workers=1, nice=0, poll_seconds=0.1)
+        assert "--report-only" in str(err.value)
+        assert sorted(p.name for p in out.iterdir()) == before  # no spec, no logs, no run started
+    # released (as when the first runner exits or is killed), the directory can be run again
+    with exclusive(out / RUNNER_LOCK, "a later runner"):
+        pass
+
+
+def test_a_worker_refuses_a_run_another_worker_is_training(tmp_path):
+    from poskit.experiments.study import StudyBusy, exclusive, main
+
+    study = Study("tiny", (StudyRun("a", TINY, "g"),), StopRule(1.0, 1, 1.0))
+    write_spec(study, tmp_path)
+    with exclusive(tmp_path / ".a.lock", "the first worker"):
+        with pytest.raises(StudyBusy, match="run a of the study"):
+            main([str(tmp_path), "a"])
+    assert not (tmp_path / "a").exists()  # nothing trained or written by the refused worker

@@ -13,6 +13,7 @@ evaluated on every split (the same evaluation as a finished run's results.json) 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -28,6 +29,35 @@ from .configs.records import StopRule, Study, StudyRun
 OUTCOME_FILE = "study.json"
 SPEC_FILE = "study_spec.json"
 LOG_DIR = "logs"
+RUNNER_LOCK = ".study.lock"  # held by the one runner of a study directory while it runs
+
+
+class StudyBusy(ValueError):
+    """Another process already runs this study directory (or this run of it)."""
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, what: str):
+    """Hold a non-blocking exclusive file lock for `what`, or raise StudyBusy at once. Two runners on one
+    directory would start two workers per run, and both would train and checkpoint the same run (seen: every
+    evaluation logged twice). The lock is the kernel's (fcntl.flock): it is released when the process dies,
+    so a killed runner never leaves a stale lock behind."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock; one runner per directory is then the user's to ensure
+        yield
+        return
+    with open(lock_path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StudyBusy(f"{what} is already running in another process (lock {lock_path}); wait for it or "
+                            "stop it first (`poskit study NAME --report-only` writes the report and plots "
+                            "without running anything)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
@@ -105,6 +135,12 @@ def run_study(study: Study, out_dir, workers: int = 2, nice: int = 19, poll_seco
     for r in study.runs:
         r.train_config()  # every run's config is checked before the first one starts
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(out_dir / RUNNER_LOCK, f"a study runner on {out_dir}"):  # before the spec or a log changes
+        return _run_queue(study, out_dir, workers, nice, poll_seconds, python)
+
+
+def _run_queue(study: Study, out_dir: Path, workers: int, nice: int, poll_seconds: float, python: str) -> list[dict]:
     (out_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     write_spec(study, out_dir)
     pending = [r for r in study.runs if outcome(out_dir / r.name) is None]
@@ -147,7 +183,9 @@ def main(argv=None) -> int:
     out_dir, name = (sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)
     study = read_spec(out_dir)
-    advance(study, study.run(name), out_dir)
+    run = study.run(name)
+    with exclusive(Path(out_dir) / f".{run.name}.lock", f"run {run.name} of the study in {out_dir}"):
+        advance(study, run, out_dir)
     return 0
 
 
