@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..durable import fsync_dir, write_synced
+from ..file_lock import file_lock
 
 __all__ = ["FORMAT_VERSION", "StaleCache", "CachedSplit", "build_lock", "token_dtype", "write_split", "open_split"]
 
@@ -120,14 +121,5 @@ def build_lock(directory: Path):
     The caller checks the cache again once it holds the lock: the other process may have built it."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock (concurrent first builds must then be avoided by the caller)
+    with file_lock(directory.parent / f".{directory.name}.lock"):
         yield
-        return
-    with open(directory.parent / f".{directory.name}.lock", "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from poskit.file_lock import file_lock
 from poskit.training import TrainConfig, atomic_write_json
 from poskit.training.files import read_json, read_metrics
 
@@ -40,24 +41,15 @@ class StudyBusy(ValueError):
 def exclusive(lock_path: Path, what: str):
     """Hold a non-blocking exclusive file lock for `what`, or raise StudyBusy at once. Two runners on one
     directory would start two workers per run, and both would train and checkpoint the same run (seen: every
-    evaluation logged twice). The lock is the kernel's (fcntl.flock): it is released when the process dies,
-    so a killed runner never leaves a stale lock behind."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock; one runner per directory is then the user's to ensure
-        yield
-        return
-    with open(lock_path, "a+") as handle:
+    evaluation logged twice). A killed runner releases its lock with its process."""
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            held.enter_context(file_lock(lock_path, wait=False))
+        except BlockingIOError:  # (only the acquisition: an error of the locked work is not "busy")
             raise StudyBusy(f"{what} is already running in another process (lock {lock_path}); wait for it or "
                             "stop it first (`poskit study NAME --report-only` writes the report and plots "
                             "without running anything)") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
 
 
 def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
