@@ -10,8 +10,8 @@ backend="auto":      triton for encodings with a fused kernel on CUDA when trito
                      attention/blocked_cope.py instead of the reference ("blocked-contextual").
 On CPU the sdpa backend never builds a T x T bias: a static bias (alibi) runs through attention/blocked.py,
 a learned one (relative) through attention/blocked_bias.py ("blocked-bias"), both generated per query block.
-With POSKIT_CPU_KERNEL=1, q/k wider than v (qk_width > 1, PoPE) at long context on CPU run the compiled tiled
-kernel of attention/cpu_flash.py ("cpu-flash") when it builds, instead of padded SDPA or the blocked path.
+With POSKIT_CPU_KERNEL=1, fp32 q/k wider than v (qk_width > 1, PoPE) with more than one query on CPU run the
+compiled tiled kernel of attention/cpu_flash.py ("cpu-flash") when it builds, instead of padded SDPA or the blocked path.
 
 Every choice here reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`,
 `fused_kernel`, `needs_gate_keys`: encodings/base.py), never its name.
@@ -116,7 +116,7 @@ def _run_sdpa(inp, enc, gate_keys):
     if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
         return traced_sdpa(inp, enc)
     if enc.kind == "qk":
-        if cpu_flash.serves(inp, enc):  # opt-in compiled kernel (POSKIT_CPU_KERNEL=1), long context on CPU
+        if cpu_flash.serves(inp, enc):  # opt-in compiled kernel (POSKIT_CPU_KERNEL=1): fp32 on CPU, any length
             return _run_cpu_flash(inp, enc)
         if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
             q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
@@ -224,7 +224,7 @@ def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = Non
     attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias),
     "blocked-bias" (attention/blocked_bias.py: a learned bias such as relative's, on CPU),
     "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto), "cpu-flash"
-    (attention/cpu_flash.py: the opt-in compiled kernel for qk_width > 1 at long context, POSKIT_CPU_KERNEL=1)
+    (attention/cpu_flash.py: the opt-in compiled kernel for qk_width > 1 in fp32, POSKIT_CPU_KERNEL=1)
     or "triton".
     k defaults to q's length."""
     chosen = choose_backend(enc, q, backend)
