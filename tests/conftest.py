@@ -3,6 +3,8 @@ import os
 import pytest
 import torch  # torch does not import triton, so TRITON_INTERPRET can still be decided below
 
+from thread_helpers import single_thread
+
 
 def _cuda_present() -> bool:
     # NVML-based check: answers without cuInit in the pytest process, so children that tests fork
@@ -88,7 +90,5 @@ def build(name, head_dim=16, num_heads=4, dim=32, dtype=torch.float64, **extra):
 @pytest.fixture
 def one_thread():
     """torch on one thread for the test (tiny matrices: faster, and the same arithmetic in every process)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with single_thread():
+        yield

@@ -29,6 +29,7 @@ from poskit.training import (
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 
 from checkpoint_helpers import to_legacy
+from thread_helpers import single_thread
 
 TINY = dict(task="flip-flop", task_options={"length": 16, "eval_size": 32, "eval_batch_size": 32},
             model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}, batch_size=8, max_steps=16,
@@ -43,12 +44,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def stopped_run(tmp_path_factory) -> Path:
     """A run stopped at its step-8 checkpoint (of 16), built once; tests work on copies."""
     run = tmp_path_factory.mktemp("stopped") / "run"
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         assert train(TrainConfig.from_dict(TINY), run, stop_after=8, quiet=True) is None
-    finally:
-        torch.set_num_threads(n)
     return run
 
 

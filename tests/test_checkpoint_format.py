@@ -27,6 +27,7 @@ from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIG
 from poskit.training.files import RunFileError
 
 from checkpoint_helpers import to_legacy
+from thread_helpers import single_thread
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,13 +50,9 @@ def _files(run: Path) -> Path:
 def runs(tmp_path_factory):
     """An uninterrupted run and one stopped at its step-8 checkpoint, built once; tests work on copies."""
     root = tmp_path_factory.mktemp("ckpt")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         full = train(tiny(), root / "full", quiet=True)
         assert train(tiny(), root / "stopped", stop_after=8, quiet=True) is None
-    finally:
-        torch.set_num_threads(n)
     return root, full
 
 

@@ -12,12 +12,8 @@ FF = ["task_options.length=16", "task_options.eval_size=32", "task_options.eval_
 LM = ["task_options.context=16", "final_eval_batches=1", "eval_batches=1", "batch_size=4"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["compare"], ["extrapolate"], ["demo"], ["reproduce"], ["analyze"], ["list"]])

@@ -16,6 +16,7 @@ from poskit.config_check import ConfigError
 from poskit.tasks.base import Batch
 from poskit.training import CONFIG_FILE, RESULTS_FILE, TrainConfig, load_run, preflight, read_metrics, train
 from poskit.training.distributed import Processes, check_batch_split, local_rows, processes_from_env
+from thread_helpers import single_thread
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,12 +54,8 @@ def _losses(run: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("dist") / "one"
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         train(_cfg(), run, quiet=True)
-    finally:
-        torch.set_num_threads(n)
     return run
 
 

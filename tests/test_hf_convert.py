@@ -12,6 +12,7 @@ from poskit.cli import main  # noqa: E402
 from poskit.hf import PoskitForCausalLM, to_poskit  # noqa: E402
 from poskit.training import TrainConfig  # noqa: E402
 from poskit.training.run import load_run, train  # noqa: E402
+from thread_helpers import single_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +22,8 @@ def run_dir(tmp_path_factory):
         task="flip-flop", task_options={"length": 16, "eval_size": 16, "eval_batch_size": 16},
         model={"d_model": 16, "n_layers": 2, "n_heads": 2, "encoding": "pope", "mlp": "swiglu", "tie_embeddings": True},
         batch_size=4, max_steps=3, warmup_steps=1, eval_every=3, log_every=3, checkpoint_every=3))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         train(cfg, d, quiet=True)
-    finally:
-        torch.set_num_threads(n)
     return d
 
 

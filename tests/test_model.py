@@ -5,13 +5,8 @@ import torch
 import poskit
 from poskit.model import ModelConfig, Transformer
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V = 13

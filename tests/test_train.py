@@ -28,13 +28,8 @@ from poskit.train import (
     train,
 )
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope"}
