@@ -4,6 +4,7 @@
     python benchmarks/train_step.py --encodings rope,pope,alibi --steps 30 --threads 2
     python benchmarks/train_step.py --device cuda        # peak memory from the CUDA allocator
     python benchmarks/train_step.py --quick              # 2 steps x 1 round: checks that it runs
+    python benchmarks/train_step.py --encodings rope,pope --compile   # every model through torch.compile
 
 One process measures every encoding in turn, interleaved over several rounds (so that drifting machine load
 hits all encodings alike); the step time is the median over rounds. A step is the trainer's own
@@ -55,13 +56,15 @@ def encoding_options(name: str, context: int) -> dict:
 class Run:
     """One encoding's model, optimizer and config, stepped exactly as the trainer steps them."""
 
-    def __init__(self, name: str, batch_size: int, context: int, device: str):
+    def __init__(self, name: str, batch_size: int, context: int, device: str, compile_model: bool = False):
         cfg = dict(LM_TRAIN, batch_size=batch_size, task_options={"context": context}, device=device,
                    model={**LM_MODEL, "encoding": name, "encoding_options": encoding_options(name, context)})
         self.cfg = TrainConfig.from_dict(cfg)
         torch.manual_seed(0)
         self.model = Transformer(dataclasses.replace(self.cfg.model, vocab_size=VOCAB)).to(device)
         self.optimizer = make_optimizer(self.model, self.cfg)
+        if compile_model:  # the optimizer keeps the same parameters; only the forward/backward are compiled
+            self.model = torch.compile(self.model)
         self.step_count = 0
 
     def step(self, batch: Batch) -> float:
@@ -101,6 +104,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the encodings")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true",
+                   help="wrap every model in torch.compile (inductor); the warm-up steps include the compilation")
     p.add_argument("--quick", action="store_true", help="2 timed steps, 1 round, 1 warm-up step: a check that it runs")
     args = p.parse_args(argv)
     if args.quick:
@@ -120,7 +125,7 @@ def main(argv=None) -> None:
     x = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g)
     y = torch.randint(1, VOCAB, (args.batch_size, args.context), generator=g)
     batch = Batch(x, y).to(args.device)
-    runs = {n: Run(n, args.batch_size, args.context, args.device) for n in names}
+    runs = {n: Run(n, args.batch_size, args.context, args.device, args.compile) for n in names}
     for run in runs.values():  # warm up: tables, allocator, autotuning
         time_steps(run, batch, 1 if args.quick else 2, args.device)
     times = {n: [] for n in names}
@@ -135,7 +140,7 @@ def main(argv=None) -> None:
     print(f"training step (poskit.train.optimizer_step: clipping, AdamW decay groups), LM {LM_MODEL['n_layers']} "
           f"layers d_model {LM_MODEL['d_model']} {LM_MODEL['n_heads']} heads, batch {args.batch_size} x context "
           f"{args.context}, {args.device}, {args.threads} thread(s), median of {args.rounds} rounds x {args.steps} "
-          f"steps\n")
+          f"steps{', torch.compile' if args.compile else ''}\n")
     print(markdown_table(["encoding", "ms/step", "tokens/s", "tokens/s vs rope", "peak MiB", "peak vs rope"], rows))
 
 

@@ -76,8 +76,9 @@ def test_unbuildable_kernel_keeps_the_usual_path(monkeypatch):
 def test_off_by_default_routes_as_before(monkeypatch):
     monkeypatch.delenv(cpu_flash.ENV_SWITCH, raising=False)
     enc = poskit.build_encoding("pope", head_dim=8, num_heads=2)
-    q = torch.randn(1, 2, 4096, 8)
+    q = torch.randn(1, 2, BLOCKED_MAX_KEYS + 1, 8)
     assert route(enc, q, q) == "sdpa"  # padded SDPA beyond the blocked path's key limit, as before
+    assert route(enc, q[:, :, :BLOCKED_MAX_KEYS], q[:, :, :BLOCKED_MAX_KEYS]) == "blocked"  # and the blocked path up to it
 
 
 # --- the compiled kernel ---------------------------------------------------------------------------------

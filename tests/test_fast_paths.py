@@ -75,7 +75,9 @@ def test_route_names_the_path_taken():
     assert route(build("relative"), q) == "blocked-bias"  # learned bias: generated per query block, never T x T
     assert route(build("cope"), q) == "blocked-contextual"
     assert route(build("rope"), q, backend="reference") == "reference"
-    long_keys = torch.zeros(1, 4, 4096, 16)
+    from poskit.attention.sdpa import BLOCKED_MAX_KEYS
+
+    long_keys = torch.zeros(1, 4, BLOCKED_MAX_KEYS + 1, 16)
     assert route(build("pope"), long_keys, long_keys) == "sdpa"  # padded flash kernel beyond BLOCKED_MAX_KEYS
     assert route(build("pope"), q, long_keys) == "blocked"  # a few queries (decode) stay blocked
 

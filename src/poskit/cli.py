@@ -26,7 +26,8 @@ EPILOG_RESUME = ("resume: --resume --run-dir D continues D from its checkpoint w
 # flags that set a TrainConfig field: (argparse attribute, field, flag as typed)
 CONFIG_FLAGS = (("steps", "max_steps", "--steps"), ("train_seconds", "train_seconds", "--train-seconds"),
                 ("lr", "lr", "--lr"), ("batch_size", "batch_size", "--batch-size"), ("seed", "seed", "--seed"),
-                ("parallel", "parallel", "--parallel"), ("tensorboard", "tensorboard", "--tensorboard"))
+                ("parallel", "parallel", "--parallel"), ("tensorboard", "tensorboard", "--tensorboard"),
+                ("compile", "compile", "--compile"))
 
 
 def _check_positive(args, *attrs: str) -> None:
@@ -492,6 +493,8 @@ def _add_common_training(p: argparse.ArgumentParser, task_required: bool = True)
                    help="under torchrun: DistributedDataParallel (default) or FSDP2 sharding (docs/distributed.md)")
     p.add_argument("--tensorboard", action="store_const", const=True,
                    help="also log metrics as TensorBoard scalars in <run>/tensorboard (the tensorboard extra)")
+    p.add_argument("--compile", action="store_const", const=True,
+                   help="train through torch.compile (same maths; the first steps compile, 10-40 s on CPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=64")
 
 

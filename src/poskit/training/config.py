@@ -13,7 +13,7 @@ from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_n
 PARALLEL_MODES = ("ddp", "fsdp")
 # fields a resumed run may change freely: how many processes train it and whether TensorBoard also logs
 # change neither the data stream nor the numbers (docs/distributed.md)
-RESUME_FREE_FIELDS = ("world_size", "tensorboard")
+RESUME_FREE_FIELDS = ("world_size", "tensorboard", "compile")
 
 # loss_on's forms, in the words of its error message
 LOSS_ON_ALLOWED = '"task", "last" or a non-empty list of distinct target indices such as [-1] or [0, -2]'
@@ -83,6 +83,11 @@ class TrainConfig:
     world_size: int | None = None
     """Number of processes that trained the run, recorded by the trainer (the launch's WORLD_SIZE, 1 without
     torchrun); a value given before training must equal the launch's. A resume may use another number."""
+    compile: bool = False
+    """Run the training forward and backward through torch.compile (inductor): the same maths, rounded
+    differently; the first steps pay for the compilation (10-40 s on CPU). Evaluation stays eager (its batch
+    shapes differ). On the default LM on CPU PoPE's step fell to RoPE's (benchmarks/train_step.py --compile,
+    docs/benchmarks.md). A resume may switch it on or off."""
     tensorboard: bool = False
     """Also log the metrics.jsonl records as TensorBoard scalars in <run_dir>/tensorboard (needs the
     "tensorboard" extra). A resume may switch it on or off."""

@@ -63,6 +63,8 @@ class Trainer:
         self.model = build_model(cfg, self.task)
         # what a training step calls: the model itself, or its DDP wrapper (FSDP shards self.model in place)
         self.net = wrap_model(self.model, self.procs, cfg.parallel)
+        if cfg.compile:  # the compiled module shares self.model's parameters; checkpoints keep saving self.model
+            self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, cfg)
         if self.procs.rank > 0:
             torch.manual_seed(_rank_seed(cfg.seed, self.procs.rank, 0))

@@ -16,7 +16,7 @@ from .checkpoint_store import (
     remove_uncommitted_checkpoints,
     write_checkpoint,
 )
-from .config import TrainConfig, resume_config
+from .config import RESUME_FREE_FIELDS, TrainConfig, resume_config
 from .distributed import Processes, barrier, check_batch_split, from_main, processes_from_env, start_processes
 from .files import (
     CHECKPOINT_FILE,
@@ -67,7 +67,7 @@ def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after:
 
     With `resume`, a checkpoint in `run_dir` is continued with the config saved beside it: `cfg` (None: the
     saved one) must equal it except for a larger max_steps, which extends the run (see `resume_config`), and
-    the free fields world_size and tensorboard. A finished run resumed with the same config returns its saved
+    the free fields world_size, tensorboard and compile. A finished run resumed with the same config returns its saved
     results without training or evaluating.
 
     Launched by torchrun with several processes, every rank calls this with the same arguments: all of them
@@ -88,7 +88,7 @@ def train(cfg: TrainConfig | None, run_dir, *, resume: bool = False, stop_after:
         state = read_checkpoint(ckpt, cfg.device)
         checkpoint_config(run_dir, state, saved)
         metrics = metrics_at_checkpoint(run_dir, state)
-        same = dataclasses.replace(cfg, world_size=saved.world_size, tensorboard=saved.tensorboard) == saved
+        same = dataclasses.replace(cfg, **{f: getattr(saved, f) for f in RESUME_FREE_FIELDS}) == saved
         if same and (run_dir / RESULTS_FILE).exists():
             return read_json(run_dir / RESULTS_FILE, "a run's final results")
         preflight(cfg, procs)
