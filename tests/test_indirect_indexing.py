@@ -282,3 +282,27 @@ def test_reproduce_paper_preset_is_the_papers_appendix_b():
 
     task = build_task_for(cfg)
     assert (task.train_size, task.eval_size, task.min_len, task.max_len, task.max_shift) == (1_000_000, 10_000, 20, 40, 15)
+    # none of the default's variant options survives into the paper's task
+    assert (task.alphabet_size, task.n_queries, task.curriculum) == (52, 1, None)
+
+
+def test_the_reproductions_default_variant_follows_the_definition():
+    """The variant `poskit reproduce indirect-indexing` trains by default (shifts up to 3, 16 letters, strings
+    of 8-16, four queries per string), checked like the paper's task, over the training stream too."""
+    from poskit.experiments.configs import REPRODUCTIONS
+    from poskit.experiments.reproduce import preset_config
+    from poskit.training import TrainConfig
+    from poskit.training.step import build_task_for
+
+    cfg = TrainConfig.from_dict(preset_config(REPRODUCTIONS["indirect-indexing"], "default"))
+    assert REPRODUCTIONS["indirect-indexing"].seeds == (0, 1, 2)
+    t = build_task_for(cfg)
+    assert (t.alphabet_size, t.min_len, t.max_len, t.max_shift, t.n_queries) == (16, 8, 16, 3, 4)
+    alphabet = ALL_LETTERS[:16]
+    train = [t.train_batch(250, gen(s)) for s in range(8)]
+    for batches in (t.split("test"), train):
+        lengths, shifts, letters = check(t, batches, min_len=8, max_len=16, max_shift=3, alphabet=alphabet,
+                                         n_queries=4)
+        assert_uniform(lengths, range(8, 17))
+        assert_uniform(shifts, range(-3, 4))
+        assert set(letters) == set(alphabet)

@@ -69,9 +69,9 @@ def test_the_indirect_indexing_study_configs_are_valid_pairs():
     for run in study.runs:
         cfg = run.train_config()  # every config is a valid TrainConfig
         assert cfg.task == "indirect-indexing"
-        groups.setdefault(run.group, []).append(cfg)
+        groups.setdefault((run.group, cfg.seed), []).append(cfg)
     for group, cfgs in groups.items():
-        # each group compares rope with pope on the same seed, data and schedule
+        # each group compares rope with pope on the same seed, data and schedule (per seed)
         assert sorted(c.model.encoding for c in cfgs) == ["pope", "rope"], group
         a, b = (dict(c.to_dict(), model=None) for c in cfgs)
         assert a == b, group
