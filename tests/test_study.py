@@ -184,6 +184,31 @@ def test_lookup_attention_shapes_and_refusal():
     for key in ("source_match", "target_from_last", "source_from_last"):
         arr = torch.tensor(out[key])
         assert arr.shape == (2, 2) and torch.all((arr >= 0) & (arr <= 1))
+    assert torch.tensor(out["left_neighbour"]).shape == (2, 2, 3)
+
+
+def test_lookup_attentions_left_neighbour_mass_is_the_maps_subdiagonals():
+    """For one example, recomputed the slow obvious way from the attention maps of that same example."""
+    import numpy as np
+
+    from poskit.evaluate.attention_maps import attention_maps, lookup_attention
+    from poskit.model import ModelConfig, Transformer
+    from poskit.tasks import build_task
+
+    task = build_task("indirect-indexing", min_len=6, max_len=8, max_shift=3)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=len(task.vocab), d_model=16, n_layers=2, n_heads=2,
+                                    encoding="pope")).eval()
+    out = lookup_attention(model, task, n=1, seed=5)
+    src, queries = task.sample_raw(np.random.default_rng(5))
+    text = src + "".join(task.format_query(src, qi, qs) for qi, qs, _ in queries)
+    maps = attention_maps(model, torch.tensor([task.vocab.encode(text)[:-1]]))
+    L = len(src)
+    for layer, m in enumerate(maps):
+        for h in range(2):
+            for k in (1, 2, 3):
+                expected = sum(m[0, h, j, j - k].item() for j in range(k, L)) / (L - k)
+                assert out["left_neighbour"][layer][h][k - 1] == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="task"):
         lookup_attention(model, build_task("flip-flop"), n=1)
 

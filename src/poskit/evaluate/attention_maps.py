@@ -9,7 +9,11 @@ each layer and head, the mean attention mass that
 * the query's source-character token puts on that character's occurrence in the string ("what": a content
   match), and
 * the last input token (the one that predicts the target) puts on the target's position and on the source
-  position ("where": the pointer arithmetic, source + shift).
+  position ("where": the pointer arithmetic, source + shift), and
+* each string token puts on the token k places to its left, k = 1..max_shift ("left_neighbour"). Why: with
+  the query after the string, a causal model can only find the target if the string tokens have gathered
+  their left neighbours beforehand (position-only heads); the source (left shifts) or the target (right
+  shifts) is then found by a content match against what they gathered.
 """
 from __future__ import annotations
 
@@ -56,11 +60,14 @@ def attention_maps(model, tokens: torch.Tensor) -> list[torch.Tensor]:
 
 def lookup_attention(model, task, n: int = 256, seed: int = 0) -> dict:
     """Mean attention mass per layer and head ({"source_match", "target_from_last", "source_from_last"}: lists
-    of shape (layers, heads)) over `n` fresh Indirect Indexing examples, first query of each."""
+    of shape (layers, heads); "left_neighbour": (layers, heads, max_shift), entry k-1 the mass a string token
+    puts on the token k places to its left, averaged over the string tokens that have one) over `n` fresh
+    Indirect Indexing examples, first query of each."""
     if getattr(task, "name", None) != "indirect-indexing":
         raise ValueError(f"task must be the indirect-indexing task, got {getattr(task, 'name', task)!r}")
     rng = np.random.default_rng(seed)
-    sums = None
+    sums, neighbour_sums = None, None
+    offsets = range(1, task.max_shift + 1)
     for _ in range(n):
         src, queries = task.sample_raw(rng)
         i, s, _ = queries[0]
@@ -72,6 +79,11 @@ def lookup_attention(model, task, n: int = 256, seed: int = 0) -> dict:
         row = np.array([[[m[0, h, query_char, i].item(), m[0, h, last, i + s].item(), m[0, h, last, i].item()]
                          for h in range(m.shape[1])] for m in maps])  # (layers, heads, 3)
         sums = row if sums is None else sums + row
+        # string tokens j >= k, attention on j - k: the k-th subdiagonal of the string block, per layer and head
+        neighbours = np.array([[[m[0, h, : len(src), : len(src)].diagonal(-k).mean().item() for k in offsets]
+                                for h in range(m.shape[1])] for m in maps])  # (layers, heads, max_shift)
+        neighbour_sums = neighbours if neighbour_sums is None else neighbour_sums + neighbours
     mean = sums / n
     return {"source_match": mean[..., 0].tolist(), "target_from_last": mean[..., 1].tolist(),
-            "source_from_last": mean[..., 2].tolist(), "examples": n}
+            "source_from_last": mean[..., 2].tolist(), "left_neighbour": (neighbour_sums / n).tolist(),
+            "examples": n}

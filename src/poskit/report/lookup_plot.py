@@ -4,6 +4,9 @@ Top row, per run: the mean attention mass (over fresh examples) per layer and he
   (a) the restated source character puts on that character inside the string ("what": a content match),
   (b) the last input token puts on the target, source + shift ("where": the pointer arithmetic),
   (c) the last input token puts on the source character itself.
+Middle row, per run: the mean attention mass a string token puts on the token k places to its left, per layer
+and head (position-only heads that gather the neighbours a later content match reads; see
+evaluate/attention_maps.py).
 Bottom row, per run: the attention of the last input token over one example's positions, per layer (mean over
 heads), with the source and the target marked.
 """
@@ -53,7 +56,7 @@ def write_lookup_report(run_dirs: dict[str, Path], out_dir, n: int = 200, seed: 
     js.write_text(json.dumps({"examples_measured": n, "runs": {k: {**measured[k], "example": examples[k]}
                                                                 for k in run_dirs}}, indent=1))
     labels = list(run_dirs)
-    fig, axes = plt.subplots(2, len(labels), figsize=(6 * len(labels), 7.5), squeeze=False)
+    fig, axes = plt.subplots(3, len(labels), figsize=(6 * len(labels), 11), squeeze=False)
     for col, label in enumerate(labels):
         m = measured[label]
         ax = axes[0, col]
@@ -68,8 +71,18 @@ def write_lookup_report(run_dirs: dict[str, Path], out_dir, n: int = 200, seed: 
         ax.set_ylabel(f"mean attention mass ({n} examples)")
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=7)
-        ex = examples[label]
         ax = axes[1, col]
+        neighbours = np.array(m["left_neighbour"]).reshape(layers * heads, -1)
+        ax.imshow(neighbours, aspect="auto", cmap="magma", vmin=0, vmax=1)
+        ax.set_xticks(range(neighbours.shape[1]), [str(k + 1) for k in range(neighbours.shape[1])])
+        ax.set_yticks(range(layers * heads), [f"L{l}H{h}" for l in range(layers) for h in range(heads)], fontsize=7)
+        ax.set_xlabel("k: the string token k places to the left")
+        for (r, c), value in np.ndenumerate(neighbours):
+            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                    color="black" if value > 0.5 else "white")
+        ax.set_title("string token -> its k-th left neighbour (mean mass)", fontsize=9)
+        ex = examples[label]
+        ax = axes[2, col]
         image = np.array(ex["rows"])
         ax.imshow(image, aspect="auto", cmap="viridis", vmin=0, vmax=max(1e-6, image.max()))
         ax.set_xticks(range(ex["last"] + 1), list(ex["text"][: ex["last"] + 1]), fontsize=6)
