@@ -12,7 +12,8 @@ from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_n
 
 PARALLEL_MODES = ("ddp", "fsdp")
 # fields a resumed run may change freely: how many processes train it and whether TensorBoard also logs
-# change neither the data stream nor the numbers (docs/distributed.md)
+# change neither the data stream nor the numbers (docs/distributed.md); compiling changes only the float
+# rounding of the same maths
 RESUME_FREE_FIELDS = ("world_size", "tensorboard", "compile")
 
 # loss_on's forms, in the words of its error message

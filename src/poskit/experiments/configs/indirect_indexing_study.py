@@ -77,7 +77,8 @@ INDIRECT_INDEXING_STUDY = Study(
         + _pair("small-s3-q4-d64-L2", _model(64, 2, 4), {**_SMALL, "max_shift": 3}, steps=12_000, lr=1e-3,
                 warmup=1000, seed=2)
         # 6. the explanation put to a test: shifts up to 7 again (group 2, where both plateaued near 23 %), now
-        #    with 8 heads instead of 4 at the same width, so that the lower layer has room for 7 neighbours
+        #    with 8 heads instead of 4 at the same width, so that the lower layer has room for 7 neighbours.
+        #    Result: still 22-23 % for both, so the head count alone is not the limit (docs/reproductions.md)
         + _pair("small-q4-d64-L2-h8", _model(64, 2, 8), _SMALL, steps=12_000, lr=1e-3, warmup=1000)
         # 7. the paper's task (q8 variant) with room for 15 neighbours: 8 heads at each of three lower layers
         + _pair("q8-d128-L4", _model(128, 4, 8), _N_QUERIES, steps=20_000, lr=5e-4, warmup=1000)
