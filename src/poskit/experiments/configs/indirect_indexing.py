@@ -11,11 +11,11 @@ the step count was then doubled to fill the budget, not changed to move the resu
 `--preset paper` runs the paper's task and model (App. B) for a GPU user.
 """
 from .common import OPTIMIZER_AND_LOGGING
+from .indirect_indexing_study import SMALL_SHIFTS_VARIANT
 from .records import Reproduction
 
-# the variant (options of the indirect-indexing task; docs/reproductions.md): 16 letters, strings of 8-16,
-# shifts in [-3, +3], four queries per string, each scored (per-query accuracy = the paper's per-example one)
-SMALL_SHIFTS_VARIANT = {"alphabet_size": 16, "min_len": 8, "max_len": 16, "max_shift": 3, "n_queries": 4}
+# the variant is the study's (options of the indirect-indexing task; docs/reproductions.md): 16 letters, strings
+# of 8-16, shifts in [-3, +3], four queries per string, each scored (per-query accuracy = the paper's per-example one)
 
 INDIRECT_INDEXING = Reproduction(
     paper="PoPE paper, Table 1 (default: a smaller variant, shifts up to 3; --preset paper: App. B)",
