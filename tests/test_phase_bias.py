@@ -1,6 +1,8 @@
 """PoPE's phase bias delta is clamped to [-2 pi, 0] in the forward pass; the clamp passes no gradient to an
-entry outside the interval. project_parameters_ puts delta back after each optimizer step, so every entry
-keeps its gradient; forward numbers are unchanged for delta inside the interval."""
+entry outside the interval. By default that is all (the clamp-only rule). With delta_projection=True delta is
+also put back after each optimizer step, by the encoding itself (a step hook on every torch optimizer), so
+every entry keeps its gradient in any training loop; forward numbers are unchanged for delta inside the
+interval."""
 import math
 
 import pytest
@@ -21,13 +23,12 @@ def _train_delta(projection: bool, steps: int = 20, seed: int = 0):
     opt = torch.optim.AdamW(enc.parameters(), lr=0.05, weight_decay=0.0)
     q, k, v = (torch.randn(2, 2, 16, 8) for _ in range(3))
     target = torch.randn(2, 2, 16, 8)
-    for _ in range(steps):
+    for _ in range(steps):  # a plain loop: nothing poskit-specific after the step
         opt.zero_grad()
         loss = (poskit.attention(q, k, v, enc) - target).pow(2).mean()
         loss.backward()
         live = (enc.delta.grad != 0).float().mean().item()
         opt.step()
-        project_parameters_(enc)
     return enc, live
 
 
@@ -40,7 +41,7 @@ def test_the_clamp_alone_strands_entries_and_the_projection_keeps_every_gradient
 
 
 def test_projection_puts_out_of_range_entries_on_the_nearest_bound_and_keeps_the_others():
-    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1)
+    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1, delta_projection=True)
     with torch.no_grad():
         enc.delta.copy_(torch.tensor([[0.3, -1.0, -7.0, -2 * math.pi]]))
     assert project_parameters_(enc) == 1
@@ -49,7 +50,7 @@ def test_projection_puts_out_of_range_entries_on_the_nearest_bound_and_keeps_the
     with torch.no_grad():
         off.delta.fill_(0.5)
     project_parameters_(off)
-    assert off.delta.eq(0.5).all()  # delta_projection=False: today's clamp only
+    assert off.delta.eq(0.5).all()  # delta_projection=False: the clamp only
 
 
 def test_forward_numbers_do_not_depend_on_the_projection_option_for_delta_in_range():
@@ -67,9 +68,42 @@ def test_forward_numbers_do_not_depend_on_the_projection_option_for_delta_in_ran
     assert torch.equal(outs[0], outs[1])
 
 
-def test_the_trainer_projects_after_each_step():
+def test_the_default_is_the_clamp_alone():
+    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1)
+    assert enc.delta_projection is False
+    opt = torch.optim.SGD(enc.parameters(), lr=1.0)
+    enc.delta.grad = torch.full_like(enc.delta, -0.5)  # one step pushes every entry to +0.5, above the bound
+    opt.step()
+    assert enc.delta.eq(0.5).all()  # left where the step put it: the forward pass clamps it to 0
+    q = torch.randn(1, 1, 6, 4)
+    zero = poskit.build_encoding("pope", head_dim=4, num_heads=1)
+    assert torch.equal(poskit.attention(q, q, q, enc), poskit.attention(q, q, q, zero))
+
+
+def test_the_projection_acts_only_through_optimizers_that_hold_delta():
+    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1, delta_projection=True)
+    other = torch.nn.Parameter(torch.zeros(3))
+    with torch.no_grad():
+        enc.delta.fill_(0.7)
+    other.grad = torch.ones(3)
+    torch.optim.SGD([other], lr=0.1).step()  # an optimizer of something else: delta untouched
+    assert enc.delta.eq(0.7).all()
+    enc.delta.grad = torch.zeros_like(enc.delta)
+    torch.optim.AdamW(enc.parameters(), lr=0.1).step()
+    assert enc.delta.eq(0.0).all()  # projected onto the bound by the step itself
+    enc.delta_projection = False  # the flag is read at each step
+    with torch.no_grad():
+        enc.delta.fill_(0.7)
+    torch.optim.SGD(enc.parameters(), lr=0.1).step()
+    assert enc.delta.eq(0.7).all()
+
+
+@pytest.mark.parametrize("projection", [False, True])
+def test_the_trainer_applies_the_encodings_rule(projection):
+    options = {"delta_projection": projection}
     cfg = TrainConfig(task="flip-flop", task_options={"length": 16, "eval_size": 8}, batch_size=4, max_steps=5,
-                      lr=0.05, model=ModelConfig(d_model=16, n_layers=1, n_heads=2, encoding="pope"))
+                      lr=0.05, model=ModelConfig(d_model=16, n_layers=1, n_heads=2, encoding="pope",
+                                                 encoding_options=options))
     from poskit.training.step import build_model, build_task_for
 
     task = build_task_for(cfg)
@@ -80,8 +114,11 @@ def test_the_trainer_projects_after_each_step():
     for step in range(5):
         optimizer_step(model, opt, task.train_batch(cfg.batch_size, gen, step=step), cfg, step)
     deltas = torch.cat([enc.delta.detach().flatten() for enc in model.encoding_modules()])
-    assert deltas.max().item() <= DELTA_MAX and deltas.min().item() >= DELTA_MIN
-    assert (deltas == 0).any() and (deltas < 0).any()  # some entries were pushed up and projected back
+    if projection:
+        assert deltas.max().item() <= DELTA_MAX and deltas.min().item() >= DELTA_MIN
+        assert (deltas == 0).any() and (deltas < 0).any()  # some entries were pushed up and projected back
+    else:
+        assert deltas.max().item() > DELTA_MAX  # some entries were pushed above 0 and left there
 
 
 def test_project_parameters_needs_a_module():

@@ -210,8 +210,9 @@ class PositionalEncoding(nn.Module):
 
     def project_parameters_(self) -> None:
         """Put the encoding's parameters back into their allowed set, in place, after an optimizer step
-        (PoPE: delta into [-2 pi, 0]). Default: nothing to do. Users call
-        `poskit.encodings.project_parameters_(model)` after `optimizer.step()`; the trainer does it."""
+        (PoPE with delta_projection: delta into [-2 pi, 0]). Default: nothing to do. An encoding that needs it
+        calls `encodings.projection.project_after_each_step(self)` when built, so that it runs after the step
+        of any torch optimizer that holds its parameters, whichever loop trains it."""
 
     @classmethod
     def required_options(cls, options: dict) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from .angles import AngleTables
 from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
 from .base import PositionalEncoding, register
 from .polar_pair import polar_pair
+from .projection import project_after_each_step
 
 DELTA_INITS = ("zero", "uniform")
 DELTA_MIN, DELTA_MAX = -2 * math.pi, 0.0
@@ -35,9 +36,20 @@ class PolarEncoding(PositionalEncoding):
 
     logit(t, s) = scale * sum_c softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_hc), with
     theta_c = base^(-c/d), c = 0..d-1 (eq. 2-5), computed in the Cartesian form of eq. 6-9 (q'/k' 2d wide).
-    delta (num_heads, head_dim) is a learned phase bias clamped to [-2 pi, 0] in the forward pass; with
-    delta_projection it is also projected back into that interval after every optimizer step
-    (`project_parameters_`), so that no entry is stranded outside the clamp, where it gets no gradient.
+    delta (num_heads, head_dim) is a learned phase bias, bounded to [-2 pi, 0]. The paper's "we bound delta so
+    that it always lies in [-2 pi, 0]" admits two readings, both available:
+
+    - the bound on the value used (default, `delta_projection=False`): delta is clamped in the forward pass,
+      as PoPE-pytorch does. An entry that an update pushes outside the interval stays there, frozen at the
+      bound (the clamp passes it no gradient); with the zero initialisation most entries stay at 0.
+    - the bound on the parameter (`delta_projection=True`): delta is also projected back into the interval
+      after every optimizer step, so every entry keeps a gradient and moves into the interior.
+
+    They train differently: the projection breaks selective copy (docs/reproductions.md, "PoPE's phase-bias
+    rule", measured over every reproduction that trains PoPE), hence the default. Either rule belongs to the
+    encoding itself, so it holds in any training loop (poskit's trainer, a plain PyTorch loop, the Hugging
+    Face Trainer): the projection runs after the step of any torch optimizer that holds delta
+    (encodings/projection.py), nothing for a loop to call.
 
     Paper: Gopalakrishnan, Csordas, Schmidhuber, Mozer, "Decoupling the What and Where With Polar
     Coordinate Positional Embedding" (eq. 2-9; ablations without softplus / delta: Table 8).
@@ -47,8 +59,8 @@ class PolarEncoding(PositionalEncoding):
         delta_init='zero': delta starts at 0, or 'uniform' in [-2 pi, 0].
         softplus=True: magnitudes softplus(x); False uses x itself (the paper's ablation).
         phase_bias=True: learn delta; False fixes it at 0 (the paper's ablation).
-        delta_projection=True: project delta into [-2 pi, 0] after each optimizer step (docs/reproductions.md
-            measures it against the clamp alone).
+        delta_projection=False: False clamps delta in the forward pass only; True also projects it into
+            [-2 pi, 0] after each optimizer step (see above).
         axial_dims=None: axial positions (images, video): a list of channel counts, one per coordinate, summing
             to head_dim; positions then carry a trailing coordinate axis (T, n) or (B, T, n), and coordinate a
             drives its own channel group with frequencies base^(-c/d_a), c < d_a (encodings/axial.py, as
@@ -72,7 +84,7 @@ class PolarEncoding(PositionalEncoding):
         delta_init: str = "zero",
         softplus: bool = True,
         phase_bias: bool = True,
-        delta_projection: bool = True,
+        delta_projection: bool = False,
         axial_dims: list[int] | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
@@ -99,15 +111,17 @@ class PolarEncoding(PositionalEncoding):
         else:
             self.register_parameter("delta", None)
         self._angles = AngleTables()
+        if self.phase_bias:  # (the flag is read at each step, so it may be switched on a built encoding)
+            project_after_each_step(self)
 
     def project_parameters_(self) -> None:
         """Put delta back into [-2 pi, 0] in place (with delta_projection; a no-op otherwise).
 
-        Called after each optimizer step (poskit.encodings.project_parameters_(model); the trainer does it).
-        Why: the forward clamp passes no gradient to an entry outside [-2 pi, 0], and with the default
-        delta_init="zero" every entry starts on the edge 0, so about half of them step above 0 on the first
-        update and would never receive a gradient again. Projected back onto the edge they keep theirs (the
-        clamp's gradient includes its bounds). Forward values are unchanged: the clamp maps both to 0."""
+        Runs after every step of an optimizer that holds delta (encodings/projection.py). Its effect: the
+        forward clamp passes no gradient to an entry outside [-2 pi, 0], and with delta_init="zero" every entry
+        starts on the edge 0, so about half of them step above 0 on the first update and would never receive
+        a gradient again; projected back onto the edge they keep theirs (the clamp's gradient includes its
+        bounds). Forward values are unchanged by the projection itself: the clamp maps both to 0."""
         if self.delta is not None and self.delta_projection:
             with torch.no_grad():
                 self.delta.clamp_(DELTA_MIN, DELTA_MAX)

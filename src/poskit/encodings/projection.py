@@ -1,21 +1,56 @@
-"""`project_parameters_(model)`: the one call that keeps every encoding's parameters in their allowed set.
+"""Encoding parameters kept in their allowed set after every optimizer step, in any training loop.
 
-Some encodings constrain a parameter to a set (PoPE's phase bias delta to [-2 pi, 0]) by clamping it in the
-forward pass. A clamp passes no gradient to an entry outside the set, so an entry that one optimizer step
-pushes out never comes back. Projecting the parameters back after every step keeps them all trainable:
+Some encodings bound a parameter (PoPE's phase bias delta to [-2 pi, 0]). The bound always applies in the
+forward pass (a clamp). An encoding may also ask for its parameter to be *projected* back into the set after
+each optimizer step (PoPE's `delta_projection=True`); which reading is right is a modelling choice that
+docs/reproductions.md measures, so both are kept.
 
-    loss.backward(); optimizer.step(); poskit.encodings.project_parameters_(model)
+The projection is the encoding's own behaviour, not a trainer's: an encoding that asks for it is recorded here
+when it is built, and one hook registered on every torch optimizer (`register_optimizer_step_post_hook`) clamps
+the recorded parameters that the stepping optimizer holds. So poskit's trainer, a user's own loop and the
+Hugging Face `Trainer` train the same model the same way, with nothing to call.
+
+`project_parameters_(model)` does the same projection by hand (idempotent; kept for code that calls it).
 """
 from __future__ import annotations
 
+import weakref
+
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .base import PositionalEncoding
+
+# encodings whose parameters are projected after each optimizer step (weak: a dropped model is forgotten)
+_PROJECTED: "weakref.WeakSet[PositionalEncoding]" = weakref.WeakSet()
+_HOOK = None
+
+
+def project_after_each_step(enc: PositionalEncoding) -> None:
+    """Call `enc.project_parameters_()` after every step of any torch optimizer that holds one of its own
+    parameters (it projects when the encoding asks for it, e.g. PoPE's delta_projection). Called by the
+    constructor of an encoding with a bounded parameter."""
+    global _HOOK
+    _PROJECTED.add(enc)
+    if _HOOK is None:
+        _HOOK = register_optimizer_step_post_hook(_after_step)
+
+
+def _after_step(optimizer, args, kwargs) -> None:
+    if not any(getattr(enc, "delta_projection", True) for enc in _PROJECTED):
+        return  # nothing asks for projection: skip collecting the optimizer's parameters
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for enc in list(_PROJECTED):
+        # parameters are looked up now, not when the encoding was built: FSDP and load_state_dict(assign=True)
+        # replace Parameter objects
+        if any(id(p) in held for p in enc.parameters(recurse=False)):
+            enc.project_parameters_()
 
 
 def project_parameters_(model: nn.Module) -> int:
     """Call `project_parameters_()` on every PositionalEncoding inside `model` (or on `model` itself when it
-    is one); returns how many encodings were visited. Cheap (an in-place clamp of small tensors)."""
+    is one); returns how many encodings were visited. Cheap (an in-place clamp of small tensors). Optimizer
+    steps already do this for encodings that ask for projection; calling it again changes nothing."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     encodings = [m for m in model.modules() if isinstance(m, PositionalEncoding)]

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..encodings import project_parameters_
 from ..training.files import atomic_write_json, check_writable_dir, read_json
 from ..validate import check_int, check_real
 from ..vision.vit import VIT_ENCODINGS, ViT
@@ -112,7 +111,6 @@ def train_one(encoding: str, seed: int, s: DigitsSettings, data) -> dict:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            project_parameters_(model)  # PoPE's phase bias back into [-2 pi, 0]
             step += 1
     seconds = time.perf_counter() - start
     result = {"encoding": encoding, "seed": seed, "steps": step, "train_seconds": round(seconds, 1),

@@ -9,7 +9,6 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from poskit.encodings import project_parameters_
 from poskit.model import Transformer
 from poskit.tasks import IGNORE_INDEX, build_task, evaluate_batches, lm_loss
 from poskit.tasks.base import Batch
@@ -95,8 +94,8 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
                    step: int, procs: Processes | None = None) -> float:
     """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
     the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
-    `cfg.loss_on` keeps, backward, global-norm gradient clipping, the AdamW update and the projection of the
-    encodings' parameters into their allowed sets (PoPE's delta; encodings/projection.py). Returns the loss.
+    `cfg.loss_on` keeps, backward, global-norm gradient clipping, the AdamW update (encodings that project their parameters
+    into an allowed set do it after the step themselves: encodings/projection.py). Returns the loss.
     A loss that is not finite raises NonFiniteLossError before any parameter is updated.
 
     Under several processes (`procs`; `model` wrapped by DDP or FSDP, `batch` this rank's rows) the loss is
@@ -121,8 +120,7 @@ def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: 
     loss.backward()
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    project_parameters_(model)  # PoPE's delta back into [-2 pi, 0], where its clamp passes gradients
+    optimizer.step()  # (an encoding that projects its parameters does so in the optimizer's step hook)
     return value
 
 
