@@ -58,7 +58,7 @@ class DynamicPositionBias(PositionalEncoding):
 
     f: Linear(1, hidden), SiLU, (depth - 1) x [Linear(hidden, hidden), SiLU], Linear(hidden, num_heads), applied
     to the signed distance x = t - s, or with log_distance=True to sign(t - s) log(1 + |t - s|) (SwinV2's
-    log-spaced coordinates, eq. 4, in one dimension). The MLP is evaluated once per distinct distance that
+    log-spaced coordinates in one dimension). The MLP is evaluated once per distinct distance that
     occurs and gathered, as x-transformers does. The bias reads positions alone; it takes the blocked
     learned-bias path on CPU.
 
