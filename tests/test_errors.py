@@ -8,7 +8,7 @@ from conftest import build, make_qkv
 
 def test_unknown_encoding_lists_names():
     with pytest.raises(ValueError, match=r"name must be one of \[.*'pope'.*\]"):
-        poskit.build_encoding("xpos", head_dim=8, num_heads=2)
+        poskit.build_encoding("no-such-encoding", head_dim=8, num_heads=2)
 
 
 def test_unknown_option_lists_allowed():
