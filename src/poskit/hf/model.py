@@ -1,4 +1,4 @@
-"""`PoskitForCausalLM`: `poskit.model.Transformer` as a transformers causal LM (PreTrainedModel + GenerationMixin).
+"""`PoskitForCausalLM`: `poskit.models.Transformer` as a transformers causal LM (PreTrainedModel + GenerationMixin).
 
 The wrapped Transformer (`.model`) does all the computing, for every encoding, with no branch on the
 encoding's name: left padding, positions from the attention mask, the KV cache behind `PoskitCache`. What
@@ -18,7 +18,7 @@ import poskit
 from poskit.attention.reference import softmax_rows
 from poskit.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
-from poskit.model import Transformer
+from poskit.models import Transformer
 
 from .cache import PoskitCache
 from .config import PoskitConfig
