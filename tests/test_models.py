@@ -31,7 +31,8 @@ def _seq2seq(encoding="rope", **kw):
 
 # ------------------------------------------------------------------------------------------ one skeleton
 def test_every_model_is_built_from_the_one_block_with_poskit_nn_attention():
-    for blocks in (_decoder().blocks, _seq2seq().encoder, _seq2seq().decoder, ViT(encoding="rope", dim=16, heads=2).blocks):
+    vit = ViT(encoding="rope", dim=16, heads=2)
+    for blocks in (_decoder().blocks, _seq2seq().encoder, _seq2seq().decoder, vit.blocks):
         assert all(type(b) is Block and isinstance(b.attn, poskit.nn.Attention) for b in blocks)
     assert all(type(b.cross_attn) is poskit.nn.Attention for b in _seq2seq().decoder)  # cross-attention too
 

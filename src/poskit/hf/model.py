@@ -82,9 +82,9 @@ class PoskitPreTrainedModel(PreTrainedModel):
         for p in (path, *path.parents):
             if p.exists():
                 if not p.is_dir():
-                    raise ValueError(f"save_directory {str(save_directory)!r} is a file or lies under one ({str(p)!r}): "
-                                     "save_pretrained writes a directory (config.json, model.safetensors); choose a "
-                                     "directory path")
+                    raise ValueError(f"save_directory {str(save_directory)!r} is a file or lies under one "
+                                     f"({str(p)!r}): save_pretrained writes a directory (config.json, "
+                                     "model.safetensors); choose a directory path")
                 break
         return super().save_pretrained(save_directory, *args, **kwargs)
 

@@ -84,7 +84,8 @@ class Attention(nn.Module):
         """The keys and values (and CoPE's gate keys, when the layer has them) of `context` (B, S, dim), each
         (B, num_kv_heads, S, head_dim): computed once, they serve every query of a cross-attention (e.g. every
         decoding step of an encoder-decoder)."""
-        kv = (self._heads(self.k_proj(context), self.num_kv_heads), self._heads(self.v_proj(context), self.num_kv_heads))
+        kv = (self._heads(self.k_proj(context), self.num_kv_heads),
+              self._heads(self.v_proj(context), self.num_kv_heads))
         if self.g_proj is not None:
             kv += (self._heads(self.g_proj(context), self.num_kv_heads),)
         return kv

@@ -156,7 +156,11 @@ def decoder_block(cfg: ModelConfig, layer_idx: int) -> Block:
 
 
 class Transformer(nn.Module):
-    """Decoder-only Transformer: tokens (B, T) -> logits (B, T, vocab_size)."""
+    """Decoder-only Transformer: tokens (B, T) -> logits (B, T, vocab_size).
+
+    `model.gradient_checkpointing = True` recomputes each block's activations in the backward pass instead of
+    storing them (activation checkpointing: the same gradients, less memory, one more forward per step); it acts
+    in training with gradients only, never when decoding with a cache."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -5,7 +5,7 @@ Where the positional encoding enters, by the kind the encoding declares (never b
 - absolute (sinusoidal, learned, legendre): vectors added to the source and the target embeddings, one
   instance per stream (a learned table is not shared between German and English positions);
 - every other kind: one instance per self-attention layer, in the encoder's bidirectional self-attention and
-  the decoder's causal self-attention (RoFormer, paper 002 §4.1, puts RoPE in the self-attention blocks).
+  the decoder's causal self-attention (RoFormer, Su et al., §4.1, puts RoPE in the self-attention blocks).
 
 Cross-attention (decoder queries over encoder keys) carries no positional encoding by default
 (`cross_attention_positions="none"`): the two streams are different sequences, and with an absolute encoding
@@ -46,8 +46,8 @@ CROSS_POSITIONS = ("none", "aligned")
 
 @dataclass
 class EncoderDecoderConfig:
-    """Every knob of `EncoderDecoder`. Defaults: a small CPU-scale model (the papers' base model is
-    d_model 512, 8 heads, d_ff 2048, 6 + 6 layers, dropout 0.1: `paper_base()`)."""
+    """Every knob of `EncoderDecoder`. Defaults: a small CPU-scale model (Vaswani et al.'s base model is
+    d_model 512, 8 heads, d_ff 2048, 6 + 6 layers, dropout 0.1)."""
 
     src_vocab_size: int = 8000
     """Source token ids (padding id 0 included)."""
@@ -121,12 +121,6 @@ class EncoderDecoderConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderDecoderConfig":
         return from_known_fields(cls, d, "encoder-decoder config")
-
-
-def paper_base(**changes) -> EncoderDecoderConfig:
-    """The Transformer-base of papers 002 and 003 (Vaswani et al.): d_model 512, 8 heads, d_ff 2048, 6 + 6."""
-    base = dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1)
-    return EncoderDecoderConfig(**{**base, **changes})
 
 
 def _build(cfg: EncoderDecoderConfig):
