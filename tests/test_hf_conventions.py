@@ -61,6 +61,13 @@ def test_the_deprecated_gradient_checkpointing_enable_works_too():
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_every_n_layers_other_than_one_is_refused_and_changes_nothing():
+    model = hf_model("rope", dtype=None).train()
+    with pytest.raises(ValueError, match="every_n_layers must be 1 for a poskit model"):
+        model.activation_checkpointing_enable(every_n_layers=2)
+    assert not model.model.gradient_checkpointing
+
+
 def test_no_recompute_in_eval_or_under_no_grad():
     model = hf_model("rope", dtype=None)
     model.activation_checkpointing_enable()

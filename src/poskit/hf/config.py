@@ -172,8 +172,8 @@ def _check_encoding(config: ModelConfig) -> None:
 
 
 def mlp_width(config: ModelConfig) -> int:
-    """The hidden width of one MLP branch that `poskit.models.decoder.decoder_mlp` builds for `config` (on the meta device: no
-    memory), so this module never restates the MLP's sizing rule."""
+    """The hidden width of one MLP branch that `poskit.models.decoder.decoder_mlp` builds for `config` (on the meta
+    device: no memory), so this module never restates the MLP's sizing rule."""
     with torch.device("meta"):
         return decoder_mlp(config).w1.out_features
 

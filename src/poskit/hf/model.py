@@ -56,6 +56,14 @@ class PoskitPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1):
+        if enable and every_n_layers != 1:  # refused before anything is switched on
+            raise ValueError(f"every_n_layers must be 1 for a poskit model (its block loop checkpoints every block), "
+                             f"got {every_n_layers!r}")
+        func = {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
+        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers, **func)
+
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
         _check_attn_implementation(attn_implementation)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
@@ -145,7 +153,7 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
                             "attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache, "
                             "output_attentions, output_hidden_states, return_dict and the loss keywords "
                             f"{list(_LOSS_KEYWORDS)}")
-        check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size)
+        check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size, self.config.vocab_size)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         check_position_ids(position_ids, batch, length)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
