@@ -61,8 +61,9 @@ class PoskitPreTrainedModel(PreTrainedModel):
         if enable and every_n_layers != 1:  # refused before anything is switched on
             raise ValueError(f"every_n_layers must be 1 for a poskit model (its block loop checkpoints every block), "
                              f"got {every_n_layers!r}")
-        func = {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
-        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers, **func)
+        func = gradient_checkpointing_func
+        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers,
+                                            **({} if func is None else {"gradient_checkpointing_func": func}))
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
         _check_attn_implementation(attn_implementation)
