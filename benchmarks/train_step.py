@@ -31,7 +31,7 @@ from _harness import allocator_peak_bytes, keep_freed_memory  # noqa: E402
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
-from poskit.model import Transformer
+from poskit.models import Transformer
 from poskit.report import markdown_table
 from poskit.tasks import Batch
 from poskit.train import TrainConfig, make_optimizer, optimizer_step

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import poskit
 from poskit.analyze import correlation, decay, frequency
 from poskit.cli import main
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 
 
 # -- the declared hooks ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from poskit.attention.kv_cache import KVCache
 from poskit.encodings.base import _REGISTRY, _bool_options
 from poskit.encodings.cope import contextual_positions
 from poskit.encodings.legendre import legendre_rows, recurrence_rows
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 
 ATTENTION_ENCODINGS = [n for n in poskit.available_encodings() if _REGISTRY[n][0].kind != "absolute"]
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from poskit.attention.kv_cache import KVCache
-from poskit.beam import beam_search, greedy_search
+from poskit.models.beam import beam_search, greedy_search
 
 BOS, EOS = 0, 1
 

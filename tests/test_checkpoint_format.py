@@ -10,7 +10,7 @@ import torch
 
 from poskit.cli import main
 from poskit.config_check import ConfigError
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 from poskit.training import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,

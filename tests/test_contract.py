@@ -15,7 +15,7 @@ from poskit.attention import KVCache, cached_attention
 from poskit.attention.engine import route
 from poskit.encodings import base, rope_scaling
 from poskit.encodings.base import PositionalEncoding
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 
 PREFIX = "test-contract-toy"  # registry names unlikely to clash with real encodings
 

@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("sklearn", reason="the digits demo needs scikit-learn (pip install -c constraints.txt "
                                       "-e '.[vision]')")
 
-from poskit.vision.digits import load_digits_splits, on_canvas, upsample  # noqa: E402
-from poskit.vision.vit import ViT, patch_positions  # noqa: E402
+from poskit.data.digits import load_digits_splits, on_canvas, upsample  # noqa: E402
+from poskit.models.vit import ViT, patch_positions  # noqa: E402
 
 
 @pytest.fixture(scope="module")

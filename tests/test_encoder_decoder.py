@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from poskit.attention.kv_cache import KVCache
 from poskit.config_check import ConfigError
-from poskit.model import EncoderDecoder, EncoderDecoderConfig
+from poskit.models import EncoderDecoder, EncoderDecoderConfig
 
 V = 23
 
@@ -76,8 +76,8 @@ def _ln(m, x):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], m.weight.double(), m.bias.double(), m.eps)
 
 
-def _sub(res, x, f, pre):
-    return x + f(_ln(res.norm, x)) if pre else _ln(res.norm, x + f(x))
+def _sub(norm, x, f, pre):
+    return x + f(_ln(norm, x)) if pre else _ln(norm, x + f(x))
 
 
 def _ff(ff, x):
@@ -98,14 +98,14 @@ def reference(model, src, tgt, src_keep, kind, cross_kind="none"):
         x, y = x + _sinusoid(len(src), d), y + _sinusoid(len(tgt), d)
     attn_kind = "none" if kind == "sinusoidal" else kind
     for b in model.encoder:
-        x = _sub(b.res1, x, lambda h: _attend(b.attn, h, h, H, spos, spos, keep_s, False, attn_kind), pre)
-        x = _sub(b.res2, x, lambda h: _ff(b.ff, h), pre)
+        x = _sub(b.norm1, x, lambda h: _attend(b.attn, h, h, H, spos, spos, keep_s, False, attn_kind), pre)
+        x = _sub(b.norm2, x, lambda h: _ff(b.mlp, h), pre)
     if pre:
         x = _ln(model.enc_norm, x)
     for b in model.decoder:
-        y = _sub(b.res1, y, lambda h: _attend(b.self_attn, h, h, H, tpos, tpos, keep_t, True, attn_kind), pre)
-        y = _sub(b.res2, y, lambda h: _attend(b.cross_attn, h, x, H, tpos, spos, keep_s, False, cross_kind), pre)
-        y = _sub(b.res3, y, lambda h: _ff(b.ff, h), pre)
+        y = _sub(b.norm1, y, lambda h: _attend(b.attn, h, h, H, tpos, tpos, keep_t, True, attn_kind), pre)
+        y = _sub(b.norm_cross, y, lambda h: _attend(b.cross_attn, h, x, H, tpos, spos, keep_s, False, cross_kind), pre)
+        y = _sub(b.norm2, y, lambda h: _ff(b.mlp, h), pre)
     if pre:
         y = _ln(model.dec_norm, y)
     return y @ model.out_proj.weight.double().T

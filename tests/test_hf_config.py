@@ -11,7 +11,7 @@ import poskit  # noqa: E402
 from conftest import ENCODING_OPTIONS  # noqa: E402
 from poskit.hf import PoskitConfig  # noqa: E402
 from poskit.hf.config import MODEL_FIELDS, mlp_width  # noqa: E402
-from poskit.model import ModelConfig, Transformer  # noqa: E402
+from poskit.models import ModelConfig, Transformer  # noqa: E402
 
 
 def test_every_model_config_field_has_a_hugging_face_name():

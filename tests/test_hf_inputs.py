@@ -138,6 +138,9 @@ def test_malformed_inputs_are_refused_naming_the_argument():
         model(inputs_embeds=ids[..., None].expand(2, 6, 32))
     with pytest.raises(ValueError, match="input_ids must be a .B, T. integer tensor.*float"):
         model(ids.double())
+    with pytest.raises(ValueError, match=r"input_ids must be token ids in \[0, 39\] \(vocab_size 40\), got ids in "
+                                         r"\[1, 40\]"):
+        model(ids.clone().fill_(1).index_fill_(1, torch.tensor([0]), VOCAB))
     with pytest.raises(ValueError, match=r"position_ids must be an integer tensor.*torch.float"):
         model(ids, position_ids=torch.arange(6.0)[None])
     with pytest.raises(ValueError, match=r"position_ids must have shape \(2, 6\) or \(1, 6\).*got \(6,\)"):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 import poskit  # noqa: E402
 from hf_helpers import VOCAB, hf_config, hf_model, left_padded  # noqa: E402
 from poskit.hf import PoskitForCausalLM, from_poskit, to_poskit  # noqa: E402
-from poskit.model import ModelConfig, Transformer  # noqa: E402
+from poskit.models import ModelConfig, Transformer  # noqa: E402
 
 ENCODINGS = poskit.available_encodings()
 

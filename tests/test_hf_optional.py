@@ -11,7 +11,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_core_and_cli_do_not_import_transformers():
-    r = _run("import sys, poskit, poskit.cli, poskit.model, poskit.training\n"
+    r = _run("import sys, poskit, poskit.cli, poskit.models, poskit.training\n"
              "poskit.cli.build_parser()\n"
              "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
     assert r.returncode == 0, r.stderr

@@ -1,11 +1,11 @@
-"""The logits-versus-distance inspector (python -m poskit.inspect_logits) against closed forms."""
+"""The logits-versus-distance inspector (python -m poskit.evaluate.inspect_logits) against closed forms."""
 import math
 
 import pytest
 import torch
 
 import poskit
-from poskit.inspect_logits import logits_versus_distance, main
+from poskit.evaluate.inspect_logits import logits_versus_distance, main
 
 DISTANCES = [0, 1, 2, 4, 8, 16, 64, 256, 1024]
 D = 64

@@ -211,7 +211,7 @@ def test_bad_arguments_name_themselves():
 
 def test_transformer_with_linear_attention_learns():
     # a few steps on a fixed batch lower the loss: gradients reach every layer through the chunked form
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, attention="linear",
@@ -230,7 +230,7 @@ def test_transformer_with_linear_attention_learns():
 
 def test_transformer_linear_attention_is_causal():
     # changing a later token leaves the logits of every earlier position unchanged
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     model = Transformer(ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, attention="linear",
                                     encoding="pope"))
@@ -243,7 +243,7 @@ def test_transformer_linear_attention_is_causal():
 
 
 def test_model_config_refuses_linear_with_a_bias_encoding():
-    from poskit.model import ModelConfig
+    from poskit.models import ModelConfig
 
     with pytest.raises(ValueError, match="^encoding must be an encoding that declares a linear_form"):
         ModelConfig(attention="linear", encoding="alibi")

@@ -1,9 +1,9 @@
-"""poskit.model.Transformer: shapes for every encoding, causality, KV-cache generation, config validation."""
+"""poskit.models.Transformer: shapes for every encoding, causality, KV-cache generation, config validation."""
 import pytest
 import torch
 
 import poskit
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 
 # tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine (conftest.py)
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""poskit.nn.Attention (issue 18): projections, grouped-query heads, masks and the KV cache around
+"""poskit.nn.Attention: projections, grouped-query heads, masks and the KV cache around
 poskit.attention, with the encoding chosen by one keyword."""
 import pytest
 import torch

@@ -5,7 +5,7 @@ import re
 import pytest
 
 import poskit
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 
 MISSING = {
     "rope-linear": ["factor"],

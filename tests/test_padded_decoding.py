@@ -6,7 +6,7 @@ import torch
 import poskit
 from poskit.attention import KVCache, cached_attention
 from poskit.attention.padding import padded_positions
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 from conftest import ENCODING_OPTIONS, build, make_qkv
 
 ALL = poskit.available_encodings()

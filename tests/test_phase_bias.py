@@ -11,7 +11,7 @@ import torch
 import poskit
 from poskit.encodings import project_parameters_
 from poskit.encodings.pope import DELTA_MAX, DELTA_MIN
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 from poskit.training import TrainConfig, make_optimizer, optimizer_step
 
 

@@ -149,7 +149,7 @@ def test_run_study_checks_every_config_before_starting(tmp_path):
 def test_attention_maps_reproduce_each_layers_output(encoding):
     """The maps times the values, through the output projection, give the attention layer's own output."""
     from poskit.evaluate.attention_maps import attention_maps
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, encoding=encoding)).double().eval()
@@ -175,7 +175,7 @@ def test_attention_maps_reproduce_each_layers_output(encoding):
 
 def test_lookup_attention_shapes_and_refusal():
     from poskit.evaluate.attention_maps import lookup_attention
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
     from poskit.tasks import build_task
 
     task = build_task("indirect-indexing", min_len=6, max_len=8, max_shift=3)
@@ -192,7 +192,7 @@ def test_lookup_attentions_left_neighbour_mass_is_the_maps_subdiagonals():
     import numpy as np
 
     from poskit.evaluate.attention_maps import attention_maps, lookup_attention
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
     from poskit.tasks import build_task
 
     task = build_task("indirect-indexing", min_len=6, max_len=8, max_shift=3)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import poskit
-from poskit.model import Transformer
+from poskit.models import Transformer
 from poskit.tasks import IGNORE_INDEX
 
 #: test-time RoPE variants: CLI name -> registered encoding name

@@ -26,7 +26,11 @@ import torch.nn.functional as F
 
 from ..training.files import atomic_write_json, check_writable_dir, read_json
 from ..validate import check_int, check_real
-from ..vision.vit import VIT_ENCODINGS, ViT
+from ..models.vit import ViT
+
+# the encodings the demo compares (a ViT takes any encoding that can give patches 2-D positions:
+# poskit.models.vit.vit_encodings())
+VIT_ENCODINGS = ("none", "learned", "rope", "pope")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def accuracy(model: ViT, images: torch.Tensor, labels: torch.Tensor) -> float:
 
 def train_one(encoding: str, seed: int, s: DigitsSettings, data) -> dict:
     """Train one ViT; returns its accuracies {split@size: value} and the training time."""
-    from ..vision.digits import on_canvas, upsample
+    from ..data.digits import on_canvas, upsample
 
     torch.manual_seed(seed)
     model = ViT(encoding=encoding, patch=s.patch, train_size=8, dim=s.dim, depth=s.depth, heads=s.heads)
@@ -185,7 +189,7 @@ def _run_settings(s: DigitsSettings) -> dict:
 
 def run_digits(settings: DigitsSettings, out_dir, *, quiet: bool = False) -> dict:
     """Train every (encoding, seed) not already finished under out_dir, then aggregate, tabulate and plot."""
-    from ..vision.digits import load_digits_splits
+    from ..data.digits import load_digits_splits
 
     _check(settings)
     out = Path(out_dir)

@@ -114,7 +114,7 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
         if key.strip().startswith(ENCODING_OPTIONS_KEY) and len(parts) == 3:
             typed_later[parts[-1]] = value
     if typed_later:
-        from poskit.model import ModelConfig
+        from poskit.models import ModelConfig
 
         encoding = (config.get("model") or {}).get("encoding", ModelConfig.__dataclass_fields__["encoding"].default)
         for option, text in typed_later.items():

@@ -17,7 +17,7 @@ from transformers import GenerationConfig, PretrainedConfig
 import poskit
 from poskit.config_check import ConfigError
 from poskit.encodings import DEFAULT_ENCODING
-from poskit.model import MLP, ModelConfig
+from poskit.models.decoder import ModelConfig, decoder_mlp
 
 _DEFAULT = ModelConfig()
 
@@ -57,7 +57,7 @@ _TRANSFORMERS_KEYWORDS = frozenset({
 
 
 class PoskitConfig(PretrainedConfig):
-    """A poskit decoder (`poskit.model.Transformer`) described with Hugging Face's field names.
+    """A poskit decoder (`poskit.models.Transformer`) described with Hugging Face's field names.
 
     position_encoding: any name of `poskit.available_encodings()`; position_encoding_options: its keyword
     options (e.g. {"base": 10000}). num_key_value_heads and head_dim default to num_attention_heads and
@@ -172,10 +172,10 @@ def _check_encoding(config: ModelConfig) -> None:
 
 
 def mlp_width(config: ModelConfig) -> int:
-    """The hidden width of one MLP branch that `poskit.model.MLP` builds for `config` (on the meta device: no
-    memory), so this module never restates the MLP's sizing rule."""
+    """The hidden width of one MLP branch that `poskit.models.decoder.decoder_mlp` builds for `config` (on the meta
+    device: no memory), so this module never restates the MLP's sizing rule."""
     with torch.device("meta"):
-        return MLP(config).w1.out_features
+        return decoder_mlp(config).w1.out_features
 
 
 def _ratio_for_width(config: ModelConfig, width) -> float:

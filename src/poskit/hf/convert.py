@@ -1,7 +1,7 @@
 """Conversion both ways between poskit models and Hugging Face directories.
 
 from_poskit(transformer)        -> PoskitForCausalLM holding the same weights
-to_poskit(directory)            -> poskit.model.Transformer of a saved PoskitForCausalLM directory
+to_poskit(directory)            -> poskit.models.Transformer of a saved PoskitForCausalLM directory
 export_run(run_dir, directory)  -> a `poskit train` run as a Hugging Face directory (`poskit export RUN --hf DIR`)
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from poskit.model import Transformer
+from poskit.models import Transformer
 
 from .config import PoskitConfig
 from .model import PoskitForCausalLM
@@ -28,7 +28,7 @@ def from_poskit(model: Transformer, **config_kwargs) -> PoskitForCausalLM:
     """A PoskitForCausalLM holding a copy of `model` (weights, dtypes, device as they are).
     config_kwargs: other PretrainedConfig fields (e.g. max_position_embeddings, eos_token_id)."""
     if not isinstance(model, Transformer):
-        raise ValueError(f"model must be a poskit.model.Transformer, got {type(model).__name__}")
+        raise ValueError(f"model must be a poskit.models.Transformer, got {type(model).__name__}")
     config = PoskitConfig.from_model_config(model.config, **config_kwargs)
     with torch.device("meta"):  # the wrapper's own Transformer is replaced below: no memory for it
         hf = PoskitForCausalLM(config)
@@ -39,7 +39,7 @@ def from_poskit(model: Transformer, **config_kwargs) -> PoskitForCausalLM:
 
 
 def to_poskit(directory, *, dtype: torch.dtype | None = None) -> Transformer:
-    """The poskit.model.Transformer saved in a PoskitForCausalLM directory (config.json + safetensors), in
+    """The poskit.models.Transformer saved in a PoskitForCausalLM directory (config.json + safetensors), in
     eval mode; dtype: as saved when None. A missing or unreadable directory is an error naming it."""
     directory = Path(directory)
     if not (directory / "config.json").is_file():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def check_token_inputs(input_ids, inputs_embeds, hidden_size: int) -> None:
-    """input_ids (B, T) integers or inputs_embeds (B, T, hidden_size) floats: exactly one of the two."""
+def check_token_inputs(input_ids, inputs_embeds, hidden_size: int, vocab_size: int | None = None) -> None:
+    """input_ids (B, T) integers (in [0, vocab_size) when given) or inputs_embeds (B, T, hidden_size) floats:
+    exactly one of the two."""
     if (input_ids is None) == (inputs_embeds is None):
         given = "both" if input_ids is not None else "neither"
         raise ValueError(f"pass exactly one of input_ids ((B, T) token ids) and inputs_embeds ((B, T, {hidden_size}) "
@@ -15,6 +16,11 @@ def check_token_inputs(input_ids, inputs_embeds, hidden_size: int) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
                 or input_ids.is_complex() or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be a (B, T) integer tensor of token ids, got {_describe(input_ids)}")
+        if vocab_size is not None and input_ids.numel():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= vocab_size:
+                raise ValueError(f"input_ids must be token ids in [0, {vocab_size - 1}] (vocab_size {vocab_size}), "
+                                 f"got ids in [{low}, {high}]")
         return
     if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 3 \
             or inputs_embeds.shape[-1] != hidden_size or not inputs_embeds.is_floating_point():

@@ -1,14 +1,22 @@
-"""`PoskitForCausalLM`: `poskit.model.Transformer` as a transformers causal LM (PreTrainedModel + GenerationMixin).
+"""`PoskitForCausalLM`: `poskit.models.Transformer` as a transformers causal LM (PreTrainedModel + GenerationMixin).
 
 The wrapped Transformer (`.model`) does all the computing, for every encoding, with no branch on the
 encoding's name: left padding, positions from the attention mask, the KV cache behind `PoskitCache`. What
 transformers adds on top comes from its own machinery: the loss (`loss_function`, its shift-by-one convention
 and ignore index -100), generation (greedy, sampling, beam search), save/load, Trainer. Hidden states and
 attention weights are read by hooks on the Transformer's modules, only for a call that asks for them.
+
+Hugging Face conventions: `attn_implementation` "sdpa" (the default: the engine's fastest exact path) or
+"eager" (poskit's reference path, materialised scores); gradient checkpointing (`activation_checkpointing_enable`,
+its older name `gradient_checkpointing_enable`, `TrainingArguments(gradient_checkpointing=True)`) recomputes each
+block in the backward pass. Loading is strict: a tensor missing from the saved weights, or one the model does
+not have, is an error naming it (`from_pretrained(..., init_missing_weights=True)` initialises missing ones as a
+new model would instead).
 """
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
@@ -18,7 +26,7 @@ import poskit
 from poskit.attention.reference import softmax_rows
 from poskit.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
-from poskit.model import Transformer
+from poskit.models import Transformer
 
 from .cache import PoskitCache
 from .config import PoskitConfig
@@ -27,13 +35,67 @@ from .inputs import check_position_ids, check_token_inputs
 # keywords transformers' Trainer passes to a model's forward for its loss (ForCausalLMLoss accepts them)
 _LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index")
 
+#: Hugging Face's attn_implementation -> the backend of poskit's attention engine for every layer
+ATTN_IMPLEMENTATIONS = {"eager": "reference", "sdpa": "auto"}
+
+
+def _check_attn_implementation(value) -> None:
+    if isinstance(value, str) and value not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"attn_implementation must be one of {sorted(ATTN_IMPLEMENTATIONS)} (\"sdpa\": the attention "
+                         "engine's fastest exact path for the encoding; \"eager\": poskit's reference path, with "
+                         f"materialised scores), got {value!r}")
+
 
 class PoskitPreTrainedModel(PreTrainedModel):
     config_class = PoskitConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
-    supports_gradient_checkpointing = False
+    # the blocks' activations are recomputed in backward by the Transformer's block loop (models/block.py), which
+    # transformers switches on through the Transformer's `gradient_checkpointing` attribute
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1):
+        if enable and every_n_layers != 1:  # refused before anything is switched on
+            raise ValueError(f"every_n_layers must be 1 for a poskit model (its block loop checkpoints every block), "
+                             f"got {every_n_layers!r}")
+        func = gradient_checkpointing_func
+        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers,
+                                            **({} if func is None else {"gradient_checkpointing_func": func}))
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
+        _check_attn_implementation(attn_implementation)
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, init_missing_weights: bool = False,
+                        **kwargs):
+        """transformers' from_pretrained, strict: every tensor of the model must be in the saved weights and every
+        saved tensor must be one of the model's, or a ValueError names them (transformers would leave a missing
+        tensor as uninitialised memory). init_missing_weights=True: missing tensors get the values that
+        `poskit.models.Transformer(config)` built instead of this call would have (from the random generator's
+        state at the call); unexpected ones are still refused."""
+        _check_attn_implementation(kwargs.get("attn_implementation"))
+        want_info = kwargs.pop("output_loading_info", False)
+        seed_state = torch.get_rng_state()  # missing tensors get what a model built now would have
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        _check_loaded(model, info, init_missing_weights, pretrained_model_name_or_path, seed_state)
+        return (model, info) if want_info else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # transformers logs an error and returns without saving when the path is a file: a silent loss
+        path = Path(save_directory)
+        for p in (path, *path.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise ValueError(f"save_directory {str(save_directory)!r} is a file or lies under one "
+                                     f"({str(p)!r}): save_pretrained writes a directory (config.json, "
+                                     "model.safetensors); choose a directory path")
+                break
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_weights(self, module):
         # poskit's Transformer initialises its weights itself when built (GPT-2-style scaled residual projections,
@@ -92,7 +154,7 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
                             "attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache, "
                             "output_attentions, output_hidden_states, return_dict and the loss keywords "
                             f"{list(_LOSS_KEYWORDS)}")
-        check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size)
+        check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size, self.config.vocab_size)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         check_position_ids(position_ids, batch, length)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
@@ -112,9 +174,11 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
                              "does not keep for every encoding (it stores rotated keys or PoPE magnitudes): pass "
                              "use_cache=False (generate(..., use_cache=False)) to get attention weights")
         kv = past_key_values.kv if past_key_values is not None else None
+        implementation = self.config._attn_implementation
+        _check_attn_implementation(implementation)
         with _recording(self.model, output_hidden_states, output_attentions) as recorded:
             logits = self.model(input_ids, position_ids, cache=kv, attention_mask=attention_mask,
-                                inputs_embeds=inputs_embeds)
+                                inputs_embeds=inputs_embeds, backend=ATTN_IMPLEMENTATIONS[implementation])
 
         loss = None
         if labels is not None:
@@ -142,6 +206,32 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not available for "
                              "poskit models, which decode with their own cache (PoskitCache): leave it unset")
         model_kwargs["past_key_values"] = PoskitCache(self.config.num_hidden_layers, max_length=max_cache_length + 1)
+
+
+def _check_loaded(model: PoskitForCausalLM, info: dict, init_missing: bool, source, seed_state) -> None:
+    """Raise ValueError naming every tensor that from_pretrained found missing, unexpected or of another shape;
+    with `init_missing`, give the missing ones a newly built model's values instead."""
+    unexpected = sorted(info["unexpected_keys"])
+    mismatched = sorted(str(m[0] if isinstance(m, tuple) else m) for m in info["mismatched_keys"])
+    missing = sorted(info["missing_keys"])
+    where = f"the weights of {str(source)!r}"
+    if unexpected or mismatched:
+        problems = ([f"unexpected tensors {unexpected} (the model has no such parameter: was config.json edited, or "
+                     "the weights saved by another model?)"] if unexpected else []) + \
+                   ([f"tensors of another shape {mismatched}"] if mismatched else [])
+        raise ValueError(f"{where} do not fit this model's config: " + "; ".join(problems))
+    if missing and not init_missing:
+        raise ValueError(f"{where} lack the tensors {missing} (was config.json edited, e.g. its position_encoding, or "
+                         "the weights file truncated?); pass init_missing_weights=True to from_pretrained to give them "
+                         "the values of a newly built model instead")
+    if missing:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.set_rng_state(seed_state)
+            fresh = Transformer(model.config.to_model_config()).state_dict()
+        with torch.no_grad():
+            for name in missing:
+                target = model.get_parameter_or_buffer(name)
+                target.copy_(fresh[name.removeprefix("model.")].to(target.dtype))
 
 
 def _recompute_derived_buffers(encoding: PositionalEncoding, config: PoskitConfig) -> None:

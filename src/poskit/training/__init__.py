@@ -1,4 +1,4 @@
-"""Training a `poskit.model.Transformer` on a `poskit.tasks` task, reproducibly and resumably.
+"""Training a `poskit.models.Transformer` on a `poskit.tasks` task, reproducibly and resumably.
 
 One run lives in one directory:
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from poskit.config_check import ConfigError, check_field_types, from_known_fields
-from poskit.model import ModelConfig
+from poskit.models import ModelConfig
 from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
 
 PARALLEL_MODES = ("ddp", "fsdp")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from poskit.config_check import ConfigError
-from poskit.model import Transformer
+from poskit.models import Transformer
 
 from .checkpoint import checkpoint_config, metrics_at_checkpoint, read_checkpoint
 from .checkpoint_store import (

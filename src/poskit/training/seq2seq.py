@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config_check import ConfigError, check_field_types, from_known_fields
-from ..encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from ..models import EncoderDecoder, EncoderDecoderConfig
 from ..tasks.translation import BOS, EOS, PAD, PairSet
 from .checkpoint import check_rng_entries
 from .checkpoint_store import (check_entries, checkpoint_path, has_checkpoint, read_state,

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from poskit.model import Transformer
+from poskit.models import Transformer
 from poskit.tasks import IGNORE_INDEX, build_task, evaluate_batches, lm_loss
 from poskit.tasks.base import Batch
 

@@ -2,7 +2,7 @@
 
 It is the quickest way to see how each encoding shapes attention: decaying (alibi, rope's long-term decay),
 oscillating (rope, pope), or flat (none, absolute ones, which act on the embeddings instead).
-Run: python -m poskit.inspect_logits
+Run: python -m poskit.evaluate.inspect_logits
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from . import attention_scores, available_encodings, build_encoding
+from .. import attention_scores, available_encodings, build_encoding
 
 DEFAULT_OPTIONS = {
     "rope-linear": dict(factor=4.0),

@@ -5,7 +5,7 @@ Where the positional encoding enters, by the kind the encoding declares (never b
 - absolute (sinusoidal, learned, legendre): vectors added to the source and the target embeddings, one
   instance per stream (a learned table is not shared between German and English positions);
 - every other kind: one instance per self-attention layer, in the encoder's bidirectional self-attention and
-  the decoder's causal self-attention (RoFormer, paper 002 §4.1, puts RoPE in the self-attention blocks).
+  the decoder's causal self-attention (RoFormer, Su et al., §4.1, puts RoPE in the self-attention blocks).
 
 Cross-attention (decoder queries over encoder keys) carries no positional encoding by default
 (`cross_attention_positions="none"`): the two streams are different sequences, and with an absolute encoding
@@ -24,18 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import poskit
 from poskit.encodings.base import encoding_class
 from poskit.attention.kv_cache import KVCache
-from poskit.attention.padding import padded_positions, real_token_mask
 from poskit.config_check import ConfigError, check_field_types, from_known_fields
-from poskit.nn import Attention as SelfAttention
+
+from .attention import Attention
+from .batch import ModelBatch, as_batch_positions, positions_for, real_tokens
+from .block import MLP, Block, Context, SelfAttention, run_block
+from .decoder import check_token_ids
 
 NORMS = ("post", "pre")
 CROSS_POSITIONS = ("none", "aligned")
@@ -43,8 +46,8 @@ CROSS_POSITIONS = ("none", "aligned")
 
 @dataclass
 class EncoderDecoderConfig:
-    """Every knob of `EncoderDecoder`. Defaults: a small CPU-scale model (the papers' base model is
-    d_model 512, 8 heads, d_ff 2048, 6 + 6 layers, dropout 0.1: `paper_base()`)."""
+    """Every knob of `EncoderDecoder`. Defaults: a small CPU-scale model (Vaswani et al.'s base model is
+    d_model 512, 8 heads, d_ff 2048, 6 + 6 layers, dropout 0.1)."""
 
     src_vocab_size: int = 8000
     """Source token ids (padding id 0 included)."""
@@ -120,69 +123,9 @@ class EncoderDecoderConfig:
         return from_known_fields(cls, d, "encoder-decoder config")
 
 
-def paper_base(**changes) -> EncoderDecoderConfig:
-    """The Transformer-base of papers 002 and 003 (Vaswani et al.): d_model 512, 8 heads, d_ff 2048, 6 + 6."""
-    base = dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1)
-    return EncoderDecoderConfig(**{**base, **changes})
-
-
 def _build(cfg: EncoderDecoderConfig):
     return poskit.build_encoding(cfg.encoding, head_dim=cfg.head_dim, num_heads=cfg.n_heads, dim=cfg.d_model,
                                  **cfg.encoding_options)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, cfg: EncoderDecoderConfig):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
-
-    def forward(self, x):
-        return self.w2(F.relu(self.w1(x)))
-
-
-class CrossAttention(nn.Module):
-    """Target queries over the encoder's output. `encoding` is "none" unless cross_attention_positions is
-    "aligned"; the memory's keys and values are projected once per source (`memory_kv`) and reused by every
-    decoding step."""
-
-    def __init__(self, cfg: EncoderDecoderConfig, encoding):
-        super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.encoding = encoding
-
-    def _heads(self, x):  # (B, T, d_model) -> (B, H, T, head_dim)
-        return x.view(x.shape[0], x.shape[1], self.n_heads, self.head_dim).transpose(1, 2)
-
-    def memory_kv(self, memory):
-        return self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
-
-    def forward(self, x, kv, src_keep, tgt_positions, src_positions):
-        # x (B, Tt, d); kv: keys and values (B, H, Ts, hd); src_keep (B, Ts) bool, True = real source token
-        B, T, _ = x.shape
-        k, v = kv
-        out = poskit.attention(self._heads(self.q_proj(x)), k, v, self.encoding, attn_mask=src_keep[:, None, None, :],
-                               q_positions=tgt_positions, k_positions=src_positions)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-
-
-class _Residual(nn.Module):
-    """One sub-layer with its residual sum and LayerNorm, post-norm or pre-norm."""
-
-    def __init__(self, cfg: EncoderDecoderConfig):
-        super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.pre = cfg.norm == "pre"
-
-    def forward(self, x, branch):
-        if self.pre:
-            return x + self.drop(branch(self.norm(x)))
-        return self.norm(x + self.drop(branch(x)))
 
 
 def _layer_encoding(cfg: EncoderDecoderConfig, probe):
@@ -192,37 +135,54 @@ def _layer_encoding(cfg: EncoderDecoderConfig, probe):
     return cfg.encoding, dict(cfg.encoding_options)
 
 
-class EncoderBlock(nn.Module):
-    def __init__(self, cfg: EncoderDecoderConfig, probe):
-        super().__init__()
-        name, options = _layer_encoding(cfg, probe)
-        self.attn = SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, **options)
-        self.ff = FeedForward(cfg)
-        self.res1, self.res2 = _Residual(cfg), _Residual(cfg)
-
-    def forward(self, x, positions, keep):
-        x = self.res1(x, lambda h: self.attn(h, positions=positions, attention_mask=keep))
-        return self.res2(x, self.ff)
+def _norm(cfg: EncoderDecoderConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
 
-class DecoderBlock(nn.Module):
-    def __init__(self, cfg: EncoderDecoderConfig, probe, layer_idx: int):
-        super().__init__()
-        name, options = _layer_encoding(cfg, probe)
-        self.layer_idx = layer_idx
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, **options)
-        cross = (poskit.build_encoding(name, head_dim=cfg.head_dim, num_heads=cfg.n_heads, **options)
-                 if cfg.cross_attention_positions == "aligned" else
-                 poskit.build_encoding("none", head_dim=cfg.head_dim, num_heads=cfg.n_heads))
-        self.cross_attn = CrossAttention(cfg, cross)
-        self.ff = FeedForward(cfg)
-        self.res1, self.res2, self.res3 = _Residual(cfg), _Residual(cfg), _Residual(cfg)
+def encoder_block(cfg: EncoderDecoderConfig, probe) -> Block:
+    """Bidirectional self-attention and a ReLU feed-forward, post- or pre-norm (parts registered in the order
+    of the checkpoints written before: attention, feed-forward, then the norms)."""
+    name, options = _layer_encoding(cfg, probe)
+    return Block(attn=SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, causal=False, **options),
+                 mlp=MLP(cfg.d_model, cfg.d_ff, "relu", bias=True), norm1=_norm(cfg), norm2=_norm(cfg),
+                 pre_norm=cfg.norm == "pre", dropout=cfg.dropout, order=("attn", "mlp", "norm1", "norm2"))
 
-    def forward(self, y, positions, keep, memory_kv, src_keep, src_positions, cache):
-        y = self.res1(y, lambda h: self.self_attn(h, is_causal=True, positions=positions, attention_mask=keep,
-                                                  cache=cache, layer_idx=self.layer_idx))
-        y = self.res2(y, lambda h: self.cross_attn(h, memory_kv, src_keep, positions, src_positions))
-        return self.res3(y, self.ff)
+
+def decoder_block(cfg: EncoderDecoderConfig, probe, layer_idx: int) -> Block:
+    """Causal self-attention (at `layer_idx` of the decoding cache), cross-attention over the encoder's output
+    (positions only with cross_attention_positions "aligned"), a ReLU feed-forward."""
+    name, options = _layer_encoding(cfg, probe)
+    self_attn = SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, causal=True, layer_idx=layer_idx,
+                              **options)
+    cross = (poskit.build_encoding(name, head_dim=cfg.head_dim, num_heads=cfg.n_heads, **options)
+             if cfg.cross_attention_positions == "aligned" else
+             poskit.build_encoding("none", head_dim=cfg.head_dim, num_heads=cfg.n_heads))
+    return Block(attn=self_attn, cross_attn=Attention(cfg.d_model, cfg.n_heads, encoding=cross, bias=True),
+                 mlp=MLP(cfg.d_model, cfg.d_ff, "relu", bias=True), norm1=_norm(cfg), norm_cross=_norm(cfg),
+                 norm2=_norm(cfg), pre_norm=cfg.norm == "pre", dropout=cfg.dropout,
+                 order=("attn", "cross_attn", "mlp", "norm1", "norm_cross", "norm2"))
+
+
+# state-dict names of the blocks before they shared poskit.models.block.Block: old -> new, within a block
+_RENAMED = {
+    "encoder": (("res1.norm.", "norm1."), ("res2.norm.", "norm2."), ("ff.", "mlp.")),
+    "decoder": (("self_attn.", "attn."), ("res1.norm.", "norm1."), ("res2.norm.", "norm_cross."),
+                ("res3.norm.", "norm2."), ("ff.", "mlp.")),
+}
+
+
+def _rename_old_keys(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: weights saved under the blocks' earlier names load into today's."""
+    pattern = re.compile(rf"^{re.escape(prefix)}(encoder|decoder)\.(\d+)\.(.*)$")
+    for key in list(state_dict):
+        m = pattern.match(key)
+        if not m:
+            continue
+        stack, index, rest = m.groups()
+        for old, new in _RENAMED[stack]:
+            if rest.startswith(old):
+                state_dict[f"{prefix}{stack}.{index}.{new}{rest[len(old):]}"] = state_dict.pop(key)
+                break
 
 
 class Memory:
@@ -236,7 +196,7 @@ class Memory:
         """The rows `index` (B',) of the batch, e.g. each source repeated once per beam."""
         pos = self.positions if self.positions.shape[0] == 1 else self.positions.index_select(0, index)
         return Memory(self.output.index_select(0, index), self.keep.index_select(0, index), pos,
-                      [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.kv])
+                      [tuple(t.index_select(0, index) for t in kv) for kv in self.kv])
 
 
 class EncoderDecoder(nn.Module):
@@ -258,8 +218,8 @@ class EncoderDecoder(nn.Module):
         self.src_abs = probe if probe.kind == "absolute" else None
         self.tgt_abs = _build(cfg) if probe.kind == "absolute" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderBlock(cfg, probe) for _ in range(cfg.n_encoder_layers))
-        self.decoder = nn.ModuleList(DecoderBlock(cfg, probe, i) for i in range(cfg.n_decoder_layers))
+        self.encoder = nn.ModuleList(encoder_block(cfg, probe) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(decoder_block(cfg, probe, i) for i in range(cfg.n_decoder_layers))
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if pre else nn.Identity()
@@ -267,6 +227,8 @@ class EncoderDecoder(nn.Module):
         self._init_weights()
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight
+        self.gradient_checkpointing = False  # True: blocks recompute their activations in backward (block.run_block)
+        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def _init_weights(self):
         # fairseq's Transformer initialisation: Xavier-uniform projections, N(0, d^-1/2) embeddings (which the
@@ -289,64 +251,49 @@ class EncoderDecoder(nn.Module):
             x = x + abs_enc.embed(positions).to(x.dtype)
         return self.drop(x)
 
-    @staticmethod
-    def _check_tokens(tokens, name: str, vocab: int):
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point \
-                or tokens.dtype == torch.bool:
-            raise ValueError(f"{name} must be a (B, T) integer tensor, got "
-                             f"{getattr(tokens, 'shape', type(tokens).__name__)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise ValueError(f"{name} ids must be in [0, {vocab - 1}], got ids in [{int(tokens.min())}, "
-                             f"{int(tokens.max())}]")
-
-    @staticmethod
-    def _mask(mask, tokens, name: str) -> torch.Tensor:
-        B, T = tokens.shape
-        if mask is None:
-            return torch.ones(B, T, dtype=torch.bool, device=tokens.device)
-        try:
-            return real_token_mask(mask, B, T, tokens.device)
-        except ValueError as e:
-            raise ValueError(f"{name}: {e}") from None
-
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> Memory:
         """Run the encoder once: src (B, Ts) ids, src_mask (B, Ts) 1/True = real token (default: all real)."""
-        self._check_tokens(src, "src", self.config.src_vocab_size)
-        keep = self._mask(src_mask, src, "src_mask")
+        check_token_ids(src, "src", self.config.src_vocab_size)
+        B, T = src.shape
+        keep = real_tokens(src_mask, B, T, src.device, name="src_mask")
+        if keep is None:  # cross-attention reads the source's padding at every decoding step: kept explicit
+            keep = torch.ones(B, T, dtype=torch.bool, device=src.device)
         empty = (~keep.any(-1)).nonzero().flatten().tolist()
         if empty:
             raise ValueError(f"src_mask rows {empty} have no real token: every source needs at least one")
-        positions = padded_positions(keep)  # (B, Ts): a padded source gets the positions it has alone
-        x = self._embed(self.src_embed, self.src_abs, src, positions)
+        # a padded source gets the positions it has alone
+        batch = ModelBatch(src, positions_for(T, src.device, real=keep), keep)
+        x = self._embed(self.src_embed, self.src_abs, src, batch.positions)
         for block in self.encoder:
-            x = block(x, positions, keep)
+            x = run_block(self, block, x, batch.positions, real=batch.real)
         out = self.enc_norm(x)
-        return Memory(out, keep, positions, [b.cross_attn.memory_kv(out) for b in self.decoder])
+        return Memory(out, batch.real, batch.positions, [b.cross_attn.project_kv(out) for b in self.decoder])
 
     def decode(self, tgt: torch.Tensor, memory: Memory, tgt_mask: torch.Tensor | None = None,
                positions: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """Decoder logits (B, Tt, V) for target inputs tgt (B, Tt) given an encoded source. With `cache`
         (a KVCache(n_decoder_layers)) the new tokens are appended to it: incremental decoding, equal to
         running the whole prefix. positions default: counting real tokens only, after the cached ones."""
-        self._check_tokens(tgt, "tgt", self.config.tgt_vocab_size)
+        check_token_ids(tgt, "tgt", self.config.tgt_vocab_size)
+        if not isinstance(memory, Memory):
+            raise ValueError(f"memory must be the Memory that encode() returns, got {type(memory).__name__}")
         if tgt.shape[0] != memory.output.shape[0]:
             raise ValueError(f"tgt must have the memory's batch size {memory.output.shape[0]}, got {tgt.shape[0]}")
+        if memory.output.shape[-1] != self.config.d_model or len(memory.kv) != len(self.decoder):
+            raise ValueError(f"memory must come from an encoder of this model (d_model {self.config.d_model}, "
+                             f"{len(self.decoder)} decoder layers), got width {memory.output.shape[-1]} and "
+                             f"{len(memory.kv)} layers of keys")
         if cache is not None and cache.num_layers != len(self.decoder):
             raise ValueError(f"cache must have num_layers={len(self.decoder)}, got {cache.num_layers}")
-        keep = None if tgt_mask is None else self._mask(tgt_mask, tgt, "tgt_mask")
+        B, T = tgt.shape
+        keep = real_tokens(tgt_mask, B, T, tgt.device, name="tgt_mask")
         if positions is None:
-            if cache is not None and cache.length:
-                start = cache.next_positions()
-                real = keep if keep is not None else torch.ones_like(tgt, dtype=torch.bool)
-                positions = padded_positions(real, start)
-            else:
-                positions = padded_positions(keep) if keep is not None else torch.arange(tgt.shape[1],
-                                                                                         device=tgt.device)[None]
-        positions = torch.as_tensor(positions, device=tgt.device).long()
-        positions = positions[None] if positions.dim() == 1 else positions
-        y = self._embed(self.tgt_embed, self.tgt_abs, tgt, positions)
-        for block in self.decoder:
-            y = block(y, positions, keep, memory.kv[block.layer_idx], memory.keep, memory.positions, cache)
+            positions = positions_for(T, tgt.device, real=keep, cache=cache)
+        batch = ModelBatch(tgt, as_batch_positions(positions, B, T, tgt.device), keep)
+        y = self._embed(self.tgt_embed, self.tgt_abs, tgt, batch.positions)
+        for i, block in enumerate(self.decoder):
+            context = Context(memory.kv[i], memory.positions, memory.keep)
+            y = run_block(self, block, y, batch.positions, cache=cache, real=batch.real, context=context)
         return self.out_proj(self.dec_norm(y))
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None) -> torch.Tensor:
@@ -357,7 +304,7 @@ class EncoderDecoder(nn.Module):
         """The positional-encoding modules (absolute: one per stream; otherwise one per attention layer)."""
         mods = [m for m in (self.src_abs, self.tgt_abs) if m is not None]
         mods += [b.attn.encoding for b in self.encoder]
-        mods += [m for b in self.decoder for m in (b.self_attn.encoding, b.cross_attn.encoding)]
+        mods += [m for b in self.decoder for m in (b.attn.encoding, b.cross_attn.encoding)]
         return mods
 
     # -- decoding ------------------------------------------------------------------------------------------

@@ -8,14 +8,14 @@ A scorer ("state") has two methods:
 
 `EncoderDecoder.decoder_state` gives one for a model; tests give toy ones. The hypothesis score is
 fairseq's length-normalised log-probability, sum(log p) / n ** length_penalty, where n counts the tokens
-including EOS (RoFormer, paper 002 §4.1, decodes with beam 4 and length penalty 0.6 in fairseq). A hypothesis
-that reaches `max_len` tokens without EOS is kept as it is (the length limit ends it).
+including EOS (RoFormer, Su et al., arXiv:2104.09864, §4.1, decodes with beam 4 and length penalty 0.6 in
+fairseq). A hypothesis that reaches `max_len` tokens without EOS is kept as it is (the length limit ends it).
 """
 from __future__ import annotations
 
 import torch
 
-from .validate import check_int, check_real
+from ..validate import check_int, check_real
 
 __all__ = ["beam_search", "greedy_search"]
 
