@@ -44,7 +44,7 @@ def test_a_bool_option_refuses_anything_else(value):
 
 def test_the_bool_rule_is_the_one_build_encoding_checks():
     """An option defaulting to a bool without a `bool` annotation is a bool option for the spec as it is for
-    build_encoding (the command line once typed only annotated ones, so "no" reached the encoding as text)."""
+    build_encoding: one rule, so that "yes" typed on the command line reaches the encoding as True, not as text."""
 
     class Toggle(PositionalEncoding):
         kind = "none"

@@ -101,7 +101,7 @@ def _assert_same_run(resumed_dir, straight_dir, resumed, straight):
 @pytest.mark.slow
 @needs_corpus
 def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpus_home, tmp_path, monkeypatch):
-    from poskit.experiments.specs import apply_overrides
+    from poskit.experiments.overrides import apply_overrides
     from poskit.training import seq2seq
 
     cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
@@ -128,7 +128,7 @@ def test_a_legacy_checkpoint_pt_run_resumes_exactly(corpus_home, tmp_path, monke
     """A run interrupted under the old single-file checkpoint.pt resumes (or is converted, then resumes) to
     the numbers and weights of an uninterrupted run; its next checkpoint is in the current format."""
     from poskit.cli import main
-    from poskit.experiments.specs import apply_overrides
+    from poskit.experiments.overrides import apply_overrides
     from poskit.training import seq2seq
     from seq2seq_checkpoint_helpers import to_legacy
 

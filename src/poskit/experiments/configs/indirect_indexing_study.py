@@ -65,7 +65,7 @@ INDIRECT_INDEXING_STUDY = Study(
         # 3. the same small instance with four layers: is depth (room for the content match, then the pointer
         #    arithmetic, in separate layers) what two layers lack?
         + _pair("small-q4-d64-L4", _model(64, 4, 4), _SMALL, steps=12_000, lr=1e-3, warmup=1000)
-        # 4. the small instance with shifts up to 3 only. Why (2026-11-23, after groups 1-3 plateaued): with the
+        # 4. the small instance with shifts up to 3 only. Why (groups 1-3 plateaued): with the
         #    query after the string, a causal model can only solve the task by having each string token gather
         #    its left neighbours at distances 1..max_shift (position-only heads in the lower layers) and then
         #    matching the source character against them (a content match in a higher layer). That needs about
