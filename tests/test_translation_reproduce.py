@@ -178,6 +178,19 @@ def test_paper_preset_is_the_transformer_base():
     assert plan[0][2].beam_size == 4 and plan[0][2].length_penalty == 0.6 and plan[0][2].label_smoothing == 0.1
 
 
+def test_encodings_are_specs_and_a_plain_name_keeps_the_saved_model_config():
+    """A plain name adds no encoding_options to the model config (so existing runs still resume); a spec's
+    options reach it, and the runs are labelled by the spec."""
+    from poskit.experiments.translation import plan_translation
+
+    plain = plan_translation(encodings=["rope"], seeds=[0])[0][2].to_dict()["model"]
+    assert plain["encoding"] == "rope" and "encoding_options" not in plain
+    label, _, cfg = plan_translation(encodings=["pope:delta_init=uniform"], seeds=[0])[0]
+    assert label == "pope:delta_init=uniform"
+    assert cfg.to_dict()["model"]["encoding_options"] == {"delta_init": "uniform"}
+    assert cfg.model_config().encoding_options == {"delta_init": "uniform"}
+
+
 def test_a_missing_sacrebleu_is_reported_before_any_training(monkeypatch, tmp_path, capsys):
     import sys
 

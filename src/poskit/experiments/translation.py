@@ -74,7 +74,9 @@ def plan_translation(name: str = "translation", *, preset: str = "cpu", encoding
     for spec in specs:
         for seed in (seeds if seeds is not None else r.seeds):
             cfg = copy.deepcopy(base)
-            cfg["model"]["encoding"], cfg["model"]["encoding_options"] = spec.to_config()
+            cfg["model"]["encoding"] = spec.name
+            if spec.options:  # only then: the saved model config of a plain encoding stays as it was (resume)
+                cfg["model"]["encoding_options"] = spec.options
             cfg["seed"] = seed
             plan.append((spec.label, seed, Seq2SeqConfig.from_dict(cfg)))
     return plan
