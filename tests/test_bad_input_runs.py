@@ -350,12 +350,12 @@ def test_bool_encoding_options_from_the_cli_are_saved_as_bools(text, expected, t
 
 
 def test_compare_spec_takes_a_list_value_and_bools():
-    from poskit.experiments.specs import parse_encodings
+    from poskit.encodings.spec import EncodingSpec
 
-    specs = parse_encodings("rope,cope-alibi:slopes=[0.5,0.25]:p_max=8,pope:softplus=no")
-    assert specs == [("rope", "rope", {}), ("cope-alibi:slopes=[0.5,0.25]:p_max=8", "cope-alibi",
-                                            {"slopes": [0.5, 0.25], "p_max": 8}),
-                     ("pope:softplus=no", "pope", {"softplus": False})]
+    specs = EncodingSpec.parse_list("rope,cope-alibi:slopes=[0.5,0.25]:p_max=8,pope:softplus=no")
+    assert [(s.label, s.name, s.options) for s in specs] == [
+        ("rope", "rope", {}), ("cope-alibi:slopes=[0.5,0.25]:p_max=8", "cope-alibi", {"slopes": [0.5, 0.25], "p_max": 8}),
+        ("pope:softplus=no", "pope", {"softplus": False})]
 
 
 def test_extrapolate_keeps_a_row_per_run_when_encoding_and_seed_repeat():

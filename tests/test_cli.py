@@ -34,6 +34,14 @@ def test_console_script_is_installed(capsys):
     assert "pope" in out and "indirect-indexing" in out
 
 
+def test_python_dash_m_runs_the_command():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "poskit.cli", "--version"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("poskit "), r.stderr
+
+
 def test_train_writes_a_run_directory_and_resumes(tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["train", "--task", "flip-flop", "--encoding", "pope", "--steps", "8", "--run-dir", str(run), "--quiet",
@@ -75,10 +83,10 @@ def test_config_file_and_overrides(tmp_path):
 @pytest.mark.parametrize("argv,needle", [
     (["train", "--task", "sudoku", "--encoding", "rope"], "--task must be one of"),
     (["train", "--task", "flip-flop"], "--encoding is required"),
-    (["train", "--task", "flip-flop", "--encoding", "rotary"], "--encoding (model.encoding) must be one of"),
+    (["train", "--task", "flip-flop", "--encoding", "rotary"], "--encoding: encoding must be one of"),
     (["train", "--task", "flip-flop", "--encoding", "rope", "model.width=3"], "unknown model config field"),
     (["train", "--task", "flip-flop", "--encoding", "rope", "oops"], "overrides must look like key=value"),
-    (["compare", "--task", "flip-flop", "--encodings", "rope,rotary"], "encodings must name one of"),
+    (["compare", "--task", "flip-flop", "--encodings", "rope,rotary"], "--encodings: encoding must be one of"),
     (["compare", "--task", "flip-flop", "--encodings", "rope", "--seeds", "a,b"], "--seeds must be"),
     (["reproduce", "sorting"], "NAME must be one of"),
     (["extrapolate", "/nonexistent/run"], "runs must be"),
@@ -132,6 +140,25 @@ COMPARE = ["compare", "--task", "flip-flop", "--encodings", "rope,alibi", "--see
     (["reproduce", "counting", "--out", "{out}", "--workers", "0"], "--workers must be a positive integer"),
     (["demo", "--out", "{out}", "--workers", "0"], "--workers must be a positive integer"),
     (["demo", "--out", "{out}", "--lengths", "1x,abc"], "--lengths must be"),
+    # one encoding spec parser for every flag that names encodings: a duplicated key, an unknown option, a bad
+    # bool are refused naming the flag, the option and what is allowed
+    (["compare", "--task", "flip-flop", "--encodings", "rope:base=100:base=200", "--out", "{out}"],
+     "--encodings: encoding option rope:base must be given once, got ['100', '200'] (in 'rope:base=100:base=200')"),
+    (["train", "--task", "flip-flop", "--encoding", "rope:base=100:base=200", "--run-dir", "{out}"],
+     "--encoding: encoding option rope:base must be given once"),
+    (["train", "--task", "flip-flop", "--encoding", "pope:softplus=maybe", "--run-dir", "{out}"],
+     "--encoding: encoding option pope:softplus must be true or false (true/false/1/0/yes/no, any case), got 'maybe'"),
+    (["reproduce", "flip-flop", "--out", "{out}", "--encodings", "rope,pope:bogus=1"],
+     "--encodings: encoding option pope:bogus must be one of pope's options ["),
+    (["demo", "--out", "{out}", "--encodings", "rope,pope:bogus=1"],
+     "--encodings: encoding option pope:bogus must be one of pope's options ["),
+    (["demo", "--out", "{out}", "--encodings", "rope,rope"], "--encodings: the list must be distinct specs"),
+    (["digits", "--out", "{out}", "--encodings", "rope:base=500"],
+     "--encodings: digits builds its encodings itself (axial rope and pope); give names only, got 'rope:base=500'"),
+    (["digits", "--out", "{out}", "--encodings", "rope,alibi"], "--encodings must be among ['none', 'learned', "),
+    (["analyze", "decay", "--out", "{out}", "--encodings", "rope:base=500"],
+     "--encodings: analyze decay builds each encoding with its defaults; give names only, got 'rope:base=500'"),
+    (["reproduce", "--out", "{out}"], "NAME is required (one of "),
 ])
 def test_bad_input_stops_before_anything_is_created(argv, needle, tmp_path, capsys):
     out = tmp_path / "out"
@@ -141,6 +168,20 @@ def test_bad_input_stops_before_anything_is_created(argv, needle, tmp_path, caps
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
     assert not out.exists()  # stopped before any directory (or any training)
+
+
+def test_train_takes_an_encoding_spec(tmp_path, monkeypatch, capsys):
+    """`--encoding` takes the spec that compare and reproduce take; its options reach the saved config, and the
+    default run directory is named by the spec, so that two specs of one encoding do not share it."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "flip-flop", "--encoding", "pope:delta_init=uniform:softplus=No", "--steps", "1",
+                 *TINY, *FF]) == 0
+    run = tmp_path / "runs" / "flip-flop-pope_delta_init_uniform_softplus_No-seed0"
+    saved = json.loads((run / "config.json").read_text())["model"]
+    assert saved["encoding"] == "pope" and saved["encoding_options"] == {"delta_init": "uniform", "softplus": False}
+    assert "flip-flop / pope:delta_init=uniform:softplus=No: 1 steps" in capsys.readouterr().out
+    # a spec's options are merged over the config's: naming fewer options than were saved is no change
+    assert main(["train", "--resume", "--run-dir", str(run), "--encoding", "pope:delta_init=uniform", "--quiet"]) == 0
 
 
 def test_resume_applies_a_longer_steps_and_refuses_other_changes(tmp_path, capsys):
@@ -259,9 +300,9 @@ REPRO_TINY = ["--steps", "3", "--encodings", "relative,cope", "--workers", "1", 
 
 
 def test_reproduce_counting_covers_1_3_and_5_variables(tmp_path, capsys):
-    from poskit.experiments.reproduce import REPRODUCTIONS
+    from poskit.experiments.registry import experiment
 
-    r = REPRODUCTIONS["counting"]
+    r = experiment("counting", "reproduction").settings
     assert [v.value for v in r.variants] == [1, 3, 5] and "1 and 5 variables with 1 seed" in r.summary
     out = tmp_path / "rep"
     assert main(["reproduce", "counting", "--out", str(out), "--seeds", "0", *REPRO_TINY]) == 0
@@ -306,6 +347,36 @@ def test_demo_end_to_end_at_tiny_budget(tmp_path, capsys):
     assert [r["length"] for r in report["sweeps"]["rope"]] == [16, 32, 64, 128]
     assert report["steps"]["rope"] >= 1
     assert (tmp_path / "demo" / "extrapolation.png").exists() and (tmp_path / "demo" / "diagnostic" / "compare.png").exists()
+
+
+def test_demo_keeps_the_options_of_its_encoding_specs(tmp_path):
+    """`--encodings` options reach the language models and the diagnostic, never dropped silently."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--train-seconds", "0.2", "--context", "8", "--n-chars", "256",
+                 "--lengths", "1x", "--diagnostic-steps", "1", "--workers", "1", "--encodings",
+                 "pope:delta_init=uniform", "--quiet"]) == 0
+    for run in (out / "lm" / "pope_delta_init_uniform", out / "diagnostic" / "pope_delta_init_uniform" / "seed0"):
+        model = json.loads((run / "config.json").read_text())["model"]
+        assert (model["encoding"], model["encoding_options"]) == ("pope", {"delta_init": "uniform"}), run
+    report = json.loads((out / "demo.json").read_text())
+    assert list(report["sweeps"]) == ["pope:delta_init=uniform"]
+
+
+def test_list_and_reproduce_list_read_one_registry(capsys):
+    from poskit.experiments.registry import experiments
+
+    assert main(["reproduce", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    reproductions = experiments("reproduction")
+    assert [line.split()[0] for line in lines] == [e.name for e in reproductions]
+    assert "translation" in [e.name for e in reproductions]  # the encoder-decoder one too
+    assert lines[0].endswith(reproductions[0].summary)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    sections = out.split("\nstudies:\n")
+    assert "translation" in sections[0] and "translation" not in sections[1]  # listed as a reproduction
+    for e in experiments("study") + experiments("demo"):
+        assert e.name in sections[1] and e.summary in out
 
 
 def test_parser_lists_every_command():

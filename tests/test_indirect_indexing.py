@@ -268,11 +268,11 @@ def test_curriculum_needs_the_step():
 
 def test_reproduce_paper_preset_is_the_papers_appendix_b():
     """`poskit reproduce indirect-indexing --preset paper`: Tables 6-7 of the PoPE paper, 1M fixed examples."""
-    from poskit.experiments.configs import REPRODUCTIONS
+    from poskit.experiments.registry import experiment
     from poskit.experiments.reproduce import preset_config
     from poskit.training import TrainConfig
 
-    cfg = TrainConfig.from_dict(preset_config(REPRODUCTIONS["indirect-indexing"], "paper"))
+    cfg = TrainConfig.from_dict(preset_config(experiment("indirect-indexing", "reproduction").settings, "paper"))
     m = cfg.model
     assert (m.d_model, m.n_layers, m.n_heads, m.dropout) == (512, 8, 8, 0.0)
     assert (cfg.batch_size, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps) == (64, 2e-4, 2e-5, 4000, 100_000)
@@ -289,13 +289,13 @@ def test_reproduce_paper_preset_is_the_papers_appendix_b():
 def test_the_reproductions_default_variant_follows_the_definition():
     """The variant `poskit reproduce indirect-indexing` trains by default (shifts up to 3, 16 letters, strings
     of 8-16, four queries per string), checked like the paper's task, over the training stream too."""
-    from poskit.experiments.configs import REPRODUCTIONS
+    from poskit.experiments.registry import experiment
     from poskit.experiments.reproduce import preset_config
     from poskit.training import TrainConfig
     from poskit.training.step import build_task_for
 
-    cfg = TrainConfig.from_dict(preset_config(REPRODUCTIONS["indirect-indexing"], "default"))
-    assert REPRODUCTIONS["indirect-indexing"].seeds == (0, 1, 2)
+    cfg = TrainConfig.from_dict(preset_config(experiment("indirect-indexing", "reproduction").settings, "default"))
+    assert experiment("indirect-indexing", "reproduction").settings.seeds == (0, 1, 2)
     t = build_task_for(cfg)
     assert (t.alphabet_size, t.min_len, t.max_len, t.max_shift, t.n_queries) == (16, 8, 16, 3, 4)
     alphabet = ALL_LETTERS[:16]

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from poskit.experiments.configs import REPRODUCTIONS
+from poskit.experiments.registry import experiment
 from poskit.experiments.reproduce import preset_config
 from poskit.training import TrainConfig
 
 
 def test_performer_is_registered_with_linear_attention():
-    r = REPRODUCTIONS["performer"]
+    r = experiment("performer", "reproduction").settings
     cfg = TrainConfig.from_dict(copy.deepcopy(r.config))
     assert cfg.model.attention == "linear"
     assert cfg.task_options["tokenizer"] == "bytes"  # character level
@@ -19,7 +19,7 @@ def test_performer_is_registered_with_linear_attention():
 
 
 def test_paper_preset_is_the_papers_setup():
-    r = REPRODUCTIONS["performer"]
+    r = experiment("performer", "reproduction").settings
     cfg = TrainConfig.from_dict(preset_config(r, "paper"))
     # RoFormer section 4.4: 12 layers, 768 wide, 12 heads, lr 1e-4, batch 128, sequence length 1024
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (12, 768, 12)

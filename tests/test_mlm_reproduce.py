@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from poskit.experiments.configs import REPRODUCTIONS
+from poskit.experiments.registry import experiment
 
 pytest.importorskip("matplotlib", reason="the reproduction writes plots (the experiments extra)")
 
@@ -42,7 +42,7 @@ def test_paper_preset_is_bert_base(tmp_path):
     from poskit.experiments.reproduce import preset_config, run_reproduction
     from poskit.training import TrainConfig
 
-    paper = TrainConfig.from_dict(preset_config(REPRODUCTIONS["mlm"], "paper"))
+    paper = TrainConfig.from_dict(preset_config(experiment("mlm", "reproduction").settings, "paper"))
     assert (paper.model.d_model, paper.model.n_layers, paper.model.n_heads) == (768, 12, 12)
     assert (paper.batch_size, paper.max_steps, paper.lr, paper.task_options["context"]) == (64, 100_000, 1e-5, 512)
     assert paper.model.causal is False and paper.task_options["vocab_size"] is None

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import poskit
 from poskit.attention import KVCache, blocked, cached_attention
 from poskit.attention.engine import route
-from poskit.model import ModelConfig, Transformer
+from poskit.models import ModelConfig, Transformer
 from conftest import make_qkv
 
 NEW = ["xpos", "t5", "fire", "kerple-log", "kerple-power", "dynamic"]

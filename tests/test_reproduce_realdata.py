@@ -12,9 +12,9 @@ import pytest
 from poskit.cli import main
 from poskit.data import CorpusNotPresent, get_corpus
 from poskit.experiments import reproduce
-from poskit.experiments.configs import REPRODUCTIONS
+from poskit.encodings.spec import EncodingSpec
+from poskit.experiments.registry import EXPERIMENTS, experiment
 from poskit.experiments.reproduce import preset_config, run_reproduction
-from poskit.experiments.specs import parse_encodings
 from poskit.training import TrainConfig
 
 REAL_DATA = ("jsb", "maestro", "genome", "text", "text-cope", "code", "text-extrapolation", "ablations")
@@ -29,10 +29,10 @@ def _get(cfg: dict, dotted: str):
 
 @pytest.mark.parametrize("name", REAL_DATA)
 def test_registered_and_valid_at_both_presets(name):
-    r = REPRODUCTIONS[name]
+    r = experiment(name, "reproduction").settings
     default = TrainConfig.from_dict(preset_config(r, None))
     assert default.preset == "default" and default.task in CORPUS_OF_TASK
-    parse_encodings(r.encodings)  # every encoding spec parses (names and options exist)
+    EncodingSpec.parse_list(r.encodings)  # every encoding spec parses (names and options exist)
     paper = preset_config(r, "paper")
     assert paper["preset"] == "paper" and r.paper_preset, f"{name} has no paper preset"
     for dotted, value in r.paper_preset.items():
@@ -50,7 +50,7 @@ def test_paper_preset_reaches_the_tasks_paper_sequence_length(name):
     the CPU default's: the CPU config's explicit context must not override it."""
     from poskit.tasks import _lookup
 
-    r = REPRODUCTIONS[name]
+    r = experiment(name, "reproduction").settings
     cfg = preset_config(r, "paper")
     want = r.paper_preset.get("task_options.context", _lookup(cfg["task"]).paper_params.get("context"))
     built = {**_lookup(cfg["task"]).paper_params, **cfg["task_options"]}  # build_task's order: paper, then explicit
@@ -58,7 +58,7 @@ def test_paper_preset_reaches_the_tasks_paper_sequence_length(name):
 
 
 def test_jsb_paper_preset_is_the_papers_table_6_and_7_column():
-    cfg = TrainConfig.from_dict(preset_config(REPRODUCTIONS["jsb"], "paper"))
+    cfg = TrainConfig.from_dict(preset_config(experiment("jsb", "reproduction").settings, "paper"))
     m = cfg.model
     assert (m.d_model, m.n_heads, m.n_layers, m.dropout) == (256, 8, 6, 0.2)  # Table 6, JSB
     assert (cfg.batch_size, cfg.lr, cfg.min_lr, cfg.beta2, cfg.max_steps, cfg.warmup_steps) == (4, 6e-4, 6e-5, 0.99, 3000, 10)
@@ -66,10 +66,17 @@ def test_jsb_paper_preset_is_the_papers_table_6_and_7_column():
 
 def test_bad_preset_is_refused_naming_it(capsys):
     with pytest.raises(ValueError, match=r"preset must be one of \['default', 'paper'\], got 'huge'"):
-        preset_config(REPRODUCTIONS["jsb"], "huge")
+        preset_config(experiment("jsb", "reproduction").settings, "huge")
     with pytest.raises(SystemExit):
         main(["reproduce", "jsb", "--preset", "huge"])
     assert "--preset" in capsys.readouterr().err
+
+
+def _replace_settings(monkeypatch, name: str, **changes) -> None:
+    """The registry's reproduction `name` with `changes` to its settings, for this test only."""
+    key = ("reproduction", name)
+    exp = EXPERIMENTS[key]
+    monkeypatch.setitem(EXPERIMENTS, key, dataclasses.replace(exp, settings=dataclasses.replace(exp.settings, **changes)))
 
 
 def _present(task: str) -> None:
@@ -88,16 +95,15 @@ TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "task_options
 @pytest.mark.slow  # loads (and on a fresh cache tokenises) a slice of a real corpus: 5-20 s each when loaded
 @pytest.mark.parametrize("name", REAL_DATA)
 def test_smoke_each_reproduction_at_tiny_size(name, tmp_path, monkeypatch):
-    r = REPRODUCTIONS[name]
+    r = experiment(name, "reproduction").settings
     _present(r.config["task"])
     if r.extrapolation:  # a short sweep: two lengths, a few hundred tokens
-        monkeypatch.setitem(REPRODUCTIONS, name, dataclasses.replace(
-            r, extrapolation={**r.extrapolation, "lengths": "1x,2x", "n_chars": 128}))
-    specs = parse_encodings(r.encodings)[:2]  # the first two encodings: the comparison's core
+        _replace_settings(monkeypatch, name, extrapolation={**r.extrapolation, "lengths": "1x,2x", "n_chars": 128})
+    specs = EncodingSpec.parse_list(r.encodings)[:2]  # the first two encodings: the comparison's core
     out = tmp_path / name
     results = run_reproduction(name, out_dir=out, seeds=[0, 1], encodings=specs, steps=2, workers=1, quiet=True,
                                overrides=TINY + ["task_options.max_documents=6"])
-    assert set(results["encodings"]) == {s[0] for s in specs}
+    assert set(results["encodings"]) == {s.label for s in specs}
     for label, per_split in results["nll"].items():
         entry = per_split[r.split]
         assert len(entry["per_seed"]) == 2 and all(math.isfinite(v) and v > 0 for v in entry["per_seed"])
@@ -117,9 +123,8 @@ def test_smoke_each_reproduction_at_tiny_size(name, tmp_path, monkeypatch):
 
 
 def test_an_extrapolation_sweep_is_checked_before_training(tmp_path, monkeypatch):
-    r = REPRODUCTIONS["text-extrapolation"]
-    monkeypatch.setitem(REPRODUCTIONS, "text-extrapolation",
-                        dataclasses.replace(r, extrapolation={**r.extrapolation, "scalings": ("stretch",)}))
+    r = experiment("text-extrapolation", "reproduction").settings
+    _replace_settings(monkeypatch, "text-extrapolation", extrapolation={**r.extrapolation, "scalings": ("stretch",)})
     trained = []
     monkeypatch.setattr(reproduce, "execute_compare", lambda *a, **k: trained.append(1))
     monkeypatch.setattr(reproduce, "plan_compare", lambda *a, **k: type("P", (), {"dirs": {}})())

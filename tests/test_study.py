@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poskit.experiments.configs import STUDIES, StopRule, Study, StudyRun
+from poskit.experiments.configs import StopRule, Study, StudyRun
+from poskit.experiments.registry import experiment
 from poskit.experiments.study import advance, read_spec, run_study, validation_curve, write_spec
 from poskit.report.study import write_study_report
 
@@ -64,7 +65,7 @@ def test_a_study_refuses_duplicate_or_bad_run_names():
 
 
 def test_the_indirect_indexing_study_configs_are_valid_pairs():
-    study = STUDIES["indirect-indexing"]
+    study = experiment("indirect-indexing", "study").settings
     groups = {}
     for run in study.runs:
         cfg = run.train_config()  # every config is a valid TrainConfig
@@ -244,7 +245,7 @@ def test_study_cli_refuses_an_unknown_attention_group_before_writing(tmp_path, c
 def test_study_cli_refuses_attention_for_a_group_without_runs_before_writing(tmp_path, capsys):
     from poskit.cli import main
 
-    group = STUDIES["indirect-indexing"].runs[0].group
+    group = experiment("indirect-indexing", "study").settings.runs[0].group
     with pytest.raises(SystemExit):
         main(["study", "indirect-indexing", "--out", str(tmp_path / "s"), "--report-only", "--attention", group])
     assert "has no trained runs" in capsys.readouterr().err

@@ -101,7 +101,7 @@ def _assert_same_run(resumed_dir, straight_dir, resumed, straight):
 @pytest.mark.slow
 @needs_corpus
 def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(corpus_home, tmp_path, monkeypatch):
-    from poskit.experiments.specs import apply_overrides
+    from poskit.experiments.overrides import apply_overrides
     from poskit.training import seq2seq
 
     cfg = {"model": {"encoding": "rope", "dropout": 0.1}, "max_steps": 6}
@@ -128,7 +128,7 @@ def test_a_legacy_checkpoint_pt_run_resumes_exactly(corpus_home, tmp_path, monke
     """A run interrupted under the old single-file checkpoint.pt resumes (or is converted, then resumes) to
     the numbers and weights of an uninterrupted run; its next checkpoint is in the current format."""
     from poskit.cli import main
-    from poskit.experiments.specs import apply_overrides
+    from poskit.experiments.overrides import apply_overrides
     from poskit.training import seq2seq
     from seq2seq_checkpoint_helpers import to_legacy
 
@@ -176,6 +176,19 @@ def test_paper_preset_is_the_transformer_base():
     m = plan[0][2].model_config()
     assert (m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers) == (512, 8, 2048, 6, 6)
     assert plan[0][2].beam_size == 4 and plan[0][2].length_penalty == 0.6 and plan[0][2].label_smoothing == 0.1
+
+
+def test_encodings_are_specs_and_a_plain_name_keeps_the_saved_model_config():
+    """A plain name adds no encoding_options to the model config (so existing runs still resume); a spec's
+    options reach it, and the runs are labelled by the spec."""
+    from poskit.experiments.translation import plan_translation
+
+    plain = plan_translation(encodings=["rope"], seeds=[0])[0][2].to_dict()["model"]
+    assert plain["encoding"] == "rope" and "encoding_options" not in plain
+    label, _, cfg = plan_translation(encodings=["pope:delta_init=uniform"], seeds=[0])[0]
+    assert label == "pope:delta_init=uniform"
+    assert cfg.to_dict()["model"]["encoding_options"] == {"delta_init": "uniform"}
+    assert cfg.model_config().encoding_options == {"delta_init": "uniform"}
 
 
 def test_a_missing_sacrebleu_is_reported_before_any_training(monkeypatch, tmp_path, capsys):

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from poskit.encodings.spec import EncodingSpec
 from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
 from poskit.tasks import task_split_names
 from poskit.training import (
@@ -21,9 +22,8 @@ from poskit.training.checkpoint_store import has_checkpoint
 from poskit.training.distributed import processes_from_env
 
 from .jobs import TrainJob, train_job
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, safe_label
 from .parallel import check_workers, run_parallel
-from .specs import safe_label
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ComparePlan:
     dirs: dict[str, list[Path]]
 
 
-def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seeds: list[int], out_dir, *,
+def plan_compare(base: TrainConfig, encodings: list[EncodingSpec | str], seeds: list[int], out_dir, *,
                  workers: int | None = None, resume: bool = False, split: str = "test") -> ComparePlan:
     """Check everything a compare needs and lay out its runs, touching nothing on disk: a bad split, worker
     count, encoding option, task option, an existing run without `resume` or a resumed run whose saved config
@@ -50,13 +50,19 @@ def plan_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seed
         raise ValueError(f"split must be one of the splits of task {base.task!r}: {list(splits)}, got {split!r}")
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must list at least one seed, none twice (one run directory each), got {list(seeds)}")
+    specs = [EncodingSpec.of(e) for e in encodings]
+    names = [safe_label(s.label) for s in specs]
+    if not specs or len(set(names)) != len(names):
+        raise ValueError(f"encodings must list at least one spec, each with a directory of its own, got "
+                         f"{[s.label for s in specs]}")
     out_dir = Path(out_dir)
     check_writable_dir(out_dir, "out")
     jobs, labels, dirs = [], [], {}
-    for label, name, options in encodings:
+    for spec in specs:
+        label = spec.label
         for i, seed in enumerate(seeds):
             cfg = copy.deepcopy(base)
-            cfg.model.encoding, cfg.model.encoding_options, cfg.seed = name, dict(options), seed
+            (cfg.model.encoding, cfg.model.encoding_options), cfg.seed = spec.to_config(), seed
             cfg = TrainConfig.from_dict(cfg.to_dict())  # re-validate with the new encoding
             if i == 0:
                 preflight(cfg)  # the model does not depend on the seed: once per encoding
@@ -104,13 +110,13 @@ def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: boo
     return results
 
 
-def run_compare(base: TrainConfig, encodings: list[tuple[str, str, dict]], seeds: list[int], out_dir, *,
+def run_compare(base: TrainConfig, encodings: list[EncodingSpec | str], seeds: list[int], out_dir, *,
                 workers: int | None = None, resume: bool = False, quiet: bool = False, split: str = "test",
                 title: str | None = None) -> dict:
-    """Train `base` once per encoding spec (label, name, options) and seed, in parallel single-thread
+    """Train `base` once per encoding spec (an EncodingSpec, or its text) and seed, in parallel single-thread
     processes; write out_dir/{results.json, results.md, compare.png}. Returns the results dict.
 
-    The run of encoding `label` and seed s lives in out_dir/<label>/seed<s>; with `resume`, finished runs are
+    The run of encoding spec `label` and seed s lives in out_dir/<label>/seed<s>; with `resume`, finished runs are
     reused and interrupted ones continue from their checkpoints (their saved configs must match, see
     `poskit.train.resume_config`). Everything is checked before anything is written (`plan_compare`)."""
     plan = plan_compare(base, encodings, seeds, out_dir, workers=workers, resume=resume, split=split)

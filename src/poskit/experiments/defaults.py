@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from .configs import LM_MODEL, LM_TRAIN, REPRODUCTIONS
+from .configs import LM_MODEL, LM_TRAIN, Reproduction
+from .registry import experiments
 
 __all__ = ["LM_MODEL", "LM_TRAIN", "task_defaults"]
 
@@ -20,9 +21,9 @@ def task_defaults(task: str) -> dict:
         raise ValueError(f"task must be one of {available_tasks()}, got {task!r}")
     if task == LM_TRAIN["task"]:
         return copy.deepcopy(LM_TRAIN)
-    for r in REPRODUCTIONS.values():
-        if r.config["task"] == task:
-            return copy.deepcopy(r.config)
+    for e in experiments("reproduction"):  # the first decoder reproduction of the task
+        if isinstance(e.settings, Reproduction) and e.settings.config["task"] == task:
+            return copy.deepcopy(e.settings.config)
     from poskit.tasks import task_model_defaults
 
     # a task may declare the model it needs (masked-language modelling: a bidirectional model)

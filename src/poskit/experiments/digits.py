@@ -18,7 +18,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -27,26 +27,9 @@ import torch.nn.functional as F
 from ..training.files import atomic_write_json, check_writable_dir, read_json
 from ..validate import check_int, check_real
 from ..models.vit import ViT
+from .configs.digits import VIT_ENCODINGS, DigitsSettings
 
-# the encodings the demo compares (a ViT takes any encoding that can give patches 2-D positions:
-# poskit.models.vit.vit_encodings())
-VIT_ENCODINGS = ("none", "learned", "rope", "pope")
-
-
-@dataclass(frozen=True)
-class DigitsSettings:
-    encodings: tuple = VIT_ENCODINGS  # none is the floor: a bag of patches
-    seeds: tuple = (0, 1, 2)
-    patch: int = 2  # 2 x 2 pixel patches: a 4 x 4 grid at 8 x 8, 8 x 8 at 16 x 16
-    eval_sizes: tuple = (8, 12, 16)  # image sizes evaluated (8: training size; 16: twice each side)
-    canvas_size: int = 16  # also: the 8x8 digit unchanged at the centre of a blank canvas this large
-    dim: int = 64  # ViT width
-    depth: int = 2  # blocks
-    heads: int = 4  # 16 channels per head: 8 per axis for axial rope and pope
-    epochs: int = 40  # passes over the 1078 training images
-    batch_size: int = 64
-    lr: float = 3e-3  # AdamW peak, cosine decay to lr / 10 after a 5 % warmup
-    weight_decay: float = 0.05
+__all__ = ["DigitsSettings", "results_table", "run", "run_digits"]
 
 
 def _check(s: DigitsSettings) -> None:
@@ -66,8 +49,6 @@ def _check(s: DigitsSettings) -> None:
     check_int(s.canvas_size, "canvas_size", minimum=8)
     if s.canvas_size % s.patch or 8 % s.patch:
         raise ValueError(f"patch must divide the training size 8 and canvas_size={s.canvas_size}, got {s.patch}")
-    if 8 % s.patch:
-        raise ValueError(f"patch must divide the training size 8, got {s.patch}")
     for size in s.eval_sizes:
         check_int(size, "eval_sizes", minimum=s.patch)
         if size % s.patch:
@@ -224,3 +205,8 @@ def run_digits(settings: DigitsSettings, out_dir, *, quiet: bool = False) -> dic
     (out / "results.md").write_text(f"# digits ViT\n\n{results_table(results)}\n")
     plot_results(results, out / "digits_vit.png")
     return results
+
+
+def run(experiment, *, out_dir, quiet: bool = False, **changes) -> dict:
+    """The registry's entry (`poskit digits`): run_digits with the experiment's settings, `changes` applied."""
+    return run_digits(replace(experiment.settings, **changes), out_dir, quiet=quiet)

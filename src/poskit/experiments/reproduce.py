@@ -5,23 +5,25 @@ one CPU core in minutes to hours. A reproduction with variants (counting: 1, 3 a
 paper's Table 3) runs one compare per variant under <out>/<field>_<value>/ and writes one results.json and one
 table with a column naming the variant of each row. Run times in the summaries are wall-clock on an idle 2-core
 CPU with two single-thread workers; the outcomes are in docs/reproductions.md. The settings of each
-reproduction are in experiments/configs/.
+reproduction are in experiments/configs/, and experiments/registry.py names them.
 """
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+from poskit.encodings.spec import EncodingSpec, parse_value
 from poskit.report import variants_table
 from poskit.training import TrainConfig, atomic_write_json
 
 from .compare import execute_compare, plan_compare
+from .configs import Reproduction, Variant
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT, safe_label
+from .overrides import apply_overrides
 from .realdata import add_nll, plan_sweep, run_sweep
-from .configs import REPRODUCTIONS, Reproduction, Variant
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT
-from .specs import apply_overrides, parse_encodings, parse_value, safe_label
+from .registry import experiment
 
-__all__ = ["REPRODUCTIONS", "Reproduction", "Variant", "run_reproduction", "select_variants"]
+__all__ = ["Reproduction", "Variant", "preset_config", "reproduce", "run_reproduction", "select_variants"]
 
 
 def select_variants(r: Reproduction, spec: str | None, name: str = "--variants") -> list[Variant]:
@@ -77,45 +79,62 @@ def preset_config(r: Reproduction, preset: str | None) -> dict:
     return cfg
 
 
-def run_reproduction(name: str, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
-                     workers: int | None = None, resume: bool = False, quiet: bool = False,
-                     overrides: list[str] | None = None, variants: str | None = None,
-                     preset: str | None = None) -> dict:
-    """Run reproduction `name` (see REPRODUCTIONS) as a compare, or one compare per variant (`variants`: a
-    comma-separated subset of the variant values, default all); returns the results. `seeds` and `steps`
-    replace every variant's; `preset="paper"` gives the paper's model size and schedule (`preset_config`).
-    Every sub-run is checked before the first one trains. Language-model reproductions also report the NLL
-    per token (`nll` in results.json, a second table in results.md) and, where the reproduction declares one,
-    a length-extrapolation sweep of the trained runs (<out>/extrapolation/), and where it asks for one, a
+def run_reproduction(name: str, **arguments) -> dict:
+    """Run the reproduction `name` of the registry (experiments/registry.py), whichever its runner: the
+    arguments are those of `reproduce` below, which every reproduction's runner takes."""
+    return experiment(name, "reproduction").run(**arguments)
+
+
+def reproduce(exp, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None,
+              workers: int | None = None, resume: bool = False, quiet: bool = False,
+              overrides: list[str] | None = None, variants: str | None = None, preset: str | None = None) -> dict:
+    """Run a decoder reproduction (`exp.settings` a Reproduction) as a compare, or one compare per variant
+    (`variants`: a comma-separated subset of the variant values, default all); returns the results. `seeds`
+    and `steps` replace every variant's, `encodings` (specs, or their text) the reproduction's;
+    `preset="paper"` gives the paper's model size and schedule (`preset_config`). Every sub-run is checked
+    before the first one trains. Language-model reproductions also report the NLL per token (`nll` in
+    results.json, a second table in results.md) and, where the reproduction declares one, a
+    length-extrapolation sweep of the trained runs (<out>/extrapolation/), and where it asks for one, a
     training-loss plot of every run (training_loss.png)."""
-    if name not in REPRODUCTIONS:
-        raise ValueError(f"name must be one of {sorted(REPRODUCTIONS)}, got {name!r}")
-    r = REPRODUCTIONS[name]
+    name, r = exp.name, exp.settings
     chosen = select_variants(r, variants)
     cfg = preset_config(r, preset)
     if steps is not None:
         cfg["max_steps"] = steps
     apply_overrides(cfg, overrides or [])
-    specs = encodings if encodings is not None else parse_encodings(r.encodings)
+    specs = [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
     out = Path(out_dir or f"runs/reproduce-{name}")
     title = f"reproduce {name}: {r.paper}"
     if not chosen:
-        plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
-                            resume=resume, split=r.split)
-        sweep_plan = plan_sweep(r, plan, out, workers) if r.extrapolation else None
-        results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
-        if results["metric"] == "perplexity":
-            add_nll(results, plan, out)
-        if sweep_plan is not None:
-            results["extrapolation"] = run_sweep(sweep_plan, quiet)
-            atomic_write_json(out / COMPARE_JSON, results)
-        if r.training_loss_plot:
-            plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
-        return results
-
+        return _reproduce_one(r, cfg, specs, seeds, out, title, workers=workers, resume=resume, quiet=quiet)
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):
         raise ValueError(f"{r.variant_field} is what the {name} reproduction varies; choose among "
                          f"{[v.value for v in r.variants]} with --variants instead of overriding it")
+    return _reproduce_variants(r, chosen, cfg, specs, seeds, out, title, workers=workers, resume=resume,
+                               quiet=quiet)
+
+
+def _reproduce_one(r: Reproduction, cfg: dict, specs, seeds, out: Path, title: str, *, workers, resume,
+                   quiet) -> dict:
+    """One compare (a reproduction without variants), then its NLL table, sweep and loss plot."""
+    plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
+                        resume=resume, split=r.split)
+    sweep_plan = plan_sweep(r, plan, out, workers) if r.extrapolation else None
+    results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
+    if results["metric"] == "perplexity":
+        add_nll(results, plan, out)
+    if sweep_plan is not None:
+        results["extrapolation"] = run_sweep(sweep_plan, quiet)
+        atomic_write_json(out / COMPARE_JSON, results)
+    if r.training_loss_plot:
+        plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
+    return results
+
+
+def _reproduce_variants(r: Reproduction, chosen: list[Variant], cfg: dict, specs, seeds, out: Path, title: str, *,
+                        workers, resume, quiet) -> dict:
+    """One compare per chosen variant under <out>/<field>_<value>/ (all planned before the first trains), then
+    one results.json and one table with a column naming the variant of each row."""
     plans = []
     for v in chosen:
         vcfg = apply_overrides(copy.deepcopy(cfg), [f"{r.variant_field}={v.value}"])

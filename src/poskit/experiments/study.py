@@ -1,9 +1,10 @@
 """`poskit study NAME --out DIR`: a queue of long training runs, advanced in the background with early stops.
 
-A study (experiments/configs/studies.py) is an ordered list of runs, each a full TrainConfig. The runner keeps
-`workers` of them training at once, each in its own single-thread process (`poskit study NAME --only RUN`),
-and every process advances its run one evaluation interval at a time through `train(..., stop_after=...)`, so
-a killed study loses at most one interval: running the same command again resumes every unfinished run.
+A study (a config module in experiments/configs/, named in experiments/registry.py) is an ordered list of
+runs, each a full TrainConfig. The runner keeps `workers` of them training at once, each in its own
+single-thread process (`python -m poskit.experiments.study OUT_DIR RUN`), and every process advances its
+run one evaluation interval at a time through `train(..., stop_after=...)`, so a killed study loses at most
+one interval: running the same command again resumes every unfinished run.
 
 Between intervals the stop rule reads the run's validation curve (metrics.jsonl): a run stops when it has
 *learned* (validation metric past `learned_at`) or has *plateaued* (no gain of `min_gain` in the best value
@@ -130,6 +131,11 @@ def run_study(study: Study, out_dir, workers: int = 2, nice: int = 19, poll_seco
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive(out_dir / RUNNER_LOCK, f"a study runner on {out_dir}"):  # before the spec or a log changes
         return _run_queue(study, out_dir, workers, nice, poll_seconds, python)
+
+
+def run(experiment, *, out_dir, workers: int = 2) -> list[dict]:
+    """The registry's runner (`poskit study NAME`): run_study on the experiment's study."""
+    return run_study(experiment.settings, out_dir, workers=workers)
 
 
 def _run_queue(study: Study, out_dir: Path, workers: int, nice: int, poll_seconds: float, python: str) -> list[dict]:

@@ -15,17 +15,20 @@ import sys
 import time
 from pathlib import Path
 
+from ..encodings.spec import EncodingSpec
 from ..training.files import atomic_write_json, check_writable_dir
 from ..training.seq2seq import (CONFIG, Seq2SeqConfig, load_pairs, read_run_metrics, require_scorer,
                                 train_seq2seq)
-from .configs import SEQ2SEQ_REPRODUCTIONS
+from .configs import TranslationReproduction
 from .configs.records import derive
+from .outputs import COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT, safe_label
+from .overrides import apply_overrides
 from .parallel import check_workers, run_parallel
-from .specs import apply_overrides, safe_label
+from .registry import experiments
 
-__all__ = ["run_translation", "RESULTS_JSON", "RESULTS_MD", "CONVERGENCE_PNG"]
+__all__ = ["run_translation", "reproduce", "RESULTS_JSON", "RESULTS_MD", "CONVERGENCE_PNG"]
 
-RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG = "results.json", "results.md", "convergence.png"
+RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG = COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT
 
 
 def _job(job: tuple) -> dict:
@@ -43,33 +46,55 @@ def _curve(run_dir: Path) -> tuple[list[int], list[float]]:
     return [r["step"] for r in records], [r["train_loss"] for r in records]
 
 
-def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list[str] | None = None,
+def _settings(name: str) -> TranslationReproduction:
+    """The settings of the registry's encoder-decoder reproduction `name`."""
+    found = {e.name: e.settings for e in experiments("reproduction") if isinstance(e.settings, TranslationReproduction)}
+    if name not in found:
+        raise ValueError(f"name must be one of {sorted(found)}, got {name!r}")
+    return found[name]
+
+
+def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list | None = None,
                      seeds: list[int] | None = None, steps: int | None = None,
                      overrides: list[str] | None = None) -> list[tuple[str, int, Seq2SeqConfig]]:
-    """Every run's (encoding, seed, config), each config validated: nothing runs unless all are valid."""
-    if name not in SEQ2SEQ_REPRODUCTIONS:
-        raise ValueError(f"name must be one of {sorted(SEQ2SEQ_REPRODUCTIONS)}, got {name!r}")
-    r = SEQ2SEQ_REPRODUCTIONS[name]
+    """Every run's (encoding spec label, seed, config), each config validated: nothing runs unless all are valid.
+    `encodings`: EncodingSpecs or their text (default: the reproduction's)."""
+    r = _settings(name)
     if preset not in r.presets:
         raise ValueError(f"preset must be one of {sorted(r.presets)} for {name}, got {preset!r}")
     base = derive(r.config, r.presets[preset])
     if steps is not None:
         base["max_steps"] = steps
     apply_overrides(base, list(overrides or []))
-    names = encodings if encodings is not None else r.encodings.split(",")
-    if not names or len(set(names)) != len(names):
-        raise ValueError(f"encodings must list distinct encodings, got {names}")
+    specs = [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
+    labels = [s.label for s in specs]
+    if not specs or len(set(labels)) != len(labels):
+        raise ValueError(f"encodings must list distinct encodings, got {labels}")
     plan = []
-    for enc in names:
+    for spec in specs:
         for seed in (seeds if seeds is not None else r.seeds):
             cfg = copy.deepcopy(base)
-            cfg["model"]["encoding"] = enc
+            cfg["model"]["encoding"] = spec.name
+            if spec.options:  # only then: the saved model config of a plain encoding stays as it was (resume)
+                cfg["model"]["encoding_options"] = spec.options
             cfg["seed"] = seed
-            plan.append((enc, seed, Seq2SeqConfig.from_dict(cfg)))
+            plan.append((spec.label, seed, Seq2SeqConfig.from_dict(cfg)))
     return plan
 
 
-def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", encodings: list[str] | None = None,
+def reproduce(exp, *, out_dir=None, seeds=None, encodings=None, steps: int | None = None, workers: int | None = None,
+              resume: bool = False, quiet: bool = False, overrides: list[str] | None = None,
+              variants: str | None = None, preset: str | None = None) -> dict:
+    """The registry's runner (`poskit reproduce translation`): the arguments every reproduction takes; the
+    "paper" preset is the papers' Transformer-base, any other the CPU-scale default."""
+    if variants is not None:
+        raise ValueError(f"--variants does not apply to {exp.name} (it has no variants)")
+    return run_translation(exp.name, out_dir=out_dir or f"runs/reproduce-{exp.name}",
+                           preset="paper" if preset == "paper" else "cpu", encodings=encodings, seeds=seeds,
+                           steps=steps, workers=workers, resume=resume, quiet=quiet, overrides=overrides)
+
+
+def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", encodings: list | None = None,
                     seeds: list[int] | None = None, steps: int | None = None, workers: int | None = None,
                     resume: bool = False, quiet: bool = False, overrides: list[str] | None = None) -> dict:
     """Run (or resume) the reproduction; writes results.json, results.md and convergence.png in out_dir."""

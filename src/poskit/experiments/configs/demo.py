@@ -1,6 +1,7 @@
 """`poskit demo`: its defaults, and the character-level Shakespeare LM it trains (also the default config of
 `poskit train --task shakespeare`). The sizes were measured on a 2-core CPU to fit the demo in about five
 minutes; README.md ("Demo") has the numbers they give."""
+from .demo_diagnostic import DIAGNOSTIC
 from .records import DemoSettings
 
 LM_MODEL = {
@@ -30,6 +31,7 @@ LM_TRAIN = {
 }
 
 DEMO = DemoSettings(
+    summary="Shakespeare length extrapolation + a short diagnostic (about 5 min on 2 cores)",
     out_dir="runs/demo",  # where the demo writes (it replaces only its own lm/ and diagnostic/)
     encodings=("none", "alibi", "rope", "pope"),  # the PoPE paper's Fig. 2 comparison, plus no encoding
     train_seconds=85.0,  # per LM; two at a time on 2 cores
@@ -38,4 +40,6 @@ DEMO = DemoSettings(
     n_chars=65536,  # held-out characters per window length: a stable perplexity in seconds
     diagnostic_steps=600,  # steps per diagnostic model: about a minute for all four on 2 cores
     workers=2,  # parallel single-thread processes (2 cores)
+    language_model=LM_TRAIN,  # the LMs above, each with the demo's context, time budget and seed
+    diagnostic=DIAGNOSTIC,  # flip-flop, shortened (demo_diagnostic.py)
 )

@@ -12,6 +12,8 @@ Schedule of every run: the paper's shape (linear warm-up, cosine to lr / 10, Ada
 0.01, batch 64); the peak lr is the paper's 2e-4 scaled up for the smaller widths (1e-3 at d 64, 5e-4 at
 d 128), as in the CPU reproduction. PoPE uses the paper's uniform delta initialisation.
 """
+from poskit.encodings.spec import EncodingSpec
+
 from .common import OPTIMIZER_AND_LOGGING
 from .records import StopRule, Study, StudyRun
 
@@ -25,8 +27,8 @@ _SCHEDULE = {
     "log_every": 200,
 }
 
-# (encoding, its options): PoPE with the paper's uniform delta initialisation in [-2 pi, 0]
-_ENCODINGS = {"rope": ("rope", {}), "pope": ("pope", {"delta_init": "uniform"})}
+# the run name's short form -> the encoding spec: PoPE with the paper's uniform delta initialisation in [-2 pi, 0]
+_ENCODINGS = {"rope": EncodingSpec.parse("rope"), "pope": EncodingSpec.parse("pope:delta_init=uniform")}
 
 
 def _model(d_model: int, n_layers: int, n_heads: int) -> dict:
@@ -38,11 +40,12 @@ def _pair(group: str, model: dict, task_options: dict, *, steps: int, lr: float,
     """One RoPE and one PoPE run of a group (same seed: the same data stream and the same initial weights
     outside the encoding)."""
     runs = []
-    for short, (name, encoding_options) in _ENCODINGS.items():
+    for short, spec in _ENCODINGS.items():
+        name, encoding_options = spec.to_config()
         runs.append(StudyRun(
             name=f"{group}-{short}-s{seed}", group=group,
             config={"task": "indirect-indexing", "task_options": dict(task_options), "seed": seed,
-                    "model": {**model, "encoding": name, "encoding_options": dict(encoding_options)},
+                    "model": {**model, "encoding": name, "encoding_options": encoding_options},
                     "max_steps": steps, "lr": lr, "min_lr": lr / 10, "warmup_steps": warmup, **_SCHEDULE}))
     return runs
 
@@ -65,7 +68,7 @@ INDIRECT_INDEXING_STUDY = Study(
         # 3. the same small instance with four layers: is depth (room for the content match, then the pointer
         #    arithmetic, in separate layers) what two layers lack?
         + _pair("small-q4-d64-L4", _model(64, 4, 4), _SMALL, steps=12_000, lr=1e-3, warmup=1000)
-        # 4. the small instance with shifts up to 3 only. Why (2026-11-23, after groups 1-3 plateaued): with the
+        # 4. the small instance with shifts up to 3 only. Why (groups 1-3 plateaued): with the
         #    query after the string, a causal model can only solve the task by having each string token gather
         #    its left neighbours at distances 1..max_shift (position-only heads in the lower layers) and then
         #    matching the source character against them (a content match in a higher layer). That needs about

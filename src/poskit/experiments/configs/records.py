@@ -60,12 +60,15 @@ class Diagnostic:
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """The defaults of `poskit demo` (each one a flag of the command)."""
+    """The defaults of `poskit demo` (each one a flag of the command), and the two training configs it derives
+    its runs from."""
 
+    summary: str
+    """One line for `poskit list` and the command's help."""
     out_dir: str
     """Output directory."""
     encodings: tuple
-    """Encodings of the language models and of the diagnostic."""
+    """Encoding specs of the language models and of the diagnostic."""
     train_seconds: float
     """Training time budget of each language model."""
     context: int
@@ -78,6 +81,10 @@ class DemoSettings:
     """Training steps of each diagnostic model."""
     workers: int
     """Parallel single-thread processes."""
+    language_model: dict
+    """TrainConfig fields of the language models (the encoding, context, time budget and seed are set per run)."""
+    diagnostic: Diagnostic
+    """The short compare run after the language models."""
 
 
 def derive(base: dict, changes: dict) -> dict:
@@ -154,6 +161,11 @@ class Study:
     rule: StopRule = StopRule()
     metric_split: str = "test"
     """The split of the reported accuracy."""
+
+    @property
+    def summary(self) -> str:
+        """One line for `poskit list`."""
+        return f"{len(self.runs)} runs: {self.question}"
 
     def __post_init__(self):
         names = [r.name for r in self.runs]

@@ -3,7 +3,8 @@ PE paper's Table 1 and Figure 4 (003, Multi30k En-De BLEU, training-loss converg
 German-English example sentences of Debian's trans-de-en (18.5k pairs) and to CPU.
 
 An encoder-decoder reproduction does not fit the decoder-only `Reproduction` record (a TrainConfig of a
-decoder task), so it has its own record and registry here; `poskit reproduce NAME` reads both."""
+decoder task), so its settings have their own record here and their own runner (experiments/translation.py);
+the registry lists it among the reproductions, so `poskit reproduce translation` runs like any other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ class TranslationReproduction:
     config: dict
     """Seq2SeqConfig fields (poskit.training.seq2seq); the encoding is set per run."""
     encodings: str
-    """Comma-separated encoding names."""
+    """Comma-separated encoding specs."""
     seeds: tuple
     """Seeds of every encoding: mean and standard deviation."""
     presets: dict

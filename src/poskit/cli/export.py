@@ -1,0 +1,52 @@
+"""`poskit export` (a run as a Hugging Face directory) and `poskit convert-checkpoint` (old runs' single-file
+checkpoints in the current format)."""
+from __future__ import annotations
+
+from .common import add_run_flags
+
+
+def add_convert_checkpoint(sub) -> None:
+    p = sub.add_parser("convert-checkpoint", help="rewrite old runs' checkpoint.pt as safetensors + training state",
+                       description="Rewrite the single-file checkpoint.pt of runs (training or translation runs) "
+                                   "written by older poskit versions in "
+                                   "the current format (model.safetensors, model_config.json and training_state.pt, "
+                                   "committed by checkpoint.json) and remove checkpoint.pt. Resuming an old run "
+                                   "converts it too, at its next checkpoint.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories holding a checkpoint.pt")
+    add_run_flags(p, quiet="no summary lines", workers=False)
+    p.set_defaults(func=cmd_convert_checkpoint)
+
+
+def cmd_convert_checkpoint(args) -> int:
+    from poskit.training.convert import convert_checkpoint
+
+    for run in args.runs:
+        record = convert_checkpoint(run)
+        if not args.quiet:
+            print(f"converted {run}: checkpoint.pt -> {record} (safetensors weights beside the training state)")
+    return 0
+
+
+def add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory (needs poskit[hf])",
+                       description="Write RUN (a `poskit train` directory) as a Hugging Face directory: config.json "
+                                   "(PoskitConfig), model.safetensors, poskit_run.json (run config, task, vocabulary). "
+                                   "See docs/hf.md.")
+    p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
+    add_run_flags(p, quiet="no summary line", workers=False)
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    """`poskit export RUN --hf DIR`: a trained run as a Hugging Face directory (needs the `hf` extra)."""
+    try:
+        from poskit.hf import export_run
+    except ImportError as e:  # transformers missing: one line naming the extra
+        raise ValueError(str(e)) from None
+    out = export_run(args.run, args.hf, overwrite=args.overwrite)
+    if not args.quiet:
+        print(f"{args.run} -> {out}: config.json + model.safetensors (load with `import poskit.hf` and "
+              "transformers.AutoModelForCausalLM.from_pretrained; see docs/hf.md)")
+    return 0
