@@ -6,6 +6,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from poskit.tasks import IGNORE_INDEX, Vocab, build_task
 from poskit.tasks.passkey import KEY_HIGH, KEY_LOW, PasskeyGenerator, check_passkey_fraction
@@ -77,13 +79,38 @@ def tiny():
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.77, 1.0])
 def test_key_and_depth_read_back_from_the_decoded_text(plays, depth):
     gen = PasskeyGenerator(plays, "test")
-    for p in gen.prompts(200, depth, n=8, seed=3):
+    for p in gen.prompts(200, depth, trials=8, seed=3):
         text = plays.decode(p.tokens)
         key, parsed_depth, filler = parse(text)
         assert key == p.key and plays.decode(p.answer) == key
         assert abs(parsed_depth - depth) <= 0.5 / len(filler) + 1e-12
         # the filler is one contiguous passage of the held-out test text (never training text)
         assert filler in plays.held_out_text[: plays.test_chars]
+
+
+_TINY = None
+
+
+def tiny_text():
+    global _TINY
+    _TINY = _TINY or TinyText()  # built once: hypothesis calls the test many times
+    return _TINY
+
+
+@settings(max_examples=60, deadline=None)
+@given(length=st.integers(32, 600), depth=st.floats(0.0, 1.0), seed=st.integers(0, 2**32),
+       answer_in_length=st.booleans(), split=st.sampled_from(["train", "validation", "test"]))
+def test_every_prompt_has_its_length_key_and_depth(length, depth, seed, answer_in_length, split):
+    task = tiny_text()
+    gen = PasskeyGenerator(task, split)
+    (p,) = gen.prompts(length, depth, 1, seed, answer_in_length=answer_in_length)
+    text = task.decode(p.tokens)
+    assert len(p.tokens) == len(text) == (length - 4 if answer_in_length else length)
+    key, parsed_depth, filler = parse(text)
+    assert key == p.key and task.decode(p.answer) == key and 10000 <= int(key) <= 99999
+    assert abs(parsed_depth - depth) <= 0.5 / len(filler) + 1e-12
+    source = task.train_ids if split == "train" else task.region(split)
+    assert filler in task.decode(source)
 
 
 @pytest.mark.parametrize("length", [28, 29, 64, 101, 257, 1000])
@@ -174,6 +201,10 @@ def test_length_too_short_for_the_format(tiny):
         gen.prompt(9000, 0.5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="trials must be"):
         gen.prompts(60, 0.5, 0, seed=0)
+    gen.prompts(32, 0.5, 1, seed=0, answer_in_length=True)
+    with pytest.raises(ValueError, match=r"length must be at least 32 tokens.*got 31") as e:
+        gen.prompts(31, 0.5, 1, seed=0, answer_in_length=True)
+    _one_line(e)
 
 
 def test_a_corpus_without_digits_is_refused_by_name():

@@ -176,7 +176,7 @@ def passkey_grid(model, task, lengths: Sequence[int], depths: Sequence[float], t
     if use_cache is not None:
         check_bool(use_cache, "use_cache")
     gen = PasskeyGenerator(task, split)
-    minimum = gen.min_length + (4 if answer_in_length else 0)  # + the key's tokens the model reads
+    minimum = gen.min_length + (4 if answer_in_length else 0)  # + the key's tokens the model reads (prompts checks)
     short = [L for L in lengths if L < minimum]
     if short:
         raise ValueError(f"lengths must be at least {minimum} tokens of {gen.label} for the passkey format, "

@@ -16,7 +16,7 @@ filler, "What is the pass key? The pass key is"):
 
 * it must fit SHORT training contexts: the papers' sentences are about 150 characters, more than the demo's whole
   64-character window.  Here the key line and the question take 17 + 10 characters, the answer 5, which leaves
-  32 characters of filler in a 64-character training window (``min_length`` tells the minimum for a task);
+  33 characters of filler in a training window of 64 (+ 1) characters (``min_length`` tells a task's minimum);
 * the question repeats the key line's prefix, so the answer is the text that followed the earlier occurrence of
   the same words: what a small model can learn to copy, and what the papers' answer prefix asks for too;
 * the newlines make the key line a line of its own in the text (both Shakespeare and Wikipedia are line-based),
@@ -38,8 +38,8 @@ window's end), so that a model can retrieve at its training length before its co
     >>> task = build_task("shakespeare")
     >>> gen = PasskeyGenerator(task, split="test")
     >>> p = gen.prompt(256, depth=0.5, rng=np.random.default_rng(0))
-    >>> len(p.tokens) == 256 and task.decode(p.answer) == p.key and p.key_start == round(0.5 * p.filler)
-    >>> prompts = gen.prompts(256, depth=0.25, n=10, seed=0)    # deterministic from the seed
+    >>> len(p.tokens), task.decode(p.answer) == p.key, p.key_start, p.filler   # (256, True, 115, 229)
+    >>> prompts = gen.prompts(256, depth=0.25, trials=10, seed=0)  # deterministic from the seed
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ from .metrics import evaluate_batches
 from .protocol import Described
 
 __all__ = ["KEY_PREFIX", "KEY_SUFFIX", "QUESTION", "KEY_LOW", "KEY_HIGH", "PasskeyPrompt", "PasskeyGenerator",
-           "PasskeyTask", "check_passkey_fraction", "mix_passkey_windows", "passkey_window_targets"]
+           "PasskeyTask", "check_passkey_fraction", "corpus_label", "mix_passkey_windows", "passkey_window_targets"]
 
 KEY_PREFIX = "\npass key "  # the key line is KEY_PREFIX + key + KEY_SUFFIX
 KEY_SUFFIX = ".\n"
@@ -154,7 +154,7 @@ class PasskeyGenerator:
     def draw_key(self, rng: np.random.Generator) -> str:
         return str(int(rng.integers(KEY_LOW, KEY_HIGH + 1)))
 
-    def build(self, key: str, length: int, depth: float, rng: np.random.Generator) -> PasskeyPrompt:
+    def _build(self, key: str, length: int, depth: float, rng: np.random.Generator) -> PasskeyPrompt:
         """The prompt of exactly ``length`` tokens holding ``key`` at ``depth``; the filler's offset is drawn
         from ``rng``."""
         answer = self.key_ids(key)
@@ -165,7 +165,7 @@ class PasskeyGenerator:
         if filler > len(self.stream):
             raise ValueError(f"length={length} needs {filler} filler tokens, but the {self.split!r} text of "
                              f"{self.label} has only {len(self.stream)}")
-        before = int(np.floor(depth * filler + 0.5))  # round half up: depth 0.5 of an odd filler is stable
+        before = int(np.floor(depth * filler + 0.5))  # round half up (numpy's round would go to the even side)
         start = int(rng.integers(0, len(self.stream) - filler + 1))
         text = np.asarray(self.stream[start: start + filler], dtype=np.int64)
         tokens = np.concatenate((text[:before], self.prefix, answer, self.suffix, text[before:], self.question))
@@ -175,11 +175,11 @@ class PasskeyGenerator:
         """A prompt of exactly ``length`` tokens with a random key at ``depth`` (0 = start, 1 = end)."""
         length = check_int(length, "length", minimum=1)
         depth = check_real(depth, "depth", minimum=0.0, maximum=1.0)
-        return self.build(self.draw_key(rng), length, depth, rng)
+        return self._build(self.draw_key(rng), length, depth, rng)
 
-    def prompts(self, length: int, depth: float, n: int, seed: int, *,
+    def prompts(self, length: int, depth: float, trials: int, seed: int, *,
                 answer_in_length: bool = False) -> list[PasskeyPrompt]:
-        """``n`` prompts at one (length, depth), a deterministic function of ``seed``, ``length`` and ``depth``
+        """``trials`` prompts at one (length, depth), a deterministic function of ``seed``, ``length`` and ``depth``
         (each cell of a grid has its own random stream, so adding a length or a depth changes no other cell).
 
         ``answer_in_length``: ``length`` counts the positions the model reads while it answers, the prompt and the
@@ -187,15 +187,20 @@ class PasskeyGenerator:
         ``length + 1 - len(answer)`` tokens; otherwise every prompt is ``length`` tokens."""
         length = check_int(length, "length", minimum=1)
         depth = check_real(depth, "depth", minimum=0.0, maximum=1.0)
-        n = check_int(n, "trials", minimum=1)
+        trials = check_int(trials, "trials", minimum=1)
         seed = check_int(seed, "seed", minimum=0)
         check_bool(answer_in_length, "answer_in_length")
+        minimum = self.min_length + (4 if answer_in_length else 0)  # a 5-token key is the longest
+        if length < minimum:
+            raise ValueError(f"length must be at least {minimum} tokens of {self.label} for the passkey format "
+                             f"(key line, question and one filler token{', key' if answer_in_length else ''}), "
+                             f"got {length}")
         rng = np.random.default_rng([seed, length, int(round(depth * 10**9))])
         out = []
-        for _ in range(n):
+        for _ in range(trials):
             key = self.draw_key(rng)
             size = length + 1 - len(self.key_ids(key)) if answer_in_length else length
-            out.append(self.build(key, size, depth, rng))
+            out.append(self._build(key, size, depth, rng))
         return out
 
     def window(self, context: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
@@ -203,7 +208,7 @@ class PasskeyGenerator:
         prompt at a uniform random depth followed by its answer; returns (tokens, answer length)."""
         key = self.draw_key(rng)
         answer_len = len(self.key_ids(key))
-        p = self.build(key, context + 1 - answer_len, float(rng.random()), rng)
+        p = self._build(key, context + 1 - answer_len, float(rng.random()), rng)
         return np.concatenate((p.tokens, p.answer)), answer_len
 
     def check_window(self, context: int, what: str) -> None:
