@@ -316,3 +316,18 @@ def test_passkey_task_params_rebuild_and_refusals(passkey_task):
         build_task("passkey", context=20)
     with pytest.raises(ValueError, match="split must be one of"):
         t.split("train")
+
+
+def test_a_corpus_that_is_not_text_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from poskit.data.tokenizers import build_tokenizer
+    from poskit.tasks import CorpusLM
+
+    genome = CorpusLM.__new__(CorpusLM)  # the genome corpus itself is an optional download: only its tokenizer
+    genome.corpus, genome.data = "genome", SimpleNamespace(tokenizer=build_tokenizer("dna6"))
+    genome.train_ids, genome._regions = torch.ones(100, dtype=torch.long), {"test": torch.ones(50, dtype=torch.long)}
+    with pytest.raises(ValueError, match=r"vocabulary of corpus 'genome' \(tokenizer 'dna6'\) cannot spell .*"
+                                         r"reads dna documents, not text") as e:
+        PasskeyGenerator(genome)
+    _one_line(e)
