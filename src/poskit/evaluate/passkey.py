@@ -97,7 +97,7 @@ def score_passkeys(model, prompts: Sequence[PasskeyPrompt], decode: Callable, *,
     if use_cache is None:
         use_cache = _cacheable(model)
     elif check_bool(use_cache, "use_cache") and not _cacheable(model):
-        raise ValueError("use_cache=True needs a causal poskit decoder (poskit.model.Transformer); other models "
+        raise ValueError("use_cache=True needs a causal poskit decoder (a Transformer with causal=True); other models "
                          "are scored with use_cache=False (whole-sequence passes)")
     device = _device(model)
     was_training = getattr(model, "training", False)
