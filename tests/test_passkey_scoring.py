@@ -68,7 +68,8 @@ def test_oracle_scores_every_key(tiny):
     assert [s["key"] for s in scores] == [p.key for p in prompts]
     for s in scores:
         assert s["exact"] and s["generated"] == s["key"] and s["digits_correct"] == 5 and s["digit_accuracy"] == 1.0
-        assert -5 * len(tiny.vocab) * math.exp(-30) * 1.01 < s["key_logprob"] <= 0  # log(1 / (1 + (V-1) e^-30)) per digit
+        # each digit: log(1 / (1 + (V - 1) e^-30))
+        assert -5 * len(tiny.vocab) * math.exp(-30) * 1.01 < s["key_logprob"] <= 0
 
 
 def test_greedy_mistakes_and_teacher_forcing_are_told_apart(tiny):

@@ -127,7 +127,8 @@ class PasskeyGenerator:
             back = self.task.decode(ids.tolist())
         except ValueError as e:
             raise ValueError(f"the passkey format needs {text!r}, which the vocabulary of {self.label} cannot spell "
-                             f"({e}); it needs the digits 0-9 and the characters of {KEY_PREFIX + KEY_SUFFIX!r}") from None
+                             f"({e}); it needs the digits 0-9 and the characters of "
+                             f"{KEY_PREFIX + KEY_SUFFIX!r}") from None
         if back != text:
             raise ValueError(f"the passkey format needs {text!r}, which the vocabulary of {self.label} cannot spell "
                              f"(it decodes to {back!r}); it needs the digits 0-9 and the characters of "
