@@ -185,11 +185,12 @@ def test_available_and_protocol(tmp_path, monkeypatch):
     corpus_tasks = ["corpus", "lm-code", "lm-genome", "lm-jsb", "lm-maestro", "lm-plays", "lm-wiki"]
     synthetic = ["counting", "flip-flop", "indirect-indexing", "selective-copy", "shakespeare"]
     mlm_tasks = ["mlm", "mlm-wiki"]
-    assert available_tasks() == sorted(synthetic + corpus_tasks + mlm_tasks)
+    assert available_tasks() == sorted(synthetic + corpus_tasks + mlm_tasks + ["passkey"])
     # the corpus tasks need the optional corpora (tests/test_data_*.py); a small stdlib slice stands for them
     built = [build_task(name) for name in synthetic]
     built.append(build_task("corpus", corpus="code", tokenizer="bytes", max_documents=8))
     built.append(build_task("mlm", corpus="code", tokenizer="bytes", vocab_size=None, max_documents=8))
+    built.append(build_task("passkey", eval_size=4))
     for t in built:
         assert isinstance(t, Task)
         assert t.metric in ("accuracy", "perplexity", "loss")

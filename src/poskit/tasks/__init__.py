@@ -17,6 +17,7 @@ see :mod:`poskit.tasks.base` (which gathers :mod:`.data`, :mod:`.metrics`,
 n_chars, last_fraction)`` for length extrapolation; so do the real-corpus tasks of
 :mod:`.corpus` (``corpus``, ``lm-jsb``, ``lm-wiki``, ...; data from :mod:`poskit.data`).  :mod:`.mlm`
 (``mlm``, ``mlm-wiki``) is BERT's masked-language modelling, for bidirectional models (``causal=False``).
+:mod:`.passkey` (``passkey``; ``passkey_fraction`` of the language-modelling tasks) is passkey retrieval.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .selective_copy import SelectiveCopy
 from .shakespeare import Shakespeare, load_plays, strip_markdown
 from .corpus import CORPUS_TASKS, CorpusLM
 from .mlm import MLM_TASKS, MaskedLM
+from .passkey import PasskeyTask
 
 _REGISTRY: dict[str, type] = {
     "indirect-indexing": IndirectIndexing,
@@ -44,6 +46,7 @@ _REGISTRY: dict[str, type] = {
     "shakespeare": Shakespeare,
     **CORPUS_TASKS,  # language modelling on real corpora (poskit.data): corpus, lm-jsb, lm-genome, ...
     **MLM_TASKS,  # masked-language modelling (BERT's objective, bidirectional models): mlm, mlm-wiki
+    "passkey": PasskeyTask,  # passkey retrieval over a language-modelling task's text
 }
 
 PRESETS = ("default", "paper")
@@ -117,6 +120,7 @@ __all__ = [
     "Shakespeare",
     "CorpusLM",
     "MaskedLM",
+    "PasskeyTask",
     "load_plays",
     "strip_markdown",
     "PRESETS",

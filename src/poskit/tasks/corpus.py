@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..validate import check_int
+from ..validate import check_int, check_real
 from .data import Vocab
+from .passkey import check_passkey_fraction
 from .protocol import Described
 from .windows import WindowedLM
 
@@ -23,7 +24,9 @@ __all__ = ["CorpusLM", "CORPUS_TASKS"]
 
 class CorpusLM(WindowedLM, Described):
     """Token-level LM on ``corpus`` (a name of ``poskit data list`` or ``hf:<dataset>``) with ``tokenizer``
-    (default: the corpus's).  ``max_documents`` takes only the first documents (a quick slice)."""
+    (default: the corpus's).  ``max_documents`` takes only the first documents (a quick slice).
+    ``passkey_fraction`` > 0 replaces that fraction of the training windows by passkey-retrieval windows
+    (:mod:`poskit.tasks.passkey`; a text corpus only)."""
 
     name = "corpus"
     metric = "perplexity"
@@ -32,10 +35,11 @@ class CorpusLM(WindowedLM, Described):
     paper_params: dict = {}
 
     def __init__(self, corpus: str = "plays", tokenizer: str | None = None, context: int = 128,
-                 max_documents: int | None = None, eval_batch_size: int = 32) -> None:
+                 max_documents: int | None = None, eval_batch_size: int = 32, passkey_fraction: float = 0.0) -> None:
         from ..data import load_corpus
 
         self.context = check_int(context, "context", minimum=1)
+        check_real(passkey_fraction, "passkey_fraction", minimum=0.0, maximum=1.0)
         self.eval_batch_size = check_int(eval_batch_size, "eval_batch_size", minimum=1)
         if max_documents is not None:
             check_int(max_documents, "max_documents", minimum=3)
@@ -52,6 +56,15 @@ class CorpusLM(WindowedLM, Described):
         if len(self.train_ids) <= self.context + 1:
             raise ValueError(f"the training stream of {corpus!r} ({len(self.train_ids)} tokens) is shorter than "
                              f"one window of context={self.context}")
+        self.passkey_fraction = check_passkey_fraction(self, passkey_fraction)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of ``text`` (a text corpus's tokenizer; others read documents that are not text)."""
+        tokenizer = self.data.tokenizer
+        if tokenizer.payload != "text":
+            raise ValueError(f"tokenizer {tokenizer.name!r} of corpus {self.corpus!r} reads {tokenizer.payload} "
+                             "documents, not text")
+        return [int(i) for i in tokenizer.encode(text)]
 
     def decode(self, ids):
         return self.data.tokenizer.decode(ids)
@@ -65,8 +78,8 @@ def _corpus_task(corpus: str, paper_context: int | None) -> type:
         paper_params = {"context": paper_context} if paper_context else {}
 
         def __init__(self, tokenizer: str | None = None, context: int = 128, max_documents: int | None = None,
-                     eval_batch_size: int = 32) -> None:
-            super().__init__(corpus, tokenizer, context, max_documents, eval_batch_size)
+                     eval_batch_size: int = 32, passkey_fraction: float = 0.0) -> None:
+            super().__init__(corpus, tokenizer, context, max_documents, eval_batch_size, passkey_fraction)
 
     _Task.__name__ = _Task.__qualname__ = "LM" + corpus.capitalize()
     return _Task

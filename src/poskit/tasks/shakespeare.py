@@ -21,7 +21,8 @@ Split (as in the earlier measurements): training text = the plays not held out
 (Macbeth, Twelfth Night) joined the same way.  ``test`` = the first ``test_chars``
 (131,072) characters of the held-out text, ``validation`` = the rest of it, so the
 two are disjoint.  Training batches are uniformly random windows of ``context + 1``
-characters (they may straddle a boundary between two plays).  Evaluation windows
+characters (they may straddle a boundary between two plays); ``passkey_fraction`` > 0 replaces that fraction
+of them by passkey-retrieval windows (:mod:`poskit.tasks.passkey`).  Evaluation windows
 are non-overlapping: window k has inputs ``text[kL:(k+1)L]`` and targets
 ``text[kL+1:(k+1)L+1]``; a final incomplete window is dropped.
 
@@ -38,8 +39,9 @@ import re
 import numpy as np
 import torch
 
-from ..validate import check_bool, check_int
+from ..validate import check_bool, check_int, check_real
 from .data import Vocab
+from .passkey import check_passkey_fraction
 from .protocol import Described
 from .windows import WindowedLM
 
@@ -106,8 +108,10 @@ class Shakespeare(WindowedLM, Described):
         test_chars: int = 131_072,
         strip_markdown: bool = True,
         eval_batch_size: int = 64,
+        passkey_fraction: float = 0.0,
     ) -> None:
         self.context = check_int(context, "context", minimum=1)
+        check_real(passkey_fraction, "passkey_fraction", minimum=0.0, maximum=1.0)
         self.test_chars = check_int(test_chars, "test_chars", minimum=2)
         self.eval_batch_size = check_int(eval_batch_size, "eval_batch_size", minimum=1)
         check_bool(strip_markdown, "strip_markdown")
@@ -143,6 +147,10 @@ class Shakespeare(WindowedLM, Described):
         self._regions = {"test": held[: self.test_chars], "validation": held[self.test_chars :]}
         if len(self.train_ids) <= self.context + 1:
             raise ValueError("training text is shorter than one window")
+        self.passkey_fraction = check_passkey_fraction(self, passkey_fraction)
+
+    def encode(self, text: str) -> list[int]:
+        return self.vocab.encode(text)
 
     def decode(self, ids) -> str:
         return self.vocab.decode(ids)

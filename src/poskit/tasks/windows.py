@@ -3,7 +3,9 @@ evaluation windows (perplexity), shared by the Shakespeare task and the real-cor
 
 A subclass sets ``train_ids`` (a torch tensor or a numpy array, e.g. a memory-mapped token cache),
 ``_regions`` (split name -> token tensor), ``context``, ``eval_batch_size``, ``split_names``,
-``accuracy_level`` and ``unit`` (what a token is called in error messages: "characters", "tokens")."""
+``accuracy_level`` and ``unit`` (what a token is called in error messages: "characters", "tokens").  A subclass
+that offers the ``passkey_fraction`` option (:mod:`.passkey`) sets that attribute; at 0, the default, training
+batches are plain windows, drawn exactly as without the option."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,10 +16,12 @@ import torch
 from ..validate import check_int, check_real
 from .data import IGNORE_INDEX, Batch
 from .metrics import evaluate_batches
+from .passkey import mix_passkey_windows
 
 
 class WindowedLM:
     unit = "tokens"
+    passkey_fraction = 0.0  # fraction of training windows replaced by passkey-retrieval windows
 
     @property
     def max_input_len(self) -> int:
@@ -42,6 +46,8 @@ class WindowedLM:
             seq = torch.from_numpy(self.train_ids[index.numpy()].astype(np.int64))
         else:
             seq = self.train_ids[index]
+        if self.passkey_fraction > 0:  # only then are more random numbers drawn
+            seq = mix_passkey_windows(self, seq, generator)
         return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
 
     def eval_windows(self, length: int, split: str = "test", n_chars: int | None = None,
