@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_passkey import TinyText  # noqa: E402
 
 from poskit.evaluate.passkey import passkey_grid, score_passkeys  # noqa: E402
-from poskit.model import ModelConfig, Transformer  # noqa: E402
+from poskit.models import ModelConfig, Transformer  # noqa: E402
 from poskit.report.passkey import plot_passkey  # noqa: E402
 from poskit.tasks import build_task  # noqa: E402
 from poskit.tasks.passkey import PasskeyGenerator  # noqa: E402

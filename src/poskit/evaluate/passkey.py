@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from poskit.attention import KVCache
-from poskit.model import Transformer
+from poskit.models import Transformer
 from poskit.tasks.passkey import KEY_PREFIX, KEY_SUFFIX, QUESTION, PasskeyGenerator, PasskeyPrompt, corpus_label
 from poskit.validate import check_bool, check_int, check_real
 
