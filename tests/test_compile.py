@@ -16,8 +16,10 @@ OPTIONS = {
     "rope": {}, "pope": {"delta_init": "uniform"}, "alibi": {},
     "rope-yarn": {"factor": 4.0, "original_max_positions": 16},
     "rope-dynamic": {"factor": 2.0, "original_max_positions": 16},  # its base depends on the longest position
+    # contextual: traced, the materialised formula (the blocked CPU path plans its blocks from tensor values)
+    "cope": {"p_max": 6, "init_std": 0.5}, "cope-alibi": {"p_max": 6, "learned_slopes": True},
 }
-QK = [n for n in OPTIONS if n != "alibi"]
+QK = [n for n in OPTIONS if poskit.build_encoding(n, head_dim=16, num_heads=4, **OPTIONS[n]).kind == "qk"]
 
 
 @pytest.fixture(autouse=True)
@@ -163,9 +165,69 @@ def test_patching_an_attribute_of_the_package_reaches_the_engine(monkeypatch):
         poskit.attention(q, k, v, enc, enable_gqa=True, backend="sdpa")
 
 
+def _cope_model(name="cope"):
+    from poskit.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    options = OPTIONS[name] | ({"gates": "separate"} if name == "cope" else {})
+    return Transformer(ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, encoding=name,
+                                   encoding_options=options)).double()
+
+
+def _model_value_and_grads(model, tokens, mask):
+    logits = model(tokens, attention_mask=mask)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return logits, torch.autograd.grad(logits.pow(2).sum(), params)
+
+
+@pytest.mark.parametrize("name, fullgraph", [("cope", True), ("cope-alibi", True), ("cope", False)])
+def test_a_cope_model_compiles_forward_and_backward(name, fullgraph):
+    # a padded batch (left padding in row 1): positions from the mask, the pads hidden as keys. In one graph,
+    # AOTAutograd traces the backward too; with graph breaks allowed, Dynamo alone is checked
+    model = _cope_model(name)
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :3] = False
+    compiled = torch.compile(model, fullgraph=fullgraph, backend="aot_eager" if fullgraph else "eager")
+    out, grads = _model_value_and_grads(compiled, tokens, mask)
+    ref, ref_grads = _model_value_and_grads(model, tokens, mask)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    assert all(g.abs().max() > 0 for g in grads[-3:])  # the encoding's parameters get gradients
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
+def test_compiled_cope_still_refuses_unordered_keys():
+    # traced, the check runs inside the graph: the same message, raised as a RuntimeError by the graph
+    enc = poskit.build_encoding("cope", head_dim=16, num_heads=4, **OPTIONS["cope"]).double()
+    kp = torch.tensor([0, 1, 2, 4, 3, 5])
+
+    def f(q, k, v):
+        return poskit.attention(q, k, v, enc, enable_gqa=True, k_positions=kp, q_positions=torch.arange(6))
+
+    q, k, v = _inputs(torch.float64, Tq=6, Tk=6, requires_grad=False)
+    with pytest.raises(ValueError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+        f(q, k, v)
+    with pytest.raises(RuntimeError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+        torch.compile(f, fullgraph=True, backend="eager")(q, k, v)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rope", "pope", "alibi"])
 def test_inductor_fullgraph_forward_and_backward_equal_eager(name):
     enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **OPTIONS[name])
     _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True),
                                   _inputs(torch.float32), "inductor", 2e-5)
+
+
+@pytest.mark.slow
+def test_a_cope_model_compiles_with_inductor():
+    model = _cope_model().float()
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :3] = False
+    out, grads = _model_value_and_grads(torch.compile(model, fullgraph=True), tokens, mask)
+    ref, ref_grads = _model_value_and_grads(model, tokens, mask)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=2e-5, rtol=2e-5)

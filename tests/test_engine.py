@@ -196,7 +196,7 @@ def test_triton_pope_fp16_delta_stays_fp32(triton_device):
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_cope_unsorted_key_positions_raise_like_reference(name, causal, triton_device):
     # the fused gate sums run over the key index axis (and the causal key range comes from searchsorted):
-    # unsorted keys used to give a silently wrong output; both backends now raise the same error
+    # unsorted keys would give a silently wrong output, so both backends raise the same error
     _triton_kernels_runnable(name)
     enc = build(name, dtype=torch.float32).to(triton_device)
     q, k, v = (t.to(triton_device) for t in make_qkv(B=2, H=4, Hkv=2, Tq=6, Tk=6, dtype=torch.float32))

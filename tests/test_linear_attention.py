@@ -249,3 +249,19 @@ def test_model_config_refuses_linear_with_a_bias_encoding():
         ModelConfig(attention="linear", encoding="alibi")
     with pytest.raises(ValueError, match="^attention must be one of"):
         ModelConfig(attention="performer")
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning():
+    q, k, v = qkv(T=6, D=8, Hkv=2)
+    rope = poskit.build_encoding("rope", head_dim=8, num_heads=2)
+    for causal in (True, False):
+        with pytest.warns(DeprecationWarning, match=r"^linear_attention\(\): causal= is deprecated, use is_causal="):
+            old = linear_attention(q, k, v, rope, causal=causal)
+        assert torch.equal(old, linear_attention(q, k, v, rope, is_causal=causal))
+    assert not torch.equal(linear_attention(q, k, v, rope, is_causal=True), linear_attention(q, k, v, rope, is_causal=False))
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="give is_causal= only"):
+        linear_attention(q, k, v, rope, is_causal=False, causal=True)
+    with pytest.raises(ValueError, match="is_causal must be true or false"):
+        linear_attention(q, k, v, rope, is_causal=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'casual'"):
+        linear_attention(q, k, v, rope, casual=True)

@@ -335,3 +335,14 @@ def test_invalid_arguments(triton_device):
         cope_attention_triton(q, k, v, e, block_n=48, **kw)
     with pytest.raises(ValueError, match=r"k_positions must have shape \(8,\) or \(1, 8\)"):
         cope_attention_triton(q, k, v, e, k_positions=torch.arange(5, device=triton_device), **kw)
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning(triton_device):
+    q, k, v, _, e, _ = _make(1, 2, 2, 4, 4, 16, 16, 4, torch.float32, seed=0, device=triton_device)
+    with torch.no_grad():
+        new = cope_attention_triton(q, k, v, e, is_causal=True, scale=0.25, p_max=4)
+        with pytest.warns(DeprecationWarning, match=r"^cope_attention_triton\(\): causal= is deprecated, use is_causal="):
+            old = cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=4)
+    assert torch.equal(new, old)
+    with pytest.raises(TypeError, match="missing the keyword argument 'is_causal'"):
+        cope_attention_triton(q, k, v, e, scale=0.25, p_max=4)

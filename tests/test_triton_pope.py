@@ -340,3 +340,15 @@ def test_validation(mutate, match, triton_device):
     kw = {n: a.to(triton_device) if isinstance(a, torch.Tensor) else a for n, a in kw.items()}
     with pytest.raises(ValueError, match=match):
         pope_attention_triton(*args, **kw)
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning(triton_device):
+    args, kw = _valid_args(triton_device, H=2, Hkv=2, Tq=4, Tk=4, D=16, Dv=16)
+    kw.pop("is_causal")
+    with torch.no_grad():
+        new = pope_attention_triton(*args, is_causal=True, **kw)
+        with pytest.warns(DeprecationWarning, match=r"^pope_attention_triton\(\): causal= is deprecated, use is_causal="):
+            old = pope_attention_triton(*args, causal=True, **kw)
+    assert torch.equal(new, old)
+    with pytest.raises(TypeError, match="missing the keyword argument 'is_causal'"):
+        pope_attention_triton(*args, **kw)

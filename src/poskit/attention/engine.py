@@ -34,10 +34,9 @@ import torch
 
 from ..encodings.base import PositionalEncoding, encoding_class, registered_names
 from ..encodings.registration import warn_if_untrained
-from . import cpu_flash, runners
+from . import cpu_flash, runners, sdpa
 from .inputs import AttentionInputs, prepare, refuse_renamed
 from .padding import real_token_mask
-from .sdpa import BLOCKED_MAX_KEYS, use_blocked
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 KEY_FORMS = ("raw", "encoded", "magnitude")  # what the keys handed to the plan hold (a KV cache may encode them)
@@ -75,7 +74,7 @@ def is_static_bias(enc: PositionalEncoding) -> bool:
 
 
 def sdpa_serves(enc: PositionalEncoding) -> bool:
-    return enc.kind in ("none", "absolute", "qk", "bias")
+    return enc.kind in ("none", "qk", "bias")  # (absolute encodings never get here: `prepare` refuses them)
 
 
 def triton_serves(enc: PositionalEncoding) -> bool:
@@ -143,7 +142,7 @@ def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "a
         return Plan("magnitude-decode", chosen, reasons + (
             "cached key magnitudes (cache_form 'magnitude'): attention/pope_decode.py",), runners.run_magnitude_decode)
     if keys == "encoded":
-        if use_blocked(inp, enc):
+        if sdpa.use_blocked(inp, enc):
             return Plan("blocked", chosen, reasons + (
                 f"cached encoded keys {enc.qk_width}x wider than v on CPU",), runners.run_blocked_encoded_keys)
         return Plan("sdpa", chosen, reasons + ("cached encoded keys: the queries encoded alone",),
@@ -168,34 +167,34 @@ def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "a
 
 def _plan_sdpa(inp: AttentionInputs, enc: PositionalEncoding, reasons: tuple) -> Plan:
     """The path inside the sdpa backend, for raw keys."""
-    def plan(path, why, runner):
+    def sdpa_plan(path, why, runner):
         return Plan(path, "sdpa", reasons + (why,), runner)
 
     if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
-        return plan("sdpa", "traced by torch.compile: one SDPA call, no choice that reads tensor values",
-                    runners.run_traced_sdpa)
+        return sdpa_plan("sdpa", "traced by torch.compile: one SDPA call, no choice that reads tensor values",
+                         runners.run_traced_sdpa)
     cpu = inp.q.device.type == "cpu"
     if enc.kind == "qk":
         if cpu_flash.serves(inp, enc):
-            return plan("cpu-flash", f"POSKIT_CPU_KERNEL: fp32 q/k {enc.qk_width}x wider than v, several queries, on "
-                        "CPU: the compiled kernel", runners.run_cpu_flash)
-        if use_blocked(inp, enc):
-            return plan("blocked", f"q/k {enc.qk_width}x wider than v on CPU, at most {BLOCKED_MAX_KEYS} keys or a "
-                        "few queries", runners.run_blocked_qk)
-        return plan("sdpa", "q and k encoded by transform_qk", runners.run_sdpa_qk)
+            return sdpa_plan("cpu-flash", f"POSKIT_CPU_KERNEL: fp32 q/k {enc.qk_width}x wider than v, several "
+                             "queries, on CPU: the compiled kernel", runners.run_cpu_flash)
+        if sdpa.use_blocked(inp, enc):
+            return sdpa_plan("blocked", f"q/k {enc.qk_width}x wider than v on CPU, at most {sdpa.BLOCKED_MAX_KEYS} "
+                             "keys or a few queries", runners.run_blocked_qk)
+        return sdpa_plan("sdpa", "q and k encoded by transform_qk", runners.run_sdpa_qk)
     if enc.kind == "bias":
         static = is_static_bias(enc)
         if cpu and inp.attn_mask is None:  # (a general attn_mask goes to SDPA with the mask merged into the bias)
             if static:
-                return plan("blocked", "a bias of positions alone on CPU, generated per query block",
-                            runners.run_blocked_static_bias)
-            return plan("blocked-bias", "a bias that reads q or trains, on CPU: it and its gradient per query "
-                        "block, never T x T", runners.run_blocked_bias)
+                return sdpa_plan("blocked", "a bias of positions alone on CPU, generated per query block",
+                                 runners.run_blocked_static_bias)
+            return sdpa_plan("blocked-bias", "a bias that reads q or trains, on CPU: it and its gradient per "
+                             "query block, never T x T", runners.run_blocked_bias)
         if static:
-            return plan("sdpa", "a bias of positions alone, built once per shape and reused, as a float mask",
-                        runners.run_sdpa_static_bias)
-        return plan("sdpa", "the encoding's bias as a float mask", runners.run_sdpa_bias)
-    return plan("sdpa", f"kind {enc.kind!r}: q and k as given", runners.run_sdpa_plain)
+            return sdpa_plan("sdpa", "a bias of positions alone, built once per shape and reused, as a float mask",
+                             runners.run_sdpa_static_bias)
+        return sdpa_plan("sdpa", "the encoding's bias as a float mask", runners.run_sdpa_bias)
+    return sdpa_plan("sdpa", f"kind {enc.kind!r}: q and k as given", runners.run_sdpa_plain)
 
 
 def plan(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
@@ -250,15 +249,16 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
     """
     refuse_renamed("attention", removed)
     inp = _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions)
+    planned = plan_inputs(inp, enc, backend)
     warn_if_untrained(enc)
-    return plan_inputs(inp, enc, backend).runner(inp, enc, gate_keys)
-
+    return planned.runner(inp, enc, gate_keys)
 
 
 # `import poskit.attention.engine as engine` looks `engine` up on the object poskit.attention (this function)
 # and, not finding it there, takes sys.modules[f"{that object's __name__}.engine"]: named after the package
 # it stands for, the function lets that spelling reach the package's modules as it would on the package.
 attention.__name__ = "poskit.attention"
+
 
 def _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions):
     """The validated inputs of one attention() call (shared by attention and plan)."""
@@ -291,7 +291,7 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     attention_mask: (B, Tn) bool or 0/1 ints, True/1 = real token, 0 = padding (Hugging Face's convention),
     for the new tokens; stored in the cache beside their keys, so that no later query attends to a pad, and
     for CoPE pads count in no gate sum. Give pads positions that keep each row's real tokens at 0, 1, 2, ...
-    (`poskit.attention.padding.padded_positions`).
+    (`padded_positions` in poskit.attention.padding).
     The encoding's `cache_form` says what is cached: rope (static frequencies) caches the rotated key and pope
     the key magnitude softplus(k) (attention/pope_decode.py), so a decode step encodes only the new token;
     every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
@@ -311,17 +311,18 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     form = cached_key_form(enc, choose_backend(enc, q, backend))
     if not inp.has_pairs:  # no new token: nothing to append, and no query to answer
         return plan_inputs(inp, enc, backend).runner(inp, enc, gate_keys)
-    warn_if_untrained(enc)
     layer = cache.layer(layer_idx)
     enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take, or lacks
     if form == "magnitude":
         _check_positions_over_cache(enc, inp, layer)
+        warn_if_untrained(enc)
         # the runner appends the magnitudes (its append validates first), then attends
         return plan_inputs(inp, enc, backend, keys="magnitude").runner(inp, enc, gate_keys, layer)
     encoded = form == "encoded"
     keys = enc.encode_k(k, inp.k_positions) if encoded else k
     layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded, key_mask=real)
     _check_positions_over_cache(enc, inp, layer)
+    warn_if_untrained(enc)
     layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None, real)  # checked above
     if not encoded:  # raw keys: attention() over the whole layer, planned as any other call
         pad = layer.key_mask

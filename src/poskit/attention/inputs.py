@@ -140,9 +140,9 @@ def refuse_absolute(enc: PositionalEncoding) -> None:
     inside attention it would add nothing, silently."""
     if isinstance(enc, PositionalEncoding) and enc.kind == "absolute":
         name = enc.name or type(enc).__name__
-        raise ValueError(f"enc: the absolute encoding {name!r} is added to the token embeddings (x + enc.embed(positions)), "
-                         "not inside attention; use the encoding 'none' inside attention (poskit.build_encoding('none', "
-                         "head_dim=..., num_heads=...))")
+        raise ValueError(f"enc: the absolute encoding {name!r} is added to the token embeddings "
+                         "(x + enc.embed(positions)), not inside attention; use the encoding 'none' inside attention "
+                         "(poskit.build_encoding('none', head_dim=..., num_heads=...))")
 
 
 def all_finite(*tensors) -> bool:

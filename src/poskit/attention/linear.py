@@ -8,7 +8,7 @@ denominator without rotation so that it stays positive (its eq. 19). The sums ru
 or the keys s <= t by sequence index (is_causal=True). How an encoding enters is what it declares in
 `linear_form` (encodings/base.py), never its name:
 
-- "identity": M = I (none; absolute encodings act on the embeddings instead).
+- "identity": M = I (none; absolute encodings act on the embeddings, and attention refuses them).
 - "rotation": M_t phi(q_t) = enc.encode_q(phi(q_t), t) (the rope family: a rotation by t * theta).
 - "polar": the encoding's own magnitudes are the features, phi = enc.magnitude (PoPE: softplus), and
   M_t phi(q_t) is its Cartesian form enc.encode_q(q_t, t): the numerator is then the real part of PoPE's
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings.base import PositionalEncoding
+from ..encodings.registration import warn_if_untrained
 from ..validate import check_bool, check_int, check_real
 from .inputs import deprecated_causal, prepare, refuse_renamed, repeat_kv
 
@@ -110,6 +111,7 @@ def linear_attention(q, k, v, enc: PositionalEncoding, *, feature_map: str | Non
         raise ValueError(f"is_causal=True needs as many queries as keys (the prefix of query t is keys 0..t), got "
                          f"{q.shape[2]} and {k.shape[2]}; decode with linear_attention_step")
     fq, fk, mq, mk = features(q, k, enc, inp.q_positions, inp.k_positions, feature_map)
+    warn_if_untrained(enc)
     g = inp.groups
     fk, mk, v = repeat_kv(fk, g), repeat_kv(mk, g), repeat_kv(v, g)
     if not causal:
@@ -183,6 +185,7 @@ def linear_attention_step(q, k, v, enc: PositionalEncoding, state: LinearAttenti
             raise ValueError(f"state must come from the same batch, heads and widths: it holds numerator "
                              f"{tuple(numerator.shape)} and normaliser {tuple(normaliser.shape)}, this call needs "
                              f"{(B, H, mk.shape[-1], v.shape[-1])} and {(B, H, fk.shape[-1])}")
+    warn_if_untrained(enc)
     outs = []
     for t in range(q.shape[2]):  # the recurrence: add key t to the state, then read it with query t
         numerator = numerator + mk[:, :, t, :, None] * v[:, :, t, None, :]

@@ -120,6 +120,12 @@ class CoPEEncoding(CoPEBase):
     Paper: Golovneva, Wang, Weston, Sukhbaatar, "Contextual Position Encoding: Learning to Count What's
     Important" (eq. 3-9, Appendix B listing).
 
+    Trainable: the position embeddings e train only as part of the model the optimizer trains. Assign the
+    encoding as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that
+    model.parameters() holds them; built at module level and passed to poskit.attention(), it never trains (its
+    embeddings stay at their initial zeros), and attention() warns once (UntrainedEncodingWarning,
+    encodings/registration.py).
+
     Options (defaults):
         p_max=64: number of integer positions (the embedding table's width).
         gates='keys': gate logits from the keys, 'values' (val-gates) or 'separate' (sep-keys: projected gate keys).
@@ -159,6 +165,11 @@ class CoPEALiBiEncoding(CoPEBase):
     """CoPE-ALiBi: CoPE's contextual positions p_ts with a per-head linear penalty, bias = -m_h p_ts (eq. 10).
 
     Paper: Golovneva et al., "Contextual Position Encoding" (eq. 10; Flip-Flop slopes in section 5.1).
+
+    Trainable: learned slopes (learned_slopes=True) train only as part of the model the optimizer trains. Assign
+    the encoding as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that
+    model.parameters() holds them; built at module level and passed to poskit.attention(), it never trains (its
+    slopes stay at 0), and attention() warns once (UntrainedEncodingWarning, encodings/registration.py).
 
     Options (defaults):
         p_max=64: contextual positions are clamped to p_max - 1.
