@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -31,6 +32,10 @@ from poskit.attention import KVCache, cached_attention  # noqa: E402
 from poskit.attention import cpu_flash  # noqa: E402
 from poskit.attention.blocked import blocked_attention  # noqa: E402
 from poskit.attention.engine import route  # noqa: E402
+from poskit.encodings.registration import UntrainedEncodingWarning  # noqa: E402
+
+# the encodings here are timed, never trained: that they belong to no nn.Module is the point, not a mistake
+warnings.simplefilter("ignore", UntrainedEncodingWarning)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIONS = {
