@@ -1,6 +1,6 @@
 """Attention benchmark: every encoding's poskit path against RoPE + SDPA, PoPE against its peers, decode.
 
-    python benchmarks/attention.py                       # the issue's grid (B=8, H=8, d=64, T 256/1024/4096)
+    python benchmarks/attention.py                       # the full grid (B=8, H=8, d=64, T 256/1024/4096)
     python benchmarks/attention.py --quick                # every row once at a small size (about a minute)
     python benchmarks/attention.py --T 1024,4096 --modes fwdbwd --encodings rope,pope --cpu-kernel --skip-decode
                                                           # PoPE with the compiled CPU kernel (POSKIT_CPU_KERNEL=1)
@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -31,6 +32,10 @@ from poskit.attention import KVCache, cached_attention  # noqa: E402
 from poskit.attention import cpu_flash  # noqa: E402
 from poskit.attention.blocked import blocked_attention  # noqa: E402
 from poskit.attention.engine import route  # noqa: E402
+from poskit.encodings.registration import UntrainedEncodingWarning  # noqa: E402
+
+# the encodings here are timed, never trained: that they belong to no nn.Module is the point, not a mistake
+warnings.simplefilter("ignore", UntrainedEncodingWarning)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIONS = {
@@ -162,8 +167,11 @@ def bench_grid(args):
                 cases = [(baseline, rope_sdpa_baseline(build("rope", H, D, dtype)), False)]
                 for name in names:
                     enc = build(name, H, D, dtype, T)
+                    absolute = enc.kind == "absolute"
+                    if absolute:  # added to the embeddings: inside attention a model uses "none" (attention refuses it)
+                        enc = build("none", H, D, dtype)
                     path = route(enc, q, k)
-                    label = f"{name} [{path}]" + (" (= none in attention)" if enc.kind == "absolute" else "")
+                    label = f"{name} [{path}]" + (" (= none in attention)" if absolute else "")
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True))(enc)
                     # only the reference path is O(T^2) in memory (the blocked paths keep one query block's logits)
                     heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
@@ -202,8 +210,8 @@ def bench_grid(args):
 
 class CartesianCacheDecode:
     """PoPE decode against a cache of 2d-wide Cartesian keys mu_k [cos(s theta), sin(s theta)] (what poskit
-    cached before its magnitude cache): the form comparison the issue asks for, built from poskit's own
-    pieces (same preallocated cache, the blocked path), exact."""
+    could cache instead of magnitudes): the form the magnitude cache is measured against, built from poskit's
+    own pieces (same preallocated cache, the blocked path), exact."""
 
     def __init__(self, enc, k, v, positions, capacity):
         self.enc, self.cache = enc, KVCache(num_layers=1, max_length=capacity)

@@ -1,4 +1,4 @@
-"""Linear attention (RoFormer eq. 19, poskit.attention.linear_attention) against softmax attention.
+"""Linear attention (RoFormer eq. 19, linear_attention of attention/linear.py) against softmax attention.
 
     python benchmarks/linear_attention.py                  # T = 1k, 4k, 16k, causal, forward (a few minutes)
     python benchmarks/linear_attention.py --backward       # forward + backward

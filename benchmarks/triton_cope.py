@@ -75,7 +75,7 @@ def main():
         v = torch.randn(B, Hkv, T, D, device=dev, dtype=dtype, requires_grad=True)
         e = (0.1 * torch.randn(D, args.p_max, device=dev)).requires_grad_(True)
         impls = {
-            "triton": lambda: cope_attention_triton(q, k, v, e, causal=True, scale=D ** -0.5, p_max=args.p_max),
+            "triton": lambda: cope_attention_triton(q, k, v, e, is_causal=True, scale=D ** -0.5, p_max=args.p_max),
             "torch": lambda: cope_torch(q, k, v, e, scale=D ** -0.5, p_max=args.p_max),
         }
         for name, f in impls.items():

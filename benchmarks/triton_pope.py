@@ -49,7 +49,7 @@ def make(args, device):
 
 
 def fused(q, k, v, delta, pos, cos, sin, causal):
-    return tp.pope_attention_triton(q, k, v, delta, cos, sin, cos, sin, causal=causal,
+    return tp.pope_attention_triton(q, k, v, delta, cos, sin, cos, sin, is_causal=causal,
                                     scale=q.shape[-1] ** -0.5, q_positions=pos, k_positions=pos)
 
 

@@ -93,10 +93,9 @@ def plain_attention(q, k, v, causal):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", ["none", "sinusoidal", "learned", "legendre"])
-def test_no_position_inside_attention_equals_plain_attention(name, causal):
-    # none contributes nothing, absolute encodings act on the embeddings: attention is plain softmax(q k^T / sqrt(d)) v
-    enc = build(name, dim=32)
+def test_no_position_inside_attention_equals_plain_attention(causal):
+    # none contributes nothing: attention is plain softmax(q k^T / sqrt(d)) v
+    enc = build("none", dim=32)
     q = torch.randn(2, 4, 5, 16, dtype=torch.float64)
     k, v = torch.randn(2, 2, 5, 16, dtype=torch.float64), torch.randn(2, 2, 5, 8, dtype=torch.float64)
     want_logits, want = plain_attention(q, k, v, causal)
@@ -106,6 +105,44 @@ def test_no_position_inside_attention_equals_plain_attention(name, causal):
     assert torch.allclose(got_logits[fin], want_logits[fin], atol=1e-12)
     for backend in ("reference", "auto"):
         assert torch.allclose(poskit.attention(q, k, v, enc, is_causal=causal, backend=backend, enable_gqa=True), want, atol=1e-12)
+
+
+ABSOLUTE = ["sinusoidal", "learned", "legendre"]
+ABSOLUTE_REFUSED = (r"^enc: the absolute encoding '{}' is added to the token embeddings \(x \+ enc.embed\(positions\)\), "
+                    r"not inside attention; use the encoding 'none' inside attention")
+
+
+@pytest.mark.parametrize("name", ABSOLUTE)
+@pytest.mark.parametrize("call", ["attention", "attention_scores", "reference", "cached", "linear"])
+def test_attention_refuses_an_absolute_encoding_saying_where_it_goes(name, call):
+    # inside attention an absolute encoding would add nothing, silently: every entry point refuses it the same way
+    from poskit.attention import KVCache, cached_attention, linear_attention, reference_attention
+
+    enc = build(name, dim=32)
+    q, k, v = (torch.randn(1, 4, 5, 16, dtype=torch.float64) for _ in range(3))
+    cache = KVCache(num_layers=1)
+    calls = {
+        "attention": lambda: poskit.attention(q, k, v, enc, is_causal=True),
+        "attention_scores": lambda: poskit.attention_scores(q, k, enc),
+        "reference": lambda: reference_attention(q, k, v, enc),
+        "cached": lambda: cached_attention(q, k, v, enc, cache, 0, torch.arange(5)),
+        "linear": lambda: linear_attention(q, k, v, enc),
+    }
+    with pytest.raises(ValueError, match=ABSOLUTE_REFUSED.format(name)):
+        calls[call]()
+    assert cache.layer(0).length == 0  # refused before the cache is touched
+
+
+@pytest.mark.parametrize("name", ABSOLUTE)
+def test_a_model_with_an_absolute_encoding_adds_it_at_the_embeddings_and_uses_none_inside(name):
+    from poskit.model import ModelConfig, Transformer
+
+    opts = {"max_positions": 64} if name == "learned" else {}
+    model = Transformer(ModelConfig(vocab_size=11, d_model=32, n_layers=1, n_heads=2, encoding=name,
+                                    encoding_options=opts))
+    assert model.abs_encoding.kind == "absolute"
+    assert all(block.attn.encoding.kind == "none" for block in model.blocks)
+    assert model(torch.randint(0, 11, (2, 6))).shape == (2, 6, 11)
 
 
 def test_learned_table_gradcheck():

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import poskit
-from poskit.attention.engine import route
+from poskit.attention.engine import cached_attention, route
 from poskit.attention.kv_cache import KVCache
 from poskit.attention.linear import linear_attention
 
@@ -128,9 +128,9 @@ def test_fast_paths_equal_reference(name, Tq):
 
 def test_pope_gradients_on_the_blocked_path_match_the_reference():
     enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, axial_dims=[4, 4], delta_init="uniform")
-    assert route(enc, torch.zeros(1, 2, 6, 8)) == "blocked"
+    pos = grid(2, 3)  # axial positions: attention() needs them, and so does route()
+    assert route(enc, torch.zeros(1, 2, 6, 8), q_positions=pos, k_positions=pos) == "blocked"
     q, k, v = (t.float().requires_grad_() for t in qk(T=6, D=8, seed=4))
-    pos = grid(2, 3)
     grads = []
     for backend in ("auto", "reference"):
         for t in (q, k, v, enc.delta):
@@ -154,8 +154,8 @@ def test_linear_attention_takes_axial_positions(name):
     enc = poskit.build_encoding(name, head_dim=8, num_heads=2, axial_dims=[4, 4])
     q, k, v = qk(T=6, D=8, seed=5)
     pos = grid(2, 3)
-    a = linear_attention(q, k, v, enc, causal=False, q_positions=pos, k_positions=pos)
-    b = linear_attention(q, k, v, enc, causal=False, q_positions=pos + 11, k_positions=pos + 11)
+    a = linear_attention(q, k, v, enc, is_causal=False, q_positions=pos, k_positions=pos)
+    b = linear_attention(q, k, v, enc, is_causal=False, q_positions=pos + 11, k_positions=pos + 11)
     assert torch.allclose(a, b, atol=1e-10)
 
 
@@ -214,7 +214,7 @@ def test_kv_cache_refuses_axial_positions_before_touching_the_cache():
     q, k, v = (t.float() for t in qk(T=6, D=8))
     cache = KVCache(num_layers=1)
     with pytest.raises(ValueError, match="^is_causal must be False with axial positions"):
-        poskit.attention.cached_attention(q, k, v, enc, cache, 0, grid(2, 3))
+        cached_attention(q, k, v, enc, cache, 0, grid(2, 3))
     assert cache.length == 0
 
 

@@ -1,4 +1,4 @@
-"""The numeric edges of attention and the encodings (issue 11, items 7-13): every bad input gets an error of a
+"""The numeric edges of attention and the encodings: every bad input gets an error of a
 known type naming the argument, and every non-finite or empty input gives a defined answer, never a silently
 finite or garbage one.
 
@@ -94,7 +94,7 @@ def test_bad_input_table(thunk, error, fragment):
     assert fragment in str(info.value)
 
 
-# -- item 7: boolean options ---------------------------------------------------------------------------------
+# -- boolean options ---------------------------------------------------------------------------------
 
 BOOL_OPTIONS = sorted((name, option) for name, (cls, fixed) in _REGISTRY.items()
                       for option in _bool_options(cls) - set(fixed))
@@ -126,7 +126,7 @@ def test_bool_option_accepts_bools(name, option, value):
     assert getattr(enc, option) is value
 
 
-# -- item 8: NaN in, NaN out --------------------------------------------------------------------------------
+# -- NaN in, NaN out --------------------------------------------------------------------------------
 
 def _nan_row_case(name, T, dtype, backend, where):
     enc = build(name, dtype=dtype)
@@ -202,7 +202,7 @@ def test_property_non_finite_query_never_gives_a_finite_row(T, row, name, value)
     assert torch.isfinite(out[0, 1:]).all()
 
 
-# -- item 9: empty sequences ------------------------------------------------------------------------------
+# -- empty sequences ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("Tq, Tk", [(0, 0), (0, 5), (5, 0)])
 @pytest.mark.parametrize("backend", ["reference", "auto"])
@@ -242,7 +242,7 @@ def test_model_forward_with_no_tokens(encoding):
     assert cache.next_position() == 0
 
 
-# -- item 10: CoPE's positions from NaN gates -----------------------------------------------------------
+# -- CoPE's positions from NaN gates -----------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["cope", "cope-alibi"])
 def test_cope_nan_gate_is_never_an_index(name):
@@ -270,7 +270,7 @@ def test_cope_gate_sums_in_fp32_for_half_inputs():
     assert p.dtype == torch.float32 and torch.equal(p.double(), expected)
 
 
-# -- item 11: Legendre at huge positions -------------------------------------------------------------------
+# -- Legendre at huge positions -------------------------------------------------------------------
 
 def test_legendre_matches_scipy_at_1e6_and_1e7():
     from scipy.special import eval_legendre
@@ -337,7 +337,7 @@ def test_legendre_cached_table_unchanged():
     assert np.abs(got - expected).max() < 1e-14
 
 
-# -- item 12: biases in fp32 ----------------------------------------------------------------------------------
+# -- biases in fp32 ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["reference", "auto"])

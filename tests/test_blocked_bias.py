@@ -103,7 +103,7 @@ def test_any_learned_bias_encoding_routes_to_the_blocked_path_with_its_gradient(
     monkeypatch.setattr(blocked, "DEFAULT_BLOCK", 4)  # several query blocks
     q = torch.randn(2, 4, 11, 8, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(2, 2, 11, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert route(enc, q, k) == "blocked-bias"
+    assert route(enc, q, k, enable_gqa=True) == "blocked-bias"
     assert_same(attend(q, k, v, enc), attend(q, k, v, enc, backend="reference"),
                 [q, k, v, enc.slopes], seed=1)
 

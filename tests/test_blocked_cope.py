@@ -183,7 +183,7 @@ def test_kv_cache_decode_takes_the_blocked_path_and_equals_the_full_forward(vari
                            torch.arange(prefill), gate_keys=None if gk is None else gk[:, :, :prefill])
     rows = [out]
     for t in range(prefill, T):
-        assert route(enc, q[:, :, t:t + 1], cache.layer(0).keys) == "blocked-contextual"
+        assert route(enc, q[:, :, t:t + 1], cache.layer(0).keys, enable_gqa=True) == "blocked-contextual"
         rows.append(cached_attention(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], enc, cache, 0,
                                      torch.tensor([t]), gate_keys=None if gk is None else gk[:, :, t:t + 1]))
     torch.testing.assert_close(torch.cat(rows, 2), full, atol=1e-11, rtol=0)

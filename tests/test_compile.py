@@ -3,6 +3,7 @@ break: no data-dependent Python value on the path), and the compiled numbers and
 
 Dynamo alone (backend="eager") checks the tracing in seconds; the inductor tests compile C++ kernels
 (20-60 s each on 2 cores) and are marked slow."""
+import copy
 import inspect
 import types
 
@@ -15,8 +16,10 @@ OPTIONS = {
     "rope": {}, "pope": {"delta_init": "uniform"}, "alibi": {},
     "rope-yarn": {"factor": 4.0, "original_max_positions": 16},
     "rope-dynamic": {"factor": 2.0, "original_max_positions": 16},  # its base depends on the longest position
+    # contextual: traced, the materialised formula (the blocked CPU path plans its blocks from tensor values)
+    "cope": {"p_max": 6, "init_std": 0.5}, "cope-alibi": {"p_max": 6, "learned_slopes": True},
 }
-QK = [n for n in OPTIONS if n != "alibi"]
+QK = [n for n in OPTIONS if poskit.build_encoding(n, head_dim=16, num_heads=4, **OPTIONS[n]).kind == "qk"]
 
 
 @pytest.fixture(autouse=True)
@@ -108,34 +111,105 @@ def test_rope_dynamic_compiled_picks_its_base_from_the_longest_position():
         torch.testing.assert_close(compiled(q, k, v), ref, atol=1e-12, rtol=1e-12)
 
 
-def test_poskit_attention_is_a_traceable_function_that_still_reads_as_the_package():
-    import poskit.attention.kv_cache
-    from poskit.attention import KVCache, attention, attention_scores, cached_attention
+def test_poskit_attention_is_a_plain_function():
+    # a plain function, which Dynamo traces (the tests above: fullgraph=True), is what poskit.attention is
+    from poskit.attention.engine import attention
 
+    assert inspect.isfunction(poskit.attention) and poskit.attention is attention
     assert not isinstance(poskit.attention, types.ModuleType)  # Dynamo cannot trace a call to a module object
-    assert inspect.signature(poskit.attention) == inspect.signature(attention)
-    assert poskit.attention.__doc__ == attention.__doc__
-    assert poskit.attention.kv_cache.KVCache is KVCache is poskit.attention.KVCache
-    assert poskit.attention.cached_attention is cached_attention
-    assert poskit.attention.attention_scores is attention_scores is poskit.attention_scores
     enc = poskit.build_encoding("rope", head_dim=16, num_heads=4)
     q, k, v = _inputs(torch.float32, requires_grad=False)
     assert torch.equal(poskit.attention(q, k, v, enc, enable_gqa=True), attention(q, k, v, enc, enable_gqa=True))
-
-
-def test_the_function_object_survives_a_copy():
-    import copy
-
-    # as a function is: the object itself (a module, its package, cannot be copied)
+    # a function copies as itself
     assert copy.copy(poskit.attention) is poskit.attention is copy.deepcopy(poskit.attention)
-    assert copy.deepcopy({"attend": poskit.attention})["attend"].KVCache is poskit.attention.KVCache
 
 
-def test_setting_an_attribute_through_the_function_sets_it_on_the_package(monkeypatch):
+def test_the_attention_package_and_its_modules_still_import_by_their_dotted_names():
     import sys
 
-    monkeypatch.setattr(poskit.attention, "BACKENDS", ("auto",))
-    assert sys.modules["poskit.attention"].BACKENDS == ("auto",)
+    import poskit.attention.engine
+    import poskit.attention.kv_cache as kv_cache_module
+    from poskit.attention import KVCache, attention_scores, cached_attention, linear_attention
+    from poskit.attention.kv_cache import KVCache as KVCacheFromModule
+
+    package = sys.modules["poskit.attention"]
+    assert isinstance(package, types.ModuleType) and package.KVCache is KVCache is KVCacheFromModule
+    assert kv_cache_module.KVCache is KVCache and kv_cache_module is sys.modules["poskit.attention.kv_cache"]
+    assert package.cached_attention is cached_attention is sys.modules["poskit.attention.engine"].cached_attention
+    assert package.linear_attention is linear_attention
+    assert attention_scores is poskit.attention_scores and poskit.KVCache is KVCache  # the top-level conveniences
+
+
+def test_a_fresh_interpreter_imports_the_modules_before_or_after_the_package():
+    # `import poskit.attention.engine` first, before anything of poskit, binds poskit.attention to the function
+    import subprocess
+    import sys
+
+    code = ("import inspect, poskit.attention.engine as engine, poskit.attention.kv_cache; import poskit; "
+            "from poskit.attention.kv_cache import KVCache; "
+            "assert inspect.isfunction(poskit.attention) and engine.attention is poskit.attention; "
+            "assert KVCache is poskit.KVCache; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_patching_an_attribute_of_the_package_reaches_the_engine(monkeypatch):
+    # what monkeypatch.setattr(poskit.attention, ...) reached through the former wrapper object: the package's
+    # modules are patched through their module objects
+    import poskit.attention.engine as engine
+
+    monkeypatch.setattr(engine, "BACKENDS", ("auto",))
+    enc = poskit.build_encoding("rope", head_dim=16, num_heads=4)
+    q, k, v = _inputs(torch.float32, requires_grad=False)
+    with pytest.raises(ValueError, match=r"backend must be one of \['auto'\], got 'sdpa'"):
+        poskit.attention(q, k, v, enc, enable_gqa=True, backend="sdpa")
+
+
+def _cope_model(name="cope"):
+    from poskit.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    options = OPTIONS[name] | ({"gates": "separate"} if name == "cope" else {})
+    return Transformer(ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=2, encoding=name,
+                                   encoding_options=options)).double()
+
+
+def _model_value_and_grads(model, tokens, mask):
+    logits = model(tokens, attention_mask=mask)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return logits, torch.autograd.grad(logits.pow(2).sum(), params)
+
+
+@pytest.mark.parametrize("name, fullgraph", [("cope", True), ("cope-alibi", True), ("cope", False)])
+def test_a_cope_model_compiles_forward_and_backward(name, fullgraph):
+    # a padded batch (left padding in row 1): positions from the mask, the pads hidden as keys. In one graph,
+    # AOTAutograd traces the backward too; with graph breaks allowed, Dynamo alone is checked
+    model = _cope_model(name)
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :3] = False
+    compiled = torch.compile(model, fullgraph=fullgraph, backend="aot_eager" if fullgraph else "eager")
+    out, grads = _model_value_and_grads(compiled, tokens, mask)
+    ref, ref_grads = _model_value_and_grads(model, tokens, mask)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    assert all(g.abs().max() > 0 for g in grads[-3:])  # the encoding's parameters get gradients
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
+def test_compiled_cope_still_refuses_unordered_keys():
+    # traced, the check runs inside the graph: the same message, raised as a RuntimeError by the graph
+    enc = poskit.build_encoding("cope", head_dim=16, num_heads=4, **OPTIONS["cope"]).double()
+    kp = torch.tensor([0, 1, 2, 4, 3, 5])
+
+    def f(q, k, v):
+        return poskit.attention(q, k, v, enc, enable_gqa=True, k_positions=kp, q_positions=torch.arange(6))
+
+    q, k, v = _inputs(torch.float64, Tq=6, Tk=6, requires_grad=False)
+    with pytest.raises(ValueError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+        f(q, k, v)
+    with pytest.raises(RuntimeError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+        torch.compile(f, fullgraph=True, backend="eager")(q, k, v)
 
 
 @pytest.mark.slow
@@ -144,3 +218,16 @@ def test_inductor_fullgraph_forward_and_backward_equal_eager(name):
     enc = poskit.build_encoding(name, head_dim=16, num_heads=4, **OPTIONS[name])
     _assert_compiled_equals_eager(lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True),
                                   _inputs(torch.float32), "inductor", 2e-5)
+
+
+@pytest.mark.slow
+def test_a_cope_model_compiles_with_inductor():
+    model = _cope_model().float()
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :3] = False
+    out, grads = _model_value_and_grads(torch.compile(model, fullgraph=True), tokens, mask)
+    ref, ref_grads = _model_value_and_grads(model, tokens, mask)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=2e-5, rtol=2e-5)

@@ -168,8 +168,8 @@ def test_sdpa_backend_routes_by_the_declarations(toy):
     # qk_width 2 and a parameter-free bias send the CPU sdpa backend to the blocked path; the rest stays on SDPA
     enc = build_toy(toy)
     q, k, _ = qkv()
-    assert route(enc, q, k, backend="sdpa") == SDPA_ROUTE[toy]
-    assert route(enc, q, k, backend="reference") == "reference"
+    assert route(enc, q, k, backend="sdpa", enable_gqa=True) == SDPA_ROUTE[toy]
+    assert route(enc, q, k, backend="reference", enable_gqa=True) == "reference"
 
 
 @pytest.mark.parametrize("toy", ["wide", "static-bias"])
@@ -181,7 +181,7 @@ def test_blocked_path_over_several_blocks_equals_the_formula(toy, monkeypatch):
     enc = build_toy(toy)
     q, k, v = qkv(T=19)
     pos = torch.arange(19) * 2
-    assert route(enc, q, k, backend="sdpa") == "blocked"
+    assert route(enc, q, k, backend="sdpa", enable_gqa=True) == "blocked"
     got = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, backend="sdpa", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, formula_attention(toy, q, k, v, pos, pos), atol=1e-12, rtol=0)
 

@@ -1,4 +1,4 @@
-"""The public encode API (issue 18 item 3): `q_enc, k_enc = enc(q, k, positions)` then SDPA with
+"""The public encode API: `q_enc, k_enc = enc(q, k, positions)` then SDPA with
 `scale=enc.sdpa_scale(head_dim)` equals poskit.attention, for every encoding that acts on q and k."""
 import pytest
 import torch

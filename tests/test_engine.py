@@ -5,10 +5,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import poskit
+from poskit.encodings.base import encoding_class
 from poskit.attention.engine import choose_backend
 from conftest import build, make_qkv
 
-ALL = poskit.available_encodings()
+# the encodings that enter attention (absolute ones go on the embeddings and are refused: test_absolute.py)
+ALL = [n for n in poskit.available_encodings() if encoding_class(n).kind != "absolute"]
 
 
 def _grads(out, inputs, seed=0):
@@ -172,7 +174,7 @@ def test_triton_pope_fp16_delta_stays_fp32(triton_device):
     # the phases: the engine's output is the kernel's with the fp32 delta, not with delta rounded to fp16
     pos = torch.arange(T, device=triton_device)
     c, s = enc.cos_sin(pos, torch.float32)
-    kw = dict(causal=True, scale=D ** -0.5, q_positions=pos, k_positions=pos)
+    kw = dict(is_causal=True, scale=D ** -0.5, q_positions=pos, k_positions=pos)
     with torch.no_grad():
         fp32_delta = pope_attention_triton(q, k, v, enc.delta.clone(), c, s, c, s, **kw)
         fp16_delta = pope_attention_triton(q, k, v, enc.delta.half(), c, s, c, s, **kw)
@@ -194,7 +196,7 @@ def test_triton_pope_fp16_delta_stays_fp32(triton_device):
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_cope_unsorted_key_positions_raise_like_reference(name, causal, triton_device):
     # the fused gate sums run over the key index axis (and the causal key range comes from searchsorted):
-    # unsorted keys used to give a silently wrong output; both backends now raise the same error
+    # unsorted keys would give a silently wrong output, so both backends raise the same error
     _triton_kernels_runnable(name)
     enc = build(name, dtype=torch.float32).to(triton_device)
     q, k, v = (t.to(triton_device) for t in make_qkv(B=2, H=4, Hkv=2, Tq=6, Tk=6, dtype=torch.float32))

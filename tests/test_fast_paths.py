@@ -100,7 +100,7 @@ def test_long_pope_sequences_take_padded_sdpa_exactly(monkeypatch):
     monkeypatch.setattr(sdpa_module, "BLOCKED_MAX_KEYS", 8)  # so that a small test takes the long-sequence path
     enc = build("pope")
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=70, Tk=70, requires_grad=True)
-    assert route(enc, q, k) == "sdpa"
+    assert route(enc, q, k, enable_gqa=True) == "sdpa"
     out = poskit.attention(q, k, v, enc, is_causal=True, enable_gqa=True)
     ref = poskit.attention(q, k, v, enc, backend="reference", is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, ref)

@@ -1,4 +1,4 @@
-"""A refused decode step leaves the KV cache exactly as it was (poskit issue 11, item 6).
+"""A refused decode step leaves the KV cache exactly as it was.
 
 `cached_attention` validates everything (shapes, dtypes and widths against the cached ones, positions,
 gate keys, the positions the encoding accepts over the whole cache) before it appends. The property test

@@ -74,7 +74,7 @@ def test_rope_equals_eq19(causal):
     q, k, v = qkv()
     enc = poskit.build_encoding("rope", head_dim=8, num_heads=2)
     pos = torch.tensor([0, 3, 4, 9, 10, 11, 20, 21, 40])
-    got = linear_attention(q, k, v, enc, causal=causal, q_positions=pos, k_positions=pos, chunk_size=4)
+    got = linear_attention(q, k, v, enc, is_causal=causal, q_positions=pos, k_positions=pos, chunk_size=4)
     assert torch.allclose(got, rope_reference(q, k, v, pos, pos, causal), atol=1e-12)
 
 
@@ -83,7 +83,7 @@ def test_pope_equals_polar_formula(causal):
     q, k, v = qkv(seed=1)
     enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, delta_init="uniform").double()
     pos = torch.arange(9) * 3
-    got = linear_attention(q, k, v, enc, causal=causal, q_positions=pos, k_positions=pos, chunk_size=2)
+    got = linear_attention(q, k, v, enc, is_causal=causal, q_positions=pos, k_positions=pos, chunk_size=2)
     want = pope_reference(q, k, v, pos, pos, enc.delta.detach().double(), causal)
     assert torch.allclose(got, want, atol=1e-12)
 
@@ -113,8 +113,8 @@ def test_relu_feature_map():
 def test_chunking_never_changes_the_result(T, chunk, groups, causal, name, seed):
     q, k, v = qkv(B=1, H=2, Hkv=2 // groups, T=T, D=4, seed=seed)
     enc = poskit.build_encoding(name, head_dim=4, num_heads=2)
-    one = linear_attention(q, k, v, enc, causal=causal, chunk_size=T)  # a single chunk: direct pairs
-    assert torch.allclose(linear_attention(q, k, v, enc, causal=causal, chunk_size=chunk), one, atol=1e-12)
+    one = linear_attention(q, k, v, enc, is_causal=causal, chunk_size=T)  # a single chunk: direct pairs
+    assert torch.allclose(linear_attention(q, k, v, enc, is_causal=causal, chunk_size=chunk), one, atol=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
@@ -125,8 +125,8 @@ def test_relative_invariance(shift, name, causal, seed):
     q, k, v = qkv(B=1, T=6, D=8, seed=seed)
     enc = poskit.build_encoding(name, head_dim=8, num_heads=2)
     pos = torch.tensor([0, 1, 5, 6, 9, 30])
-    a = linear_attention(q, k, v, enc, causal=causal, q_positions=pos, k_positions=pos)
-    b = linear_attention(q, k, v, enc, causal=causal, q_positions=pos + shift, k_positions=pos + shift)
+    a = linear_attention(q, k, v, enc, is_causal=causal, q_positions=pos, k_positions=pos)
+    b = linear_attention(q, k, v, enc, is_causal=causal, q_positions=pos + shift, k_positions=pos + shift)
     assert torch.allclose(a, b, atol=1e-9)
 
 
@@ -137,7 +137,7 @@ def test_recurrent_equals_parallel(splits, name, seed):
     T = sum(splits)
     q, k, v = qkv(B=2, H=2, Hkv=1, T=T, D=4, seed=seed)
     enc = poskit.build_encoding(name, head_dim=4, num_heads=2)
-    parallel = linear_attention(q, k, v, enc, causal=True, chunk_size=3)
+    parallel = linear_attention(q, k, v, enc, is_causal=True, chunk_size=3)
     state, outs, i = None, [], 0
     for n in splits:  # decode in pieces of n tokens, the state carried across calls
         out, state = linear_attention_step(q[:, :, i:i + n], k[:, :, i:i + n], v[:, :, i:i + n], enc, state)
@@ -249,3 +249,19 @@ def test_model_config_refuses_linear_with_a_bias_encoding():
         ModelConfig(attention="linear", encoding="alibi")
     with pytest.raises(ValueError, match="^attention must be one of"):
         ModelConfig(attention="performer")
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning():
+    q, k, v = qkv(T=6, D=8, Hkv=2)
+    rope = poskit.build_encoding("rope", head_dim=8, num_heads=2)
+    for causal in (True, False):
+        with pytest.warns(DeprecationWarning, match=r"^linear_attention\(\): causal= is deprecated, use is_causal="):
+            old = linear_attention(q, k, v, rope, causal=causal)
+        assert torch.equal(old, linear_attention(q, k, v, rope, is_causal=causal))
+    assert not torch.equal(linear_attention(q, k, v, rope, is_causal=True), linear_attention(q, k, v, rope, is_causal=False))
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="give is_causal= only"):
+        linear_attention(q, k, v, rope, is_causal=False, causal=True)
+    with pytest.raises(ValueError, match="is_causal must be true or false"):
+        linear_attention(q, k, v, rope, is_causal=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'casual'"):
+        linear_attention(q, k, v, rope, casual=True)

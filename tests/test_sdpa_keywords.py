@@ -1,4 +1,4 @@
-"""poskit.attention takes F.scaled_dot_product_attention's keywords with their meanings (issue 18 items 1, 3):
+"""poskit.attention takes F.scaled_dot_product_attention's keywords with their meanings:
 attn_mask (bool True = attend, float added), is_causal (default False), scale, enable_gqa; the old
 `causal=` / `key_padding_mask=` are refused with their replacement named."""
 import pytest

@@ -78,7 +78,8 @@ def _run_both(q, k, v, gk, e, slopes, *, gates, grad=True, **kw):
     leaves = [t.clone().requires_grad_(grad) if t is not None else None for t in (q, k, v, gk, e, slopes)]
     q1, k1, v1, gk1, e1, s1 = leaves
     gate_keys = {"keys": None, "separate": gk1, "values": v1}[gates]
-    out = cope_attention_triton(q1, k1, v1, e1, gate_keys=gate_keys, slopes=s1, **kw)
+    kernel_kw = {("is_causal" if n == "causal" else n): a for n, a in kw.items()}  # the reference says causal=
+    out = cope_attention_triton(q1, k1, v1, e1, gate_keys=gate_keys, slopes=s1, **kernel_kw)
 
     ref_leaves = [t.detach().double().requires_grad_(grad) if t is not None else None for t in leaves]
     q2, k2, v2, gk2, e2, s2 = ref_leaves
@@ -256,7 +257,7 @@ def test_no_grad_forward_matches_and_default_positions(triton_device):
     B, H, Tq, Tk, D, p_max = 1, 2, 6, 40, 16, 64
     q, k, v, gk, e, _ = _make(B, H, 2, Tq, Tk, D, D, p_max, torch.float32, seed=9, device=triton_device)
     with torch.no_grad():
-        a = cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=p_max)
+        a = cope_attention_triton(q, k, v, e, is_causal=True, scale=0.25, p_max=p_max)
     qp, kp = _pos(Tq, Tk, triton_device)
     ref = cope_reference(q.double(), k.double(), v.double(), e.double(), causal=True, scale=0.25,
                          q_positions=qp, k_positions=kp, p_max=p_max)
@@ -277,7 +278,7 @@ def test_torch_compile(alibi, triton_device):
 
     def fn(q, k, v, param):
         out = cope_attention_triton(q * 1.0, k, v, None if alibi else param, slopes=param if alibi else None,
-                                    causal=True, scale=0.25, q_positions=qp, k_positions=kp, p_max=p_max,
+                                    is_causal=True, scale=0.25, q_positions=qp, k_positions=kp, p_max=p_max,
                                     key_padding_mask=mask)
         return (out * out).sum()
 
@@ -307,10 +308,10 @@ def test_unsorted_key_positions_raise(causal, triton_device):
     q, k, v, _, e, _ = _make(2, 2, 1, 8, 8, 16, 16, 4, torch.float32, seed=0, device=triton_device)
     kp = torch.stack([torch.arange(8), torch.tensor([0, 1, 2, 4, 3, 5, 6, 7])]).to(triton_device)
     with pytest.raises(ValueError, match="k_positions must be non-decreasing"):
-        cope_attention_triton(q, k, v, e, causal=causal, scale=0.25, p_max=4, k_positions=kp,
+        cope_attention_triton(q, k, v, e, is_causal=causal, scale=0.25, p_max=4, k_positions=kp,
                               q_positions=torch.arange(8, device=triton_device))
     # repeated positions are non-decreasing and accepted
-    out = cope_attention_triton(q, k, v, e, causal=causal, scale=0.25, p_max=4,
+    out = cope_attention_triton(q, k, v, e, is_causal=causal, scale=0.25, p_max=4,
                                 k_positions=torch.arange(8, device=triton_device) // 2,
                                 q_positions=torch.arange(8, device=triton_device))
     assert torch.isfinite(out).all()
@@ -318,7 +319,7 @@ def test_unsorted_key_positions_raise(causal, triton_device):
 
 def test_invalid_arguments(triton_device):
     q, k, v, gk, e, _ = _make(1, 3, 2, 8, 8, 16, 8, 4, torch.float32, seed=0, device=triton_device)
-    kw = dict(causal=True, scale=0.25, p_max=4)
+    kw = dict(is_causal=True, scale=0.25, p_max=4)
     with pytest.raises(ValueError, match="Hkv"):
         cope_attention_triton(q, k, v, e, **kw)
     q = q[:, :2]
@@ -327,10 +328,21 @@ def test_invalid_arguments(triton_device):
     with pytest.raises(ValueError, match="gate_keys"):
         cope_attention_triton(q, k, v, e, gate_keys=v, **kw)  # value gates need Dv == D
     with pytest.raises(ValueError, match="p_max"):
-        cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=0)
+        cope_attention_triton(q, k, v, e, is_causal=True, scale=0.25, p_max=0)
     with pytest.raises(ValueError, match="slopes"):
         cope_attention_triton(q, k, v, None, slopes=torch.ones(3, device=triton_device), **kw)
     with pytest.raises(ValueError, match="block_m and block_n must be powers of two >= 16, got block_n=48"):
         cope_attention_triton(q, k, v, e, block_n=48, **kw)
     with pytest.raises(ValueError, match=r"k_positions must have shape \(8,\) or \(1, 8\)"):
         cope_attention_triton(q, k, v, e, k_positions=torch.arange(5, device=triton_device), **kw)
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning(triton_device):
+    q, k, v, _, e, _ = _make(1, 2, 2, 4, 4, 16, 16, 4, torch.float32, seed=0, device=triton_device)
+    with torch.no_grad():
+        new = cope_attention_triton(q, k, v, e, is_causal=True, scale=0.25, p_max=4)
+        with pytest.warns(DeprecationWarning, match=r"^cope_attention_triton\(\): causal= is deprecated, use is_causal="):
+            old = cope_attention_triton(q, k, v, e, causal=True, scale=0.25, p_max=4)
+    assert torch.equal(new, old)
+    with pytest.raises(TypeError, match="missing the keyword argument 'is_causal'"):
+        cope_attention_triton(q, k, v, e, scale=0.25, p_max=4)

@@ -76,7 +76,7 @@ def run_both(q, k, v, delta, q_positions, k_positions, *, causal, softplus=True,
     scale = D ** -0.5
     qc, qs = tables(q_positions, D)
     kc, ks = tables(k_positions, D)
-    out = pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, causal=causal, scale=scale,
+    out = pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, is_causal=causal, scale=scale,
                                 q_positions=q_positions, k_positions=k_positions, softplus=softplus,
                                 key_padding_mask=key_padding_mask)
     ref = reference(q, k, v, delta, q_positions, k_positions, causal=causal, scale=scale,
@@ -272,7 +272,7 @@ def test_large_positions_relative(triton_device):
         qpos, kpos = ar(triton_device, offset, Tq), ar(triton_device, offset, Tk)
         qc, qs = tables(qpos, D)
         kc, ks = tables(kpos, D)
-        return pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, causal=True, scale=D ** -0.5,
+        return pope_attention_triton(q, k, v, delta, qc, qs, kc, ks, is_causal=True, scale=D ** -0.5,
                                      q_positions=qpos, k_positions=kpos)
 
     with torch.no_grad():
@@ -286,7 +286,7 @@ def test_torch_compile(triton_device):
     c, s = tables(pos, 32)
 
     def fn(q, k, v, delta):
-        out = pope_attention_triton(q * 1.0, k, v, delta, c, s, c, s, causal=True, scale=0.2,
+        out = pope_attention_triton(q * 1.0, k, v, delta, c, s, c, s, is_causal=True, scale=0.2,
                                     q_positions=pos, k_positions=pos)
         return (out * out).sum()
 
@@ -313,7 +313,7 @@ def _valid_args(device, B=1, H=4, Hkv=2, Tq=8, Tk=8, D=32, Dv=32):
     delta = torch.zeros(H, D, device=device)
     qc, qs = tables(ar(device, 0, Tq), D)
     kc, ks = tables(ar(device, 0, Tk), D)
-    kw = dict(causal=True, scale=0.1, q_positions=ar(device, 0, Tq), k_positions=ar(device, 0, Tk))
+    kw = dict(is_causal=True, scale=0.1, q_positions=ar(device, 0, Tq), k_positions=ar(device, 0, Tk))
     return [q, k, v, delta, qc, qs, kc, ks], kw
 
 
@@ -339,4 +339,16 @@ def test_validation(mutate, match, triton_device):
     args = [a.to(triton_device) for a in args]
     kw = {n: a.to(triton_device) if isinstance(a, torch.Tensor) else a for n, a in kw.items()}
     with pytest.raises(ValueError, match=match):
+        pope_attention_triton(*args, **kw)
+
+
+def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_warning(triton_device):
+    args, kw = _valid_args(triton_device, H=2, Hkv=2, Tq=4, Tk=4, D=16, Dv=16)
+    kw.pop("is_causal")
+    with torch.no_grad():
+        new = pope_attention_triton(*args, is_causal=True, **kw)
+        with pytest.warns(DeprecationWarning, match=r"^pope_attention_triton\(\): causal= is deprecated, use is_causal="):
+            old = pope_attention_triton(*args, causal=True, **kw)
+    assert torch.equal(new, old)
+    with pytest.raises(TypeError, match="missing the keyword argument 'is_causal'"):
         pope_attention_triton(*args, **kw)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import sorted_key_ends
-from .sdpa import all_finite
+from .inputs import all_finite
 
 DEFAULT_BLOCK = 64  # measured on a 2-core CPU: larger blocks hit slower GEMM shapes (benchmarks/attention.py)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
+from ..encodings.cope import check_ordered_keys
 from .blocked import _batch_chunks, _batch_rows, _block_plan, _flat, _partial_mask
-from .inputs import repeat_kv
-from .sdpa import all_finite
+from .inputs import all_finite, repeat_kv
 
 DEFAULT_BLOCK = 64
 # The gate machinery covers the masked keys plus this many keys per position before a block's rows are
@@ -226,11 +226,6 @@ class _Setup:
         return blk
 
 
-def check_sorted_keys(k_positions: torch.Tensor) -> None:
-    if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
-        raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
-
-
 def blocked_cope_attention(q, k, v, *, scale, q_positions, k_positions, causal, p_max, pos_emb=None, slopes=None,
                            gate_keys=None, key_padding_mask=None, block=None):
     """CoPE attention (B, H, Tq, Dv) in query blocks, exact, memory O(block * Tk) per head.
@@ -248,7 +243,7 @@ def blocked_cope_attention(q, k, v, *, scale, q_positions, k_positions, causal, 
         raise ValueError(f"pos_emb must have shape ({q.shape[-1]}, {p_max}), got {tuple(pos_emb.shape)}")
     if slopes is not None and tuple(slopes.shape) != (q.shape[1],):
         raise ValueError(f"slopes must have shape ({q.shape[1]},) (one per query head), got {tuple(slopes.shape)}")
-    check_sorted_keys(k_positions)
+    check_ordered_keys(k_positions)
     g = q.shape[1] // k.shape[1]
     z = None if pos_emb is None else q @ pos_emb.to(q.dtype)  # z_t[j] = q_t . e[j], unscaled as in the listing
     gk = None if gate_keys is None else repeat_kv(gate_keys, g)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .blocks import sorted_key_ends
-from .sdpa import all_finite
+from .inputs import all_finite
 
 ENV_SWITCH = "POSKIT_CPU_KERNEL"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")

@@ -1,37 +1,59 @@
-"""`poskit.attention`: picks the fastest exact path for the encoding and the input.
+"""`poskit.attention`: one plan per call, from what the encoding declares and from the inputs, then its runner.
 
-backend="reference": materialised logits (attention/reference.py), every encoding, any dtype.
-backend="sdpa":      F.scaled_dot_product_attention on encoded q/k (none, absolute, rope family, pope)
-                     or with an additive float mask (alibi, relative, cope-alibi is contextual: not served).
-backend="triton":    the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors.
-backend="auto":      triton for encodings with a fused kernel on CUDA when triton is importable, else sdpa
-                     where it serves the encoding, else the reference. Triton is never chosen on CPU.
-                     On CPU, contextual encodings whose fused kernel has a blocked counterpart (cope) take
-                     attention/blocked_cope.py instead of the reference ("blocked-contextual").
-On CPU the sdpa backend never builds a T x T bias: a static bias (alibi) runs through attention/blocked.py,
-a learned one (relative) through attention/blocked_bias.py ("blocked-bias"), both generated per query block.
-With POSKIT_CPU_KERNEL=1, fp32 q/k wider than v (qk_width > 1, PoPE) with more than one query on CPU run the
-compiled tiled kernel of attention/cpu_flash.py ("cpu-flash") when it builds, instead of padded SDPA or the blocked path.
+`plan_inputs` is the one dispatch: `attention()` and `cached_attention()` execute the `Plan` it returns, and
+`plan()` / `route()` report it for the same arguments, so what is reported is what runs. The paths:
 
-Every choice here reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`,
-`fused_kernel`, `needs_gate_keys`: encodings/base.py), never its name.
+"reference":          materialised logits (attention/reference.py), every encoding, any dtype.
+"sdpa":               F.scaled_dot_product_attention on encoded q/k (none, the rope family, pope) or with the
+                      encoding's bias as an additive float mask (alibi, relative); traced by torch.compile.
+"blocked":            the exact CPU path in query blocks (attention/blocked.py): q/k wider than v (qk_width > 1,
+                      PoPE) up to BLOCKED_MAX_KEYS keys or a few queries, and a bias of positions alone (ALiBi)
+                      generated block by block instead of a T x T float mask.
+"blocked-bias":       a bias that reads q or trains (relative), per query block on CPU (attention/blocked_bias.py).
+"blocked-contextual": a contextual encoding whose fused kernel has a blocked CPU counterpart (cope) on CPU
+                      (attention/blocked_cope.py).
+"cpu-flash":          with POSKIT_CPU_KERNEL=1, fp32 q/k wider than v with more than one query on CPU, through the
+                      compiled tiled kernel of attention/cpu_flash.py when it builds.
+"triton":             the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors (or CPU
+                      tensors under the Triton interpreter).
+"magnitude-decode":   a KV cache of key magnitudes (cache_form "magnitude", PoPE): attention/pope_decode.py.
+
+backend="auto" takes triton for encodings with a fused kernel on CUDA when triton is importable, the blocked
+contextual path for contextual encodings on CPU, else the sdpa backend where it serves the encoding, else the
+reference; "reference", "sdpa" and "triton" ask for a backend, inside which the plan picks the path.
+
+Every choice reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`, `fused_kernel`,
+`bias_reads_q`, `position_coords`: encodings/base.py), never its name.
 """
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import torch
 
 from ..encodings.base import PositionalEncoding, encoding_class, registered_names
+from ..encodings.registration import warn_if_untrained
+from . import cpu_flash, runners, sdpa
 from .inputs import AttentionInputs, prepare, refuse_renamed
 from .padding import real_token_mask
-from .reference import scores_from_inputs, softmax_rows
-from .inputs import repeat_kv
-from . import cpu_flash
-from .sdpa import all_finite, blocked, sdpa, use_blocked
-from .traced import traced_sdpa
 
 BACKENDS = ("auto", "reference", "sdpa", "triton")
+KEY_FORMS = ("raw", "encoded", "magnitude")  # what the keys handed to the plan hold (a KV cache may encode them)
+
+
+class Plan(NamedTuple):
+    """How one attention call runs: `path` (one of the paths in the module docstring), the `backend` it belongs
+    to (after "auto" and any fallback), the `reasons` for both, one line each, and the `runner` that executes it
+    (`runner(inputs, enc, gate_keys)`, attention/runners.py)."""
+
+    path: str
+    backend: str
+    reasons: tuple
+    runner: Callable
+
+    def __str__(self) -> str:
+        return f"{self.path} (backend {self.backend}): " + "; ".join(self.reasons)
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,166 +65,46 @@ def triton_available() -> bool:
     return True
 
 
-def _is_static_bias(enc) -> bool:
-    # a bias of positions alone (ALiBi) can be built once per shape and reused; one that reads q (relative PE,
-    # even with frozen embeddings) cannot: a cache keyed by positions would hand a later call a stale bias
+def is_static_bias(enc: PositionalEncoding) -> bool:
+    """A bias of positions alone (ALiBi) without trainable parameters: built once per shape and reused. One that
+    reads q (relative PE, even with frozen embeddings) cannot be: a cache keyed by positions would hand a later
+    call a stale bias."""
     return (enc.kind == "bias" and not enc.bias_reads_q
             and not any(p.requires_grad for p in enc.parameters()))
 
 
-def _static_bias(enc, inp: AttentionInputs) -> torch.Tensor:
-    cache = enc.__dict__.setdefault("_bias_cache", {})
-    key = (inp.q_positions.shape, inp.k_positions.shape, inp.q.device, inp.q.dtype)
-    entry = cache.get(key)
-    if entry is not None and torch.equal(entry[0], inp.q_positions) and torch.equal(entry[1], inp.k_positions):
-        return entry[2]
-    bias = enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
-    if len(cache) > 8:
-        cache.clear()
-    cache[key] = (inp.q_positions, inp.k_positions, bias)
-    return bias
-
-
 def sdpa_serves(enc: PositionalEncoding) -> bool:
-    return enc.kind in ("none", "absolute", "qk", "bias")
+    return enc.kind in ("none", "qk", "bias")  # (absolute encodings never get here: `prepare` refuses them)
 
 
 def triton_serves(enc: PositionalEncoding) -> bool:
     # the kernels compute angles from scalar positions: an axial encoding (position_coords > 0) is routed to
     # the sdpa/blocked paths, which call its encode_q / encode_k
-    return enc.fused_kernel in _TRITON_RUNNERS and enc.position_coords == 0
-
-
-def _run_reference(inp, enc, gate_keys):
-    logits, visible = scores_from_inputs(inp, enc, gate_keys)
-    return softmax_rows(logits, visible).to(inp.v.dtype) @ repeat_kv(inp.v, inp.groups)
-
-
-def _is_learned_bias_on_cpu(enc, q) -> bool:
-    return enc.kind == "bias" and not _is_static_bias(enc) and q.device.type == "cpu"
-
-
-def _run_blocked_bias(inp, enc):
-    from .blocked_bias import blocked_bias_attention
-
-    return blocked_bias_attention(inp.q, inp.k, inp.v, enc, scale=inp.scale, q_positions=inp.q_positions,
-                                  k_positions=inp.k_positions, causal=inp.causal,
-                                  key_padding_mask=inp.key_padding_mask)
-
-
-def _run_blocked_cope(inp, enc, gate_keys):
-    from .blocked_cope import blocked_cope_attention
-
-    source = enc.gate_source(inp.k, inp.v, gate_keys)
-    pos_emb, slopes = enc.fused_operands()
-    return blocked_cope_attention(
-        inp.q, inp.k, inp.v, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
-        causal=inp.causal, p_max=enc.p_max, pos_emb=pos_emb, slopes=slopes,
-        gate_keys=None if source is inp.k else source, key_padding_mask=inp.key_padding_mask)
-
-
-# `fused_kernel` declared by a contextual encoding -> its exact blocked CPU counterpart, which reads the same
-# declared operands (p_max, gate_source, fused_operands)
-_BLOCKED_CONTEXTUAL = {"triton_cope": _run_blocked_cope}
-
-
-def _run_blocked_contextual(inp, enc, gate_keys):
-    return _BLOCKED_CONTEXTUAL[enc.fused_kernel](inp, enc, gate_keys)
-
-
-def _run_sdpa(inp, enc, gate_keys):
-    if gate_keys is not None:  # sdpa serves no contextual encoding, so none that takes gate keys
-        raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
-    if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
-        return traced_sdpa(inp, enc)
-    if enc.kind == "qk":
-        if cpu_flash.serves(inp, enc):  # opt-in compiled kernel (POSKIT_CPU_KERNEL=1): fp32 on CPU, any length
-            return _run_cpu_flash(inp, enc)
-        if use_blocked(inp, enc):  # the attention scale rides on the encoded query for free
-            q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
-            return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
-        q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
-        return sdpa(inp, q, k, inp.v)
-    if enc.kind == "bias" and inp.q.device.type == "cpu" and inp.attn_mask is None:
-        # (a general attn_mask goes to SDPA with the mask merged into the bias, below)
-        from .blocked_bias import check_positions_by_block
-
-        check_positions_by_block(enc, inp)  # no (Tq, Tk) visibility mask on the CPU paths
-        if _is_learned_bias_on_cpu(enc, inp.q):  # the bias and its gradient per query block, never T x T
-            return _run_blocked_bias(inp, enc)
-        if _is_static_bias(enc):
-            # generate the constant bias block by block instead of a T x T float mask (which slows CPU SDPA ~1.7x)
-            q, qp, kp = inp.q, inp.q_positions, inp.k_positions
-            return blocked(inp, q, inp.k, inp.v,
-                           bias_fn=lambda i, j, ke: enc.bias(q[:, :, i:j], qp[:, i:j], kp[:, :ke], inp.scale))
-    if enc.kind == "bias":
-        enc.check_positions(inp.q_positions, inp.k_positions, inp.visible())
-        bias = _static_bias(enc, inp) if _is_static_bias(enc) else enc.bias(inp.q, inp.q_positions, inp.k_positions, inp.scale)
-        return sdpa(inp, inp.q, inp.k, inp.v, bias=bias)
-    return sdpa(inp, inp.q, inp.k, inp.v)
-
-
-def _run_cpu_flash(inp, enc):
-    q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)  # the scale rides on the encoded query
-    k = repeat_kv(enc.encode_k(inp.k, inp.k_positions), inp.groups)
-    return cpu_flash.cpu_flash_attention(q, k, repeat_kv(inp.v, inp.groups), scale=1.0, q_positions=inp.q_positions,
-                                         k_positions=inp.k_positions, causal=inp.causal)
-
-
-def _run_triton_pope(inp, enc, gate_keys):
-    from .triton_pope import pope_attention_for
-
-    enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys
-    return pope_attention_for(enc, inp.q, inp.k, inp.v, q_positions=inp.q_positions, k_positions=inp.k_positions,
-                              scale=inp.scale, causal=inp.causal, softplus=enc.softplus,
-                              key_padding_mask=inp.key_padding_mask)
-
-
-def _run_triton_cope(inp, enc, gate_keys):
-    from .triton_cope import cope_attention_triton
-
-    source = enc.gate_source(inp.k, inp.v, gate_keys)
-    if not all_finite(inp.q, source):
-        # a NaN gate logit has no position: the kernel would turn it into an integer index and read out of
-        # bounds, so it is refused before the launch (the reference path propagates the NaN instead)
-        raise ValueError(f"q and the gate {'keys' if source is inp.k else 'source'} must be finite for cope on the "
-                         "triton path, got NaN or inf; backend='reference' returns NaN rows instead")
-    pos_emb, slopes = enc.fused_operands()
-    return cope_attention_triton(
-        inp.q, inp.k, inp.v, pos_emb,
-        causal=inp.causal, scale=inp.scale, q_positions=inp.q_positions, k_positions=inp.k_positions,
-        p_max=enc.p_max, gate_keys=None if source is inp.k else source, key_padding_mask=inp.key_padding_mask,
-        slopes=slopes,
-    )
-
-
-# `fused_kernel` declared by an encoding -> the runner that calls that kernel's module
-_TRITON_RUNNERS = {"triton_pope": _run_triton_pope, "triton_cope": _run_triton_cope}
-
-
-def _run_triton(inp, enc, gate_keys):
-    return _TRITON_RUNNERS[enc.fused_kernel](inp, enc, gate_keys)
+    return enc.fused_kernel in runners.TRITON and enc.position_coords == 0
 
 
 def _triton_served_names() -> str:
     """The registered encodings with a fused kernel, kernel by kernel: "pope, cope and cope-alibi"."""
-    names = [n for kernel in _TRITON_RUNNERS for n in registered_names() if encoding_class(n).fused_kernel == kernel]
+    names = [n for kernel in runners.TRITON for n in registered_names() if encoding_class(n).fused_kernel == kernel]
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
-def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> str:
+def _choose(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> tuple[str, str]:
+    """(the backend a call with `backend` takes, why); ValueError for a backend that cannot serve the call."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend == "auto":
         if q.is_cuda and triton_available() and triton_serves(enc):
-            return "triton"
-        if q.device.type == "cpu" and enc.kind == "contextual" and enc.fused_kernel in _BLOCKED_CONTEXTUAL:
-            return "blocked-contextual"
-        return "sdpa" if sdpa_serves(enc) else "reference"
+            return "triton", f"auto: CUDA tensors and a fused Triton kernel ({enc.fused_kernel}) for the encoding"
+        if q.device.type == "cpu" and enc.kind == "contextual" and enc.fused_kernel in runners.BLOCKED_CONTEXTUAL:
+            return "blocked-contextual", "auto: a contextual encoding on CPU with an exact blocked CPU counterpart"
+        if sdpa_serves(enc):
+            return "sdpa", f"auto: the sdpa backend serves an encoding of kind {enc.kind!r}"
+        return "reference", f"auto: no fast path serves an encoding of kind {enc.kind!r} here"
     if backend == "sdpa" and not sdpa_serves(enc):
         raise ValueError(f"backend='sdpa' cannot serve the {enc.kind} encoding {enc.name!r}; use 'reference' or 'triton'")
     if backend == "triton":
-        if enc.fused_kernel in _TRITON_RUNNERS and enc.position_coords:
+        if enc.fused_kernel in runners.TRITON and enc.position_coords:
             raise ValueError(f"backend='triton' takes scalar positions only; the encoding {enc.name!r} has axial_dims "
                              f"({enc.position_coords} coordinates per position): use backend='auto' or 'sdpa'")
         if not triton_serves(enc):
@@ -216,35 +118,104 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
             if not knobs.runtime.interpret:
                 raise ValueError(f"backend='triton' needs CUDA tensors, got q on {q.device} (CPU tensors run only "
                                  "under the Triton interpreter: TRITON_INTERPRET=1 before triton is imported)")
-    return backend
+    return backend, f"backend={backend!r} asked for"
 
 
-def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = None, backend: str = "auto") -> str:
-    """The path `attention(q, k, ...)` takes: "reference", "sdpa", "blocked" (the exact CPU path of
-    attention/blocked.py, taken inside the sdpa backend by PoPE's wide q/k and by ALiBi's generated bias),
-    "blocked-bias" (attention/blocked_bias.py: a learned bias such as relative's, on CPU),
-    "blocked-contextual" (attention/blocked_cope.py: cope and cope-alibi on CPU under auto), "cpu-flash"
-    (attention/cpu_flash.py: the opt-in compiled kernel for qk_width > 1 in fp32, POSKIT_CPU_KERNEL=1)
-    or "triton".
-    k defaults to q's length."""
-    chosen = choose_backend(enc, q, backend)
-    if q.shape[-2] == 0 or (k is not None and k.shape[-2] == 0):
-        return "reference"  # no query or no key: attention() answers on the reference path, whatever the backend
-    if chosen == "sdpa" and q.device.type == "cpu":
-        if _is_static_bias(enc):
-            return "blocked"
-        if _is_learned_bias_on_cpu(enc, q):
-            return "blocked-bias"
-        inp = AttentionInputs(q, q if k is None else k, None, None, None, 1.0, True, None)
+def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> str:
+    """The backend a call takes: "reference", "sdpa", "triton" or "blocked-contextual" (the first step of the plan)."""
+    return _choose(enc, q, backend)[0]
+
+
+def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "auto", keys: str = "raw") -> Plan:
+    """The one dispatch: the Plan for validated inputs (`prepare`). keys: what `inp.k` holds, "raw" (every call
+    of attention()) or, for a KV cache that stores them so, "encoded" (encode_k output) or "magnitude"."""
+    chosen, why = _choose(enc, inp.q, backend)
+    reasons = (why,)
+    if not inp.has_pairs:
+        return Plan("reference", "reference", reasons + (
+            "no query or no key: empty rows, or rows of zeros (no visible key), on every path",), runners.run_reference)
+    if keys == "magnitude":
+        # (these runners also take the cache layer, to which they append the new magnitudes first)
+        if chosen == "triton":
+            return Plan("triton", chosen, reasons + ("cached key magnitudes fed to the fused kernel",),
+                        runners.run_magnitude_triton)
+        return Plan("magnitude-decode", chosen, reasons + (
+            "cached key magnitudes (cache_form 'magnitude'): attention/pope_decode.py",), runners.run_magnitude_decode)
+    if keys == "encoded":
+        if sdpa.use_blocked(inp, enc):
+            return Plan("blocked", chosen, reasons + (
+                f"cached encoded keys {enc.qk_width}x wider than v on CPU",), runners.run_blocked_encoded_keys)
+        return Plan("sdpa", chosen, reasons + ("cached encoded keys: the queries encoded alone",),
+                    runners.run_sdpa_encoded_keys)
+    if inp.attn_mask is not None and chosen in ("triton", "blocked-contextual"):  # key padding only
+        if backend == "triton":
+            raise ValueError("backend='triton' serves attn_mask only when it varies along the keys alone (a key "
+                             "padding mask, shape (B, 1, 1, Tk)); use backend='auto' for a general mask")
+        chosen = "sdpa" if sdpa_serves(enc) else "reference"  # the paths that are exact with a general mask
+        reasons += (f"a general attn_mask (not a key padding mask): the {chosen} backend is exact with it",)
+    if chosen == "blocked-contextual" and torch.compiler.is_compiling():
+        # the blocked path plans its blocks from tensor values, which torch.compile cannot trace
+        return Plan("reference", "reference", reasons + (
+            "traced by torch.compile: the materialised formula (the blocked path reads tensor values)",),
+            runners.run_reference)
+    if chosen == "sdpa":
+        return _plan_sdpa(inp, enc, reasons)
+    runner = {"reference": runners.run_reference, "triton": runners.run_triton,
+              "blocked-contextual": runners.run_blocked_contextual}[chosen]
+    return Plan(chosen, chosen, reasons, runner)
+
+
+def _plan_sdpa(inp: AttentionInputs, enc: PositionalEncoding, reasons: tuple) -> Plan:
+    """The path inside the sdpa backend, for raw keys."""
+    def sdpa_plan(path, why, runner):
+        return Plan(path, "sdpa", reasons + (why,), runner)
+
+    if torch.compiler.is_compiling():  # no data-dependent path choice: traced.py says why
+        return sdpa_plan("sdpa", "traced by torch.compile: one SDPA call, no choice that reads tensor values",
+                         runners.run_traced_sdpa)
+    cpu = inp.q.device.type == "cpu"
+    if enc.kind == "qk":
         if cpu_flash.serves(inp, enc):
-            return "cpu-flash"
-        if use_blocked(inp, enc):
-            return "blocked"
-    return chosen
+            return sdpa_plan("cpu-flash", f"POSKIT_CPU_KERNEL: fp32 q/k {enc.qk_width}x wider than v, several "
+                             "queries, on CPU: the compiled kernel", runners.run_cpu_flash)
+        if sdpa.use_blocked(inp, enc):
+            return sdpa_plan("blocked", f"q/k {enc.qk_width}x wider than v on CPU, at most {sdpa.BLOCKED_MAX_KEYS} "
+                             "keys or a few queries", runners.run_blocked_qk)
+        return sdpa_plan("sdpa", "q and k encoded by transform_qk", runners.run_sdpa_qk)
+    if enc.kind == "bias":
+        static = is_static_bias(enc)
+        if cpu and inp.attn_mask is None:  # (a general attn_mask goes to SDPA with the mask merged into the bias)
+            if static:
+                return sdpa_plan("blocked", "a bias of positions alone on CPU, generated per query block",
+                                 runners.run_blocked_static_bias)
+            return sdpa_plan("blocked-bias", "a bias that reads q or trains, on CPU: it and its gradient per "
+                             "query block, never T x T", runners.run_blocked_bias)
+        if static:
+            return sdpa_plan("sdpa", "a bias of positions alone, built once per shape and reused, as a float mask",
+                             runners.run_sdpa_static_bias)
+        return sdpa_plan("sdpa", "the encoding's bias as a float mask", runners.run_sdpa_bias)
+    return sdpa_plan("sdpa", f"kind {enc.kind!r}: q and k as given", runners.run_sdpa_plain)
 
 
-_RUNNERS = {"reference": _run_reference, "sdpa": _run_sdpa, "triton": _run_triton,
-            "blocked-contextual": _run_blocked_contextual}
+def plan(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
+         enable_gqa: bool = False, q_positions=None, k_positions=None, gate_keys=None, backend: str = "auto",
+         **removed) -> Plan:
+    """The `Plan` that `attention(q, k, v, enc, ...)` with the same arguments executes: its path, its backend,
+    why, and its runner. Validates the arguments as attention() does (and raises the same errors).
+    `print(plan(...))` reads, e.g., "blocked (backend sdpa): auto: ...; q/k 2x wider than v on CPU, ..."."""
+    refuse_renamed("plan", removed)
+    inp = _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions)
+    return plan_inputs(inp, enc, backend)
+
+
+def route(enc: PositionalEncoding, q: torch.Tensor, k: torch.Tensor | None = None, backend: str = "auto", *,
+          v=None, **keywords) -> str:
+    """The path `attention(q, k, v, enc, backend=backend, **keywords)` takes: `plan(...).path`, one of
+    "reference", "sdpa", "blocked", "blocked-bias", "blocked-contextual", "cpu-flash" or "triton" (the module
+    docstring says which serves what). k defaults to q; v (whose values no choice reads) to k. The keywords are
+    attention()'s, with its defaults (e.g. enable_gqa=True for fewer kv heads than query heads)."""
+    k = q if k is None else k
+    return plan(q, k, k if v is None else v, enc, backend=backend, **keywords).path
 
 
 def _check_dropout(dropout_p) -> None:
@@ -277,20 +248,35 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
     See `poskit.attention_scores` for the other conventions (shapes, positions).
     """
     refuse_renamed("attention", removed)
+    inp = _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions)
+    planned = plan_inputs(inp, enc, backend)
+    warn_if_untrained(enc)
+    return planned.runner(inp, enc, gate_keys)
+
+
+# `import poskit.attention.engine as engine` looks `engine` up on the object poskit.attention (this function)
+# and, not finding it there, takes sys.modules[f"{that object's __name__}.engine"]: named after the package
+# it stands for, the function lets that spelling reach the package's modules as it would on the package.
+attention.__name__ = "poskit.attention"
+
+
+def _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions):
+    """The validated inputs of one attention() call (shared by attention and plan)."""
     _check_dropout(dropout_p)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
-    inp = prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                  attn_mask=attn_mask, enable_gqa=enable_gqa)
-    chosen = choose_backend(enc, q, backend)
-    if not inp.has_pairs:  # no query or no key: empty rows, or rows of zeros (no visible key), on every path
-        chosen = "reference"
-    elif inp.attn_mask is not None and chosen in ("triton", "blocked-contextual"):  # key padding only
-        if backend == "triton":
-            raise ValueError("backend='triton' serves attn_mask only when it varies along the keys alone (a key "
-                             "padding mask, shape (B, 1, 1, Tk)); use backend='auto' for a general mask")
-        chosen = "sdpa" if sdpa_serves(enc) else "reference"  # the paths that are exact with a general mask
-    return _RUNNERS[chosen](inp, enc, gate_keys)
+    return prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
+                   attn_mask=attn_mask, enable_gqa=enable_gqa)
+
+
+def cached_key_form(enc: PositionalEncoding, backend: str) -> str:
+    """What a KV cache stores for the keys of `enc` when a call takes `backend` (choose_backend): "magnitude"
+    (cache_form "magnitude", any fast backend), "encoded" (cache_form "encoded", the sdpa backend) or "raw"."""
+    if enc.cache_form == "magnitude" and backend != "reference":
+        return "magnitude"
+    if enc.cache_form == "encoded" and backend == "sdpa":
+        return "encoded"
+    return "raw"
 
 
 def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attention_mask=None, gate_keys=None,
@@ -305,7 +291,7 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     attention_mask: (B, Tn) bool or 0/1 ints, True/1 = real token, 0 = padding (Hugging Face's convention),
     for the new tokens; stored in the cache beside their keys, so that no later query attends to a pad, and
     for CoPE pads count in no gate sum. Give pads positions that keep each row's real tokens at 0, 1, 2, ...
-    (`poskit.attention.padding.padded_positions`).
+    (`padded_positions` in poskit.attention.padding).
     The encoding's `cache_form` says what is cached: rope (static frequencies) caches the rotated key and pope
     the key magnitude softplus(k) (attention/pope_decode.py), so a decode step encodes only the new token;
     every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
@@ -322,32 +308,30 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     real = None if attention_mask is None else real_token_mask(attention_mask, q.shape[0], q.shape[2], q.device)
     inp = prepare(q, k, v, enc, causal=True, q_positions=q_positions, k_positions=q_positions, scale=None,
                   key_padding_mask=real)
-    chosen = choose_backend(enc, q, backend)
+    form = cached_key_form(enc, choose_backend(enc, q, backend))
     if not inp.has_pairs:  # no new token: nothing to append, and no query to answer
-        return _run_reference(inp, enc, gate_keys)
+        return plan_inputs(inp, enc, backend).runner(inp, enc, gate_keys)
     layer = cache.layer(layer_idx)
     enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take, or lacks
-    if enc.cache_form == "magnitude" and chosen != "reference":
-        from .pope_decode import cached_pope_attention
-
+    if form == "magnitude":
         _check_positions_over_cache(enc, inp, layer)
-        return cached_pope_attention(enc, inp, layer, use_triton=chosen == "triton")  # its append validates first
-    encoded = enc.cache_form == "encoded" and chosen == "sdpa"
+        warn_if_untrained(enc)
+        # the runner appends the magnitudes (its append validates first), then attends
+        return plan_inputs(inp, enc, backend, keys="magnitude").runner(inp, enc, gate_keys, layer)
+    encoded = form == "encoded"
     keys = enc.encode_k(k, inp.k_positions) if encoded else k
     layer.check_append(keys, v, inp.k_positions, gate_keys=gate_keys, encoded=encoded, key_mask=real)
     _check_positions_over_cache(enc, inp, layer)
+    warn_if_untrained(enc)
     layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None, real)  # checked above
-    if not encoded:
+    if not encoded:  # raw keys: attention() over the whole layer, planned as any other call
         pad = layer.key_mask
         return attention(q, layer.keys, layer.values, enc, is_causal=True, enable_gqa=True,
                          q_positions=inp.q_positions, k_positions=layer.positions, gate_keys=layer.gate_keys,
                          attn_mask=None if pad is None else pad[:, None, None, :], backend=backend)
     full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True,
                            layer.key_mask, False)
-    if use_blocked(full, enc):
-        q_enc = enc.encode_q(q, inp.q_positions, scale=inp.scale)
-        return blocked(full, q_enc, layer.keys, layer.values, prescaled=True)
-    return sdpa(full, enc.encode_q(q, inp.q_positions), layer.keys, layer.values)
+    return plan_inputs(full, enc, backend, keys="encoded").runner(full, enc, gate_keys)
 
 
 def _check_positions_over_cache(enc: PositionalEncoding, inp: AttentionInputs, layer) -> None:

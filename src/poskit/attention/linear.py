@@ -4,11 +4,11 @@
 
 phi is a non-negative feature map (Katharopoulos et al.'s elu(x) + 1 by default), M_t the encoding's
 position-dependent map, applied after the feature map and in the numerator only: RoFormer keeps the
-denominator without rotation so that it stays positive (its eq. 19). The sums run over every key (causal=False)
-or the keys s <= t by sequence index (causal=True). How an encoding enters is what it declares in
+denominator without rotation so that it stays positive (its eq. 19). The sums run over every key (is_causal=False)
+or the keys s <= t by sequence index (is_causal=True). How an encoding enters is what it declares in
 `linear_form` (encodings/base.py), never its name:
 
-- "identity": M = I (none; absolute encodings act on the embeddings instead).
+- "identity": M = I (none; absolute encodings act on the embeddings, and attention refuses them).
 - "rotation": M_t phi(q_t) = enc.encode_q(phi(q_t), t) (the rope family: a rotation by t * theta).
 - "polar": the encoding's own magnitudes are the features, phi = enc.magnitude (PoPE: softplus), and
   M_t phi(q_t) is its Cartesian form enc.encode_q(q_t, t): the numerator is then the real part of PoPE's
@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings.base import PositionalEncoding
+from ..encodings.registration import warn_if_untrained
 from ..validate import check_bool, check_int, check_real
-from .inputs import prepare, repeat_kv
+from .inputs import deprecated_causal, prepare, refuse_renamed, repeat_kv
 
 FEATURE_MAPS = {
     "elu1": lambda x: F.elu(x) + 1.0,  # Katharopoulos et al. 2020, the map RoFormer names (strictly positive)
@@ -80,33 +81,37 @@ def features(q, k, enc, q_positions, k_positions, feature_map=None):
 
 
 def _check_options(causal, chunk_size, eps):
-    check_bool(causal, "causal")
+    check_bool(causal, "is_causal")
     check_int(chunk_size, "chunk_size", minimum=1)
     check_real(eps, "eps", minimum=0)
 
 
-def linear_attention(q, k, v, enc: PositionalEncoding, *, feature_map: str | None = None, causal: bool = True,
+def linear_attention(q, k, v, enc: PositionalEncoding, *, feature_map: str | None = None, is_causal: bool = True,
                      q_positions=None, k_positions=None, eps: float = DEFAULT_EPS,
-                     chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+                     chunk_size: int = DEFAULT_CHUNK, **renamed) -> torch.Tensor:
     """(B, H, Tq, Dv): RoFormer's linear attention (eq. 19) with the encoding `enc` (module docstring).
 
     q (B, H, Tq, D); k, v (B, H_kv, Tk, .) with H_kv dividing H (query head h reads kv head h // (H // H_kv)).
     feature_map: "elu1" (elu(x) + 1, the default when None) or "relu"; None for polar encodings (PoPE), whose
         softplus magnitudes are the features.
-    causal: key s is visible to query t iff s <= t, by sequence index (needs Tq == Tk); positions enter only
-        through the encoding. False: every key.
+    is_causal: key s is visible to query t iff s <= t, by sequence index (needs Tq == Tk); positions enter only
+        through the encoding. False: every key. (The former spelling causal= still works, with a
+        DeprecationWarning.)
     q_positions, k_positions: as in `poskit.attention` ((T,) or (B, T) ints, default arange; axial encodings:
         (T, n) or (B, T, n)).
     eps: added to the normaliser (> 0 guards a query whose features are all zero, e.g. with relu).
     chunk_size: tokens per chunk of the causal form (a speed knob; the result does not depend on it).
     """
+    causal = deprecated_causal("linear_attention", is_causal, renamed, default=True)
+    refuse_renamed("linear_attention", renamed)
     _check_options(causal, chunk_size, eps)
     inp = prepare(q, k, v, enc, causal=False, q_positions=q_positions, k_positions=k_positions, scale=None,
                   enable_gqa=True)
     if causal and q.shape[2] != k.shape[2]:
-        raise ValueError(f"causal=True needs as many queries as keys (the prefix of query t is keys 0..t), got "
+        raise ValueError(f"is_causal=True needs as many queries as keys (the prefix of query t is keys 0..t), got "
                          f"{q.shape[2]} and {k.shape[2]}; decode with linear_attention_step")
     fq, fk, mq, mk = features(q, k, enc, inp.q_positions, inp.k_positions, feature_map)
+    warn_if_untrained(enc)
     g = inp.groups
     fk, mk, v = repeat_kv(fk, g), repeat_kv(mk, g), repeat_kv(v, g)
     if not causal:
@@ -150,7 +155,7 @@ class LinearAttentionState:
 def linear_attention_step(q, k, v, enc: PositionalEncoding, state: LinearAttentionState | None = None, *,
                           positions=None, feature_map: str | None = None, eps: float = DEFAULT_EPS):
     """Decode Tn new tokens causally, one at a time through the recurrent state: returns (out (B, H, Tn, Dv),
-    the new state). Equals the rows of `linear_attention(..., causal=True)` for the same tokens.
+    the new state). Equals the rows of `linear_attention(..., is_causal=True)` for the same tokens.
 
     q (B, H, Tn, D); k, v (B, H_kv, Tn, .); state: from the previous call, None to start; positions: of the
     new tokens ((Tn,) or (B, Tn); axial (Tn, n) or (B, Tn, n)), default state.length + arange(Tn) (required
@@ -180,6 +185,7 @@ def linear_attention_step(q, k, v, enc: PositionalEncoding, state: LinearAttenti
             raise ValueError(f"state must come from the same batch, heads and widths: it holds numerator "
                              f"{tuple(numerator.shape)} and normaliser {tuple(normaliser.shape)}, this call needs "
                              f"{(B, H, mk.shape[-1], v.shape[-1])} and {(B, H, fk.shape[-1])}")
+    warn_if_untrained(enc)
     outs = []
     for t in range(q.shape[2]):  # the recurrence: add key t to the state, then read it with query t
         numerator = numerator + mk[:, :, t, :, None] * v[:, :, t, None, :]

@@ -23,7 +23,7 @@ def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=
         return no_pair_logits(inp), visible
     if enc.kind == "qk":
         q_enc, k_enc = enc.transform_qk(q, k, inp.q_positions, inp.k_positions)
-    else:  # none / absolute (applied to the embeddings) / bias / contextual: q and k are used as they are
+    else:  # none / bias / contextual: q and k are used as they are
         q_enc, k_enc = q, k
     logits = inp.scale * (q_enc @ repeat_kv(k_enc, inp.groups).transpose(-1, -2))
     if inp.additive_mask() is not None:  # a float attn_mask: added to the logits before any contextual gate

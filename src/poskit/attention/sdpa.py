@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .inputs import AttentionInputs
+from . import blocked as blocked_module  # its DEFAULT_BLOCK is read at call time (a test or a sweep may set it)
+from .inputs import AttentionInputs, all_finite, repeat_kv
+from .reference import softmax_rows
 
 
 def mask_plan(inp: AttentionInputs) -> str:
@@ -47,32 +49,29 @@ BLOCKED_MAX_KEYS = 4096
 def use_blocked(inp: AttentionInputs, enc) -> bool:
     """On CPU, q/k wider than v (an encoding declaring qk_width > 1, e.g. PoPE) run faster through the blocked
     path than through padded SDPA, up to BLOCKED_MAX_KEYS keys, and always for a few queries (decode)."""
-    from .blocked import DEFAULT_BLOCK
-
     if inp.q.device.type != "cpu" or enc.qk_width == 1 or inp.attn_mask is not None:
         return False  # a general attn_mask is served by SDPA with a merged mask, not by the blocked path
-    return inp.k.shape[2] <= BLOCKED_MAX_KEYS or inp.q.shape[2] <= DEFAULT_BLOCK
+    return inp.k.shape[2] <= BLOCKED_MAX_KEYS or inp.q.shape[2] <= blocked_module.DEFAULT_BLOCK
 
 
 def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None,
             prescaled: bool = False):
     """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads.
     prescaled: q already carries the attention scale."""
-    from .blocked import DEFAULT_BLOCK, blocked_attention
-    from .inputs import repeat_kv
-
     scale = 1.0 if prescaled else inp.scale
     g, (B, H, Tq, E) = inp.groups, q.shape
-    if g > 1 and bias_fn is None and g * Tq <= DEFAULT_BLOCK:
+    if g > 1 and bias_fn is None and g * Tq <= blocked_module.DEFAULT_BLOCK:
         # few queries (decode) with grouped kv heads: stack the g query heads of each kv head along the query
         # axis instead of copying the whole cache g times with repeat_kv; query head h = kv * g + j
         qf = q.reshape(B, H // g, g * Tq, E)
-        out = blocked_attention(qf, k, v, scale=scale, q_positions=_repeat_queries(inp.q_positions, g),
-                                k_positions=inp.k_positions, causal=inp.causal, key_padding_mask=inp.key_padding_mask)
+        out = blocked_module.blocked_attention(qf, k, v, scale=scale, q_positions=_repeat_queries(inp.q_positions, g),
+                                               k_positions=inp.k_positions, causal=inp.causal,
+                                               key_padding_mask=inp.key_padding_mask)
         return out.reshape(B, H, Tq, v.shape[-1])
-    return blocked_attention(q, repeat_kv(k, g), repeat_kv(v, g), scale=scale,
-                             q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
-                             key_padding_mask=inp.key_padding_mask, bias_fn=bias_fn)
+    return blocked_module.blocked_attention(q, repeat_kv(k, g), repeat_kv(v, g), scale=scale,
+                                            q_positions=inp.q_positions, k_positions=inp.k_positions,
+                                            causal=inp.causal, key_padding_mask=inp.key_padding_mask,
+                                            bias_fn=bias_fn)
 
 
 def _repeat_queries(positions: torch.Tensor, g: int) -> torch.Tensor:
@@ -117,14 +116,6 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out
 
 
-def all_finite(*tensors) -> bool:
-    """True when no tensor holds a NaN or an infinity: one sum per tensor (NaN and inf survive a sum), about
-    0.2 ms for a 16 MB q on 2 CPU cores, against ~100 ms for the attention itself. A finite sum that overflows
-    only sends the call to the slower exact path, never to a wrong answer."""
-    total = sum(t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors if t is not None)
-    return bool(torch.isfinite(total))
-
-
 def _materialised(inp: AttentionInputs, q, k, v, bias):
     """The reference formula on encoded q/k, for inputs holding NaN or inf.
 
@@ -133,9 +124,6 @@ def _materialised(inp: AttentionInputs, q, k, v, bias):
     as fully masked. NaN in q (or in every visible key) then came out as a finite row of zeros; the
     materialised softmax keeps it NaN, as the reference does.
     """
-    from .inputs import repeat_kv
-    from .reference import softmax_rows
-
     logits = inp.scale * (q @ repeat_kv(k, q.shape[1] // k.shape[1]).transpose(-1, -2))
     if bias is not None:
         logits = logits + bias

@@ -21,7 +21,7 @@ from .sdpa import mask_plan
 
 
 def traced_sdpa(inp: AttentionInputs, enc) -> torch.Tensor:
-    """softmax(scale * q'k'^T + bias, masked) @ v for a "none", "absolute", "qk" or "bias" encoding."""
+    """softmax(scale * q'k'^T + bias, masked) @ v for a "none", "qk" or "bias" encoding."""
     q, k, v, bias = inp.q, inp.k, inp.v, None
     if enc.kind == "qk":
         q, k = enc.transform_qk(q, k, inp.q_positions, inp.k_positions)

@@ -51,7 +51,7 @@ Conventions / assumptions
   and the key-block range of each query block is found by ``searchsorted`` on them
   (masking inside blocks is element-wise, so any q_positions order is fine).  The
   check reads the positions (one host sync) inside the op.  Positions play no other
-  part when ``causal=False``.
+  part when ``is_causal=False``.
 * ``key_padding_mask`` (B, Tk) bool, True = real key (visible), False = padding.
 * Rows with no visible key return 0 (and zero gradients), never NaN.
 * Supported dtypes: fp16, bf16, fp32 (q, k, v, gate_keys share one dtype).  fp32 uses
@@ -71,7 +71,9 @@ from typing import Optional
 
 import torch
 
+from ..encodings.cope import check_ordered_keys
 from .blocks import cdiv, sorted_key_ends
+from .inputs import deprecated_causal
 from .triton_core import (HAS_TRITON, check_position_shape, check_qkv, is_interpreted, launch_setup, tl,
                           triton)
 
@@ -384,17 +386,6 @@ def _setup(q, k, v):
     return launch_setup(q, k, v, interpreted=kernels_interpreted(), op="cope_attention_triton", module=__name__)
 
 
-def check_sorted_keys(k_positions: torch.Tensor) -> None:
-    """Raise unless the (B, Tk) key positions are non-decreasing along the key axis.
-
-    The gate sums run over the key *index* axis, which is "the keys at later positions" only for sorted
-    keys, and the causal key range of a query block is found by searchsorted; unsorted keys would give a
-    silently wrong result.  Same message as the reference (CoPEBase.check_positions).
-    """
-    if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
-        raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
-
-
 def _stand_ins(k, gk, z, slopes, kpad, lse, kv_end):
     """Pointer arguments for the inputs a launch does not have: the constexpr flags switch their loads off,
     so any valid tensor of the same kind will do. Returns (gate keys, z, slopes, key padding mask)."""
@@ -474,7 +465,7 @@ def _cope_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_keys:
                    num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # the check needs the values (a host sync), so it runs here, at run time, not while tracing
     if check_sorted:
-        check_sorted_keys(k_positions)
+        check_ordered_keys(k_positions)  # (encodings/cope.py: the reference's check and message)
     return _launch_fwd(q, k, v, gate_keys, z, slopes, q_positions, k_positions, key_padding_mask, kv_end_fwd,
                        causal, scale, p_max, blocks, num_warps)
 
@@ -635,7 +626,7 @@ def cope_attention_triton(
     v: torch.Tensor,
     pos_emb: torch.Tensor | None,
     *,
-    causal: bool,
+    is_causal: bool | None = None,
     scale: float,
     q_positions=None,
     k_positions=None,
@@ -645,6 +636,7 @@ def cope_attention_triton(
     slopes: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    **renamed,
 ) -> torch.Tensor:
     """Fused CoPE attention (Triton forward + fused Triton backward), a torch.library custom op.
 
@@ -654,7 +646,8 @@ def cope_attention_triton(
         v: (B, Hkv, Tk, Dv) values.
         pos_emb: (D, p_max) integer-position embeddings ``e`` shared across heads
             (the paper's ``pos_emb[0]``), or None when ``slopes`` is given.
-        causal: mask keys with ``k_positions > q_positions``.
+        is_causal: mask keys with ``k_positions > q_positions`` (required; the former spelling
+            causal= still works, with a DeprecationWarning).
         scale: logit scale (e.g. ``D ** -0.5``); applied to q.k and to the gate logits,
             not to ``q @ e``.
         q_positions: (Tq,) or (B, Tq); default ``Tk - Tq + arange(Tq)``.
@@ -673,6 +666,9 @@ def cope_attention_triton(
         pos_emb and slopes (fused Triton backward, O(T) extra memory besides fp32
         gradient buffers and the (B, H, Tq, p_max) z / dz tables).
     """
+    causal = deprecated_causal("cope_attention_triton", is_causal, renamed)
+    if renamed:
+        raise TypeError(f"cope_attention_triton() got an unexpected keyword argument {next(iter(renamed))!r}")
     if not HAS_TRITON:
         raise ImportError("cope_attention_triton requires the 'triton' package")
     pos_emb, gate_keys, key_padding_mask, slopes = _check_args(q, k, v, pos_emb, p_max, gate_keys,

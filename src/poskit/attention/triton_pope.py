@@ -23,7 +23,7 @@ recomputes P; one kernel computes dk/dv (looping over the query heads of a GQA
 group, so no atomics), another computes dq and per-block partials of
 d delta, which are reduced in torch.
 
-Masking is by *position*: with ``causal=True`` key ``s`` is visible to query
+Masking is by *position*: with ``is_causal=True`` key ``s`` is visible to query
 ``t`` iff ``k_positions[s] <= q_positions[t]`` (so a block of new queries
 against a KV cache works).  Whole key/query blocks are skipped using per-block
 min/max positions computed on the host side with a few tiny torch ops (no
@@ -35,12 +35,14 @@ no visible key produce 0 output and zero gradients.
 On CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``
 must be set before ``triton`` is imported).
 
-Layers, as in FlashAttention: ``pope_attention_triton`` (argument checks) ->
-the ``torch.library`` op ``poskit::pope_attn_fwd`` with its registered autograd
-formula (``poskit::pope_attn_bwd``; both opaque to ``torch.compile``) ->
-``_launch_fwd`` / ``_launch_bwd`` (launch set-up) -> the kernels.  What the CoPE kernels share with these (checks,
-launch set-up, the online softmax step, block ranges) lives in triton_core.py and
-blocks.py, with the naming scheme described there.
+Layers, as in FlashAttention, one module each: ``pope_attention_triton`` (argument
+checks) -> the ``torch.library`` op ``poskit::pope_attn_fwd`` with its registered
+autograd formula (``poskit::pope_attn_bwd``; both opaque to ``torch.compile``) ->
+``_launch_fwd`` / ``_launch_bwd`` (launch set-up), all in this module -> the forward
+kernel (triton_pope_fwd.py, with the device helpers both directions share) and the
+backward kernels (triton_pope_bwd.py).  What the CoPE kernels share with these
+(checks, launch set-up, the online softmax step, block ranges) lives in
+triton_core.py and blocks.py, with the naming scheme described there.
 """
 from __future__ import annotations
 
@@ -49,12 +51,14 @@ from typing import Optional
 
 import torch
 
+from .inputs import deprecated_causal
+
 from .blocks import cdiv, key_block_bounds, query_block_bounds
-from .triton_core import (HAS_TRITON, LOG2E, check_position_shape, check_qkv, is_interpreted, launch_setup,
-                          next_pow2, tl, triton)
+from .triton_core import HAS_TRITON, LOG2E, check_position_shape, check_qkv, is_interpreted, launch_setup, next_pow2
 
 if HAS_TRITON:
-    from .triton_core import LOG2E_JIT, load_tile, online_softmax_step, tile_ranges, visible_keys
+    from .triton_pope_bwd import _pope_bwd_dkdv_kernel, _pope_bwd_dq_kernel, _pope_bwd_preprocess
+    from .triton_pope_fwd import _pope_fwd_kernel
 
 __all__ = ["pope_attention_triton", "pope_attention_for", "kernels_interpreted", "HAS_TRITON",
            "BLOCK_CONFIG_OVERRIDE", "GQA_DKDV_MODE"]
@@ -68,455 +72,6 @@ BLOCK_CONFIG_OVERRIDE: dict = {}
 # torch: GROUP x more programs, for small B * Hkv * Tk), "auto" (split when looping would
 # launch fewer than 2 programs per SM).
 GQA_DKDV_MODE: str = "auto"
-
-
-# ---------------------------------------------------------------------------
-# Triton kernels
-# ---------------------------------------------------------------------------
-if HAS_TRITON:
-
-    @triton.jit
-    def _softplus(x):
-        # stable softplus without libdevice: max(x,0) + log(1 + exp(-|x|)),
-        # with a series for log1p when exp(-|x|) is tiny.
-        e = tl.exp(-tl.abs(x))
-        lp = tl.where(e < 1e-4, e * (1.0 - 0.5 * e), tl.log(1.0 + e))
-        return tl.maximum(x, 0.0) + lp
-
-    @triton.jit
-    def _dsoftplus(x):
-        # d softplus / dx = sigmoid(x)
-        return 1.0 / (1.0 + tl.exp(-x))
-
-    @triton.jit
-    def _load_polar(X, C, S, offs_t, t_mask, offs_d, stride_t, stride_d, cs_t, cs_d,
-                    HEAD_D: tl.constexpr, SOFTPLUS: tl.constexpr):
-        """Load raw x (fp32), its magnitude mu and the angle tables cos/sin."""
-        d_mask = offs_d < HEAD_D
-        x = load_tile(X, offs_t, offs_d, stride_t, stride_d, t_mask, d_mask).to(tl.float32)
-        c = load_tile(C, offs_t, offs_d, cs_t, cs_d, t_mask, d_mask)
-        s = load_tile(S, offs_t, offs_d, cs_t, cs_d, t_mask, d_mask)
-        if SOFTPLUS:
-            mu = _softplus(x)
-        else:
-            mu = x
-        return x, mu, c, s
-
-    @triton.jit
-    def _load_phase(PCOS, PSIN, h, offs_d, HEAD_D: tl.constexpr):
-        """cos and sin of head h's phase bias delta (fp32, one per channel)."""
-        d_mask = offs_d < HEAD_D
-        pc = tl.load(PCOS + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        ps = tl.load(PSIN + h * HEAD_D + offs_d, mask=d_mask, other=0.0)
-        return pc, ps
-
-    @triton.jit
-    def _load_query(Q, QC, QS, pc, ps, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
-                    HEAD_D: tl.constexpr, SOFTPLUS: tl.constexpr):
-        """Raw q, its magnitude and cos/sin of its angle minus the phase bias: the query's polar form."""
-        q_raw, mu_q, qc, qs = _load_polar(Q, QC, QS, offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d,
-                                          HEAD_D, SOFTPLUS)
-        cq = qc * pc[None, :] + qs * ps[None, :]  # cos(a_q - delta)
-        sq = qs * pc[None, :] - qc * ps[None, :]  # sin(a_q - delta)
-        return q_raw, mu_q, cq, sq
-
-    @triton.jit
-    def _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
-                          sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
-                          MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-                          SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr,
-                          DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-        """Logits of a query block against one key block (masked entries -inf) and the block's Cartesian
-        keys; MASKED=False skips the element mask for blocks every query sees whole."""
-        _, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, sk_t, sk_d,
-                                      skc_t, skc_d, HEAD_D, SOFTPLUS)
-        kx = (mu_k * kc).to(DOT_DTYPE)
-        ky = (mu_k * ks).to(DOT_DTYPE)
-        s = tl.dot(qx, tl.trans(kx), None, input_precision=PRECISION)
-        s = tl.dot(qy, tl.trans(ky), s, input_precision=PRECISION)
-        if MASKED:
-            valid = visible_keys(n_mask[None, :], qpos, KPOS, KPAD, offs_n, n_mask, skp_t, spad_t,
-                                 CAUSAL, HAS_PAD)
-            s = tl.where(valid, s, float("-inf"))
-        elif HAS_PAD:
-            pad = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0)
-            s = tl.where((pad != 0)[None, :], s, float("-inf"))
-        return s, kx, ky
-
-    @triton.jit
-    def _load_bounds(BOUNDS, b, sbd_b, pid, sbd_blk):
-        """The three block indices the host computed from the positions for block pid of sequence b."""
-        bp = BOUNDS + b * sbd_b + pid * sbd_blk
-        return tl.load(bp), tl.load(bp + 1), tl.load(bp + 2)
-
-    @triton.jit
-    def _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Key blocks of query block pid_m: [0, n_full) seen whole by every query, [n_lo, n_hi) in part
-        (causal boundary, ragged tail); under causal masking the host precomputed them from positions."""
-        if CAUSAL:
-            n_full, n_lo, n_hi = _load_bounds(BOUNDS, b, sbd_b, pid_m, sbd_m)
-        else:
-            n_full = Tk // BLOCK_N
-            n_lo = n_full
-            n_hi = tl.cdiv(Tk, BLOCK_N)
-        return n_full, n_lo, n_hi
-
-    @triton.jit
-    def _query_block_range(BOUNDS, b, sbd_b, pid_n, sbd_n, Tq, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
-        """Query blocks of key block pid_n: [m_lo, m_mid) see it in part, [m_mid, m_hi) whole."""
-        if CAUSAL:
-            m_lo, m_mid, m_hi = _load_bounds(BOUNDS, b, sbd_b, pid_n, sbd_n)
-        else:
-            m_lo = 0
-            m_mid = 0
-            m_hi = tl.cdiv(Tq, BLOCK_M)
-        return m_lo, m_mid, m_hi
-
-    @triton.jit
-    def _fwd_inner(acc, l_i, m_i, qx, qy, qpos, K, V, KC, KS, KPOS, KPAD,
-                   lo, hi, Tk, offs_n0, offs_d, offs_dv,
-                   sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-                   SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-        for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            n_mask = offs_n < Tk
-            s, _, _ = _key_block_scores(qx, qy, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
-                                        sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
-                                        MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, PRECISION)
-            p, alpha, l_i, m_new = online_softmax_step(m_i, l_i, s, True)
-            v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc, input_precision=PRECISION)
-            m_i = m_new
-        return acc, l_i, m_i
-
-    @triton.jit
-    def _pope_fwd_kernel(
-        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, O, LSE,
-        sq_b, sq_h, sq_t, sq_d,
-        sk_b, sk_h, sk_t, sk_d,
-        sv_b, sv_h, sv_t, sv_d,
-        so_b, so_h, so_t, so_d,
-        sqc_b, sqc_t, sqc_d,
-        skc_b, skc_t, skc_d,
-        sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
-        sbd_b, sbd_m,
-        H, GROUP, Tq, Tk, qk_scale,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
-        HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    ):
-        # heaviest (last) query blocks first under causal masking
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        h = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        hk = h // GROUP
-
-        offs_m, offs_n0, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
-        m_mask = offs_m < Tq
-
-        pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
-        _, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, pc, ps,
-                                      offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-        # fold scale * log2(e) into the query
-        qx = (mu_q * cq * qk_scale).to(DOT_DTYPE)
-        qy = (mu_q * sq * qk_scale).to(DOT_DTYPE)
-
-        qpos = tl.load(QPOS + b * sqp_b + offs_m * sqp_t, mask=m_mask, other=0)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-
-        Kb = K + b * sk_b + hk * sk_h
-        Vb = V + b * sv_b + hk * sv_h
-        KCb = KC + b * skc_b
-        KSb = KS + b * skc_b
-        KPOSb = KPOS + b * skp_b
-        KPADb = KPAD + b * spad_b
-
-        n_full, n_lo, n_hi = _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL, BLOCK_N)
-        # blocks fully visible to every query of this block: no element mask
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qx, qy, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
-                                   0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
-                                   sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                                   False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                   BLOCK_N, DOT_DTYPE, PRECISION)
-        # partially visible blocks (causal boundary, ragged tail)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qx, qy, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
-                                   n_lo * BLOCK_N, n_hi * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
-                                   sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                                   True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                   BLOCK_N, DOT_DTYPE, PRECISION)
-
-        empty = l_i == 0.0
-        out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        Ob = O + b * so_b + h * so_h
-        tl.store(Ob + offs_m[:, None] * so_t + offs_dv[None, :] * so_d, out.to(O.dtype.element_ty),
-                 mask=m_mask[:, None] & (offs_dv < HEAD_DV)[None, :])
-        tl.store(LSE + (b * H + h) * Tq + offs_m, lse, mask=m_mask)
-
-    @triton.jit
-    def _pope_bwd_preprocess(O, DO, DSUM,
-                             so_b, so_h, so_t, so_d, sdo_b, sdo_h, sdo_t, sdo_d,
-                             H, Tq, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
-        pid_m = tl.program_id(0)
-        h = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        m_ok = offs_m < Tq
-        dv_ok = offs_dv < HEAD_DV
-        o = load_tile(O + b * so_b + h * so_h, offs_m, offs_dv, so_t, so_d, m_ok, dv_ok).to(tl.float32)
-        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_dv, sdo_t, sdo_d, m_ok, dv_ok).to(tl.float32)
-        tl.store(DSUM + (b * H + h) * Tq + offs_m, tl.sum(o * do, 1), mask=m_ok)
-
-    @triton.jit
-    def _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                        Q, DO, QC, QS, LSE, DSUM, pc, ps,
-                        lo, hi, Tq, offs_m0, offs_d, offs_dv, scale,
-                        sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d, QPOS, sqp_t,
-                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-                        SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                        BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + offs_m0
-            m_mask = offs_m < Tq
-            _, mu_q, cq, sq = _load_query(Q, QC, QS, pc, ps, offs_m, m_mask, offs_d, sq_t, sq_d,
-                                          sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-            qx = (mu_q * cq * scale).to(DOT_DTYPE)
-            qy = (mu_q * sq * scale).to(DOT_DTYPE)
-            # out-of-range rows get lse=+inf -> P = 0
-            lse = tl.load(LSE + offs_m, mask=m_mask, other=float("inf"))
-            dsum = tl.load(DSUM + offs_m, mask=m_mask, other=0.0)
-            do = load_tile(DO, offs_m, offs_dv, sdo_t, sdo_d, m_mask, offs_dv < HEAD_DV)
-            sT = tl.dot(kx_l, tl.trans(qx), None, input_precision=PRECISION)
-            sT = tl.dot(ky_l, tl.trans(qy), sT, input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), log2 units
-            if MASKED and CAUSAL:
-                qpos = tl.load(QPOS + offs_m * sqp_t, mask=m_mask, other=0)
-                valid = kpos[:, None] <= qpos[None, :]
-                if HAS_PAD:
-                    valid = valid & kpad_ok[:, None]
-                sT = tl.where(valid, sT, float("-inf"))
-            elif HAS_PAD:
-                sT = tl.where(kpad_ok[:, None], sT, float("-inf"))
-            pT = tl.exp2(sT - lse[None, :])
-            dv = tl.dot(pT.to(DOT_DTYPE), do.to(DOT_DTYPE), dv, input_precision=PRECISION)
-            dpT = tl.dot(v, tl.trans(do.to(DOT_DTYPE)), None, input_precision=PRECISION)
-            dsT = (pT * (dpT - dsum[None, :])).to(DOT_DTYPE)
-            dkx = tl.dot(dsT, qx, dkx, input_precision=PRECISION)
-            dky = tl.dot(dsT, qy, dky, input_precision=PRECISION)
-        return dkx, dky, dv
-
-    @triton.jit
-    def _load_key_block(K, KC, KS, V, KPOS, KPAD, offs_n, n_mask, offs_d, offs_dv,
-                        sk_t, sk_d, skc_t, skc_d, sv_t, sv_d, skp_t, spad_t,
-                        HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr,
-                        HEAD_DV: tl.constexpr, DOT_DTYPE: tl.constexpr):
-        """What the dk/dv kernel keeps of its key block: raw k, the angle tables, the Cartesian keys in
-        log2 units, v, the key positions and which keys are not padding."""
-        k_raw, mu_k, kc, ks = _load_polar(K, KC, KS, offs_n, n_mask, offs_d, sk_t, sk_d, skc_t, skc_d,
-                                          HEAD_D, SOFTPLUS)
-        kx_l = (mu_k * kc * LOG2E_JIT).to(DOT_DTYPE)
-        ky_l = (mu_k * ks * LOG2E_JIT).to(DOT_DTYPE)
-        v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV).to(DOT_DTYPE)
-        kpos = tl.load(KPOS + offs_n * skp_t, mask=n_mask, other=0)
-        if HAS_PAD:
-            kpad_ok = tl.load(KPAD + offs_n * spad_t, mask=n_mask, other=0) != 0
-        else:
-            kpad_ok = n_mask
-        return k_raw, kc, ks, kx_l, ky_l, v, kpos, kpad_ok
-
-    @triton.jit
-    def _pope_bwd_dkdv_kernel(
-        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DK, DV,
-        sq_b, sq_h, sq_t, sq_d,
-        sk_b, sk_h, sk_t, sk_d,
-        sv_b, sv_h, sv_t, sv_d,
-        sdo_b, sdo_h, sdo_t, sdo_d,
-        sdk_b, sdk_h, sdk_t, sdk_d,
-        sdv_b, sdv_h, sdv_t, sdv_d,
-        sqc_b, sqc_t, sqc_d,
-        skc_b, skc_t, skc_d,
-        sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
-        sbd_b, sbd_n,
-        H, GROUP, Tq, Tk, scale,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
-        HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, HEAD_SPLIT: tl.constexpr,
-    ):
-        # HEAD_SPLIT=False: one program per (key block, kv head) looping over the GROUP query
-        #   heads of its group; writes dk/dv directly.
-        # HEAD_SPLIT=True: one program per (key block, query head); writes per-query-head
-        #   partials (B, H, Tk, .) that the host sums over each group (more parallelism).
-        pid_n = tl.program_id(0)
-        b = tl.program_id(2).to(tl.int64)
-        if HEAD_SPLIT:
-            h0 = tl.program_id(1)
-            hk = h0 // GROUP
-            n_heads = 1
-            h_out = h0
-        else:
-            hk = tl.program_id(1)
-            h0 = hk * GROUP
-            n_heads = GROUP
-            h_out = hk
-
-        offs_n, offs_m0, offs_d, offs_dv = tile_ranges(pid_n, BLOCK_N, BLOCK_M, BLOCK_D, BLOCK_DV)
-        n_mask = offs_n < Tk
-
-        k_raw, kc, ks, kx_l, ky_l, v, kpos, kpad_ok = _load_key_block(
-            K + b * sk_b + hk * sk_h, KC + b * skc_b, KS + b * skc_b, V + b * sv_b + hk * sv_h,
-            KPOS + b * skp_b, KPAD + b * spad_b, offs_n, n_mask, offs_d, offs_dv,
-            sk_t, sk_d, skc_t, skc_d, sv_t, sv_d, skp_t, spad_t, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV, DOT_DTYPE)
-
-        dkx = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dky = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-        m_lo, m_mid, m_hi = _query_block_range(BOUNDS, b, sbd_b, pid_n, sbd_n, Tq, CAUSAL, BLOCK_M)
-
-        for i in range(n_heads):
-            h = h0 + i
-            Qb = Q + b * sq_b + h * sq_h
-            DOb = DO + b * sdo_b + h * sdo_h
-            LSEb = LSE + (b * H + h) * Tq
-            DSUMb = DSUM + (b * H + h) * Tq
-            pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
-            # query blocks that see only part of this key block
-            dkx, dky, dv = _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, pc, ps,
-                                           m_lo * BLOCK_M, m_mid * BLOCK_M, Tq, offs_m0, offs_d, offs_dv,
-                                           scale, sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d,
-                                           QPOS + b * sqp_b, sqp_t,
-                                           True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                           BLOCK_M, DOT_DTYPE, PRECISION)
-            # query blocks that see all of it
-            dkx, dky, dv = _bwd_dkdv_inner(dkx, dky, dv, kx_l, ky_l, v, kpos, kpad_ok,
-                                           Qb, DOb, QC + b * sqc_b, QS + b * sqc_b, LSEb, DSUMb, pc, ps,
-                                           m_mid * BLOCK_M, m_hi * BLOCK_M, Tq, offs_m0, offs_d, offs_dv,
-                                           scale, sq_t, sq_d, sdo_t, sdo_d, sqc_t, sqc_d,
-                                           QPOS + b * sqp_b, sqp_t,
-                                           False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                           BLOCK_M, DOT_DTYPE, PRECISION)
-
-        # through k' = mu_k * (cos a_k, sin a_k) and mu_k = softplus(k)
-        dmu = dkx * kc + dky * ks
-        if SOFTPLUS:
-            dmu = dmu * _dsoftplus(k_raw)
-        tl.store(DK + b * sdk_b + h_out * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
-                 dmu.to(DK.dtype.element_ty), mask=n_mask[:, None] & (offs_d < HEAD_D)[None, :])
-        tl.store(DV + b * sdv_b + h_out * sdv_h + offs_n[:, None] * sdv_t + offs_dv[None, :] * sdv_d,
-                 dv.to(DV.dtype.element_ty), mask=n_mask[:, None] & (offs_dv < HEAD_DV)[None, :])
-
-    @triton.jit
-    def _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos,
-                      K, V, KC, KS, KPOS, KPAD,
-                      lo, hi, Tk, offs_n0, offs_d, offs_dv,
-                      sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-                      SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-        for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            n_mask = offs_n < Tk
-            s, kx, ky = _key_block_scores(qx_l, qy_l, qpos, K, KC, KS, KPOS, KPAD, offs_n, n_mask, offs_d,
-                                          sk_t, sk_d, skc_t, skc_d, skp_t, spad_t,
-                                          MASKED, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, DOT_DTYPE, PRECISION)
-            p = tl.exp2(s - lse[:, None])
-            v = load_tile(V, offs_n, offs_dv, sv_t, sv_d, n_mask, offs_dv < HEAD_DV)
-            dp = tl.dot(do, tl.trans(v.to(DOT_DTYPE)), None, input_precision=PRECISION)
-            dsc = (p * (dp - dsum[:, None])).to(DOT_DTYPE)
-            dqx = tl.dot(dsc, kx, dqx, input_precision=PRECISION)
-            dqy = tl.dot(dsc, ky, dqy, input_precision=PRECISION)
-        return dqx, dqy
-
-    @triton.jit
-    def _store_dq_ddelta(DQ, DDELTA, dqx, dqy, q_raw, mu_q, cq, sq, offs_m, m_mask, offs_d,
-                         sdq_t, sdq_d, scale, SOFTPLUS: tl.constexpr, HEAD_D: tl.constexpr):
-        """dq through q' = mu_q * (cos, sin)(a_q - delta) and mu_q = softplus(q), and this query block's
-        partial of d delta (summed over blocks by the host)."""
-        # gradients w.r.t. the unscaled Cartesian query q' = (qx, qy)
-        dqx = dqx * scale
-        dqy = dqy * scale
-        dmu = dqx * cq + dqy * sq
-        if SOFTPLUS:
-            dq = dmu * _dsoftplus(q_raw)
-        else:
-            dq = dmu
-        d_mask = offs_d < HEAD_D
-        tl.store(DQ + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
-                 dq.to(DQ.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
-        # d qx / d delta = mu sin(a - delta) = qy ; d qy / d delta = -mu cos(a - delta) = -qx
-        g = tl.sum(dqx * (mu_q * sq) - dqy * (mu_q * cq), 0)
-        tl.store(DDELTA + offs_d, g, mask=d_mask)
-
-    @triton.jit
-    def _pope_bwd_dq_kernel(
-        Q, K, V, PCOS, PSIN, QC, QS, KC, KS, QPOS, KPOS, KPAD, BOUNDS, DO, LSE, DSUM, DQ, DDELTA,
-        sq_b, sq_h, sq_t, sq_d,
-        sk_b, sk_h, sk_t, sk_d,
-        sv_b, sv_h, sv_t, sv_d,
-        sdo_b, sdo_h, sdo_t, sdo_d,
-        sdq_b, sdq_h, sdq_t, sdq_d,
-        sqc_b, sqc_t, sqc_d,
-        skc_b, skc_t, skc_d,
-        sqp_b, sqp_t, skp_b, skp_t, spad_b, spad_t,
-        sbd_b, sbd_m,
-        H, GROUP, Tq, Tk, scale,
-        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, SOFTPLUS: tl.constexpr,
-        HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    ):
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        h = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        hk = h // GROUP
-        n_mblocks = tl.num_programs(0)
-
-        offs_m, offs_n0, offs_d, offs_dv = tile_ranges(pid_m, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
-        m_mask = offs_m < Tq
-
-        pc, ps = _load_phase(PCOS, PSIN, h, offs_d, HEAD_D)
-        q_raw, mu_q, cq, sq = _load_query(Q + b * sq_b + h * sq_h, QC + b * sqc_b, QS + b * sqc_b, pc, ps,
-                                          offs_m, m_mask, offs_d, sq_t, sq_d, sqc_t, sqc_d, HEAD_D, SOFTPLUS)
-        qk_scale = scale * LOG2E_JIT
-        qx_l = (mu_q * cq * qk_scale).to(DOT_DTYPE)
-        qy_l = (mu_q * sq * qk_scale).to(DOT_DTYPE)
-        do = load_tile(DO + b * sdo_b + h * sdo_h, offs_m, offs_dv, sdo_t, sdo_d, m_mask,
-                       offs_dv < HEAD_DV).to(DOT_DTYPE)
-        lse = tl.load(LSE + (b * H + h) * Tq + offs_m, mask=m_mask, other=float("inf"))
-        dsum = tl.load(DSUM + (b * H + h) * Tq + offs_m, mask=m_mask, other=0.0)
-        qpos = tl.load(QPOS + b * sqp_b + offs_m * sqp_t, mask=m_mask, other=0)
-
-        dqx = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        dqy = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-        Kb = K + b * sk_b + hk * sk_h
-        Vb = V + b * sv_b + hk * sv_h
-        KCb = KC + b * skc_b
-        KSb = KS + b * skc_b
-        KPOSb = KPOS + b * skp_b
-        KPADb = KPAD + b * spad_b
-        n_full, n_lo, n_hi = _key_block_range(BOUNDS, b, sbd_b, pid_m, sbd_m, Tk, CAUSAL, BLOCK_N)
-        dqx, dqy = _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
-                                 0, n_full * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
-                                 sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                                 False, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                 BLOCK_N, DOT_DTYPE, PRECISION)
-        dqx, dqy = _bwd_dq_inner(dqx, dqy, qx_l, qy_l, do, lse, dsum, qpos, Kb, Vb, KCb, KSb, KPOSb, KPADb,
-                                 n_lo * BLOCK_N, n_hi * BLOCK_N, Tk, offs_n0, offs_d, offs_dv,
-                                 sk_t, sk_d, sv_t, sv_d, skc_t, skc_d, skp_t, spad_t,
-                                 True, CAUSAL, HAS_PAD, SOFTPLUS, HEAD_D, HEAD_DV,
-                                 BLOCK_N, DOT_DTYPE, PRECISION)
-        _store_dq_ddelta(DQ + b * sdq_b + h * sdq_h, DDELTA + ((b * H + h) * n_mblocks + pid_m) * HEAD_D,
-                         dqx, dqy, q_raw, mu_q, cq, sq, offs_m, m_mask, offs_d, sdq_t, sdq_d, scale,
-                         SOFTPLUS, HEAD_D)
 
 
 # ---------------------------------------------------------------------------
@@ -830,9 +385,9 @@ def _check_inputs(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_pos
         raise ValueError(f"scale must be a finite float, got {scale}")
 
 
-def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal: bool, scale: float,
-                          q_positions, k_positions, softplus: bool = True,
-                          key_padding_mask=None) -> torch.Tensor:
+def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, is_causal: bool | None = None,
+                          scale: float, q_positions, k_positions, softplus: bool = True,
+                          key_padding_mask=None, **renamed) -> torch.Tensor:
     """Fused PoPE attention (Triton, forward + backward).
 
     Args:
@@ -845,7 +400,8 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
             dtype by autograd).
         q_cos, q_sin: cos/sin of the query angles q_pos * theta, (Tq, D), (1, Tq, D) or (B, Tq, D), fp32.
         k_cos, k_sin: same for keys, (Tk, D), (1, Tk, D) or (B, Tk, D).
-        causal: mask by position: key s visible to query t iff k_positions[s] <= q_positions[t].
+        is_causal: mask by position: key s visible to query t iff k_positions[s] <= q_positions[t]
+            (required; the former spelling causal= still works, with a DeprecationWarning).
         scale: logit scale (e.g. 1/sqrt(D)).
         q_positions, k_positions: integer (Tq,)/(1, Tq)/(B, Tq) and (Tk,)/(1, Tk)/(B, Tk); used for the
             causal mask.
@@ -855,6 +411,9 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, causal:
 
     Returns (B, H, Tq, Dv) in q's dtype.  Rows with no visible key are 0.
     """
+    causal = deprecated_causal("pope_attention_triton", is_causal, renamed)
+    if renamed:
+        raise TypeError(f"pope_attention_triton() got an unexpected keyword argument {next(iter(renamed))!r}")
     _check_inputs(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, key_padding_mask, scale)
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.contiguous()
@@ -875,6 +434,6 @@ def pope_attention_for(enc, q, k, v, *, q_positions, k_positions, scale: float, 
     """
     qc, qs = enc.cos_sin(q_positions, torch.float32)
     kc, ks = enc.cos_sin(k_positions, torch.float32)
-    return pope_attention_triton(q, k, v, enc.clamped_delta_fp32(q.device), qc, qs, kc, ks, causal=causal,
+    return pope_attention_triton(q, k, v, enc.clamped_delta_fp32(q.device), qc, qs, kc, ks, is_causal=causal,
                                  scale=scale, q_positions=q_positions, k_positions=k_positions, softplus=softplus,
                                  key_padding_mask=key_padding_mask)

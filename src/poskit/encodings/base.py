@@ -7,7 +7,7 @@ dispatch on these declarations only, never on an encoding's name, so adding an e
 own module (tests/test_contract.py builds one in a test file and runs it through every path):
 
 - ``"none"``       : contributes nothing.
-- ``"absolute"``   : vectors added to the token embeddings (`embed(positions)`); identity in attention.
+- ``"absolute"``   : vectors added to the token embeddings (`embed(positions)`); attention refuses it.
 - ``"qk"``         : transforms q and k before the dot product (`transform_qk`), e.g. RoPE, PoPE.
 - ``"bias"``       : an additive bias on the logits computed from positions (and possibly q), e.g. ALiBi.
 - ``"contextual"`` : a bias computed from the logits themselves (gates), e.g. CoPE.
@@ -30,7 +30,15 @@ LINEAR_FORMS = ("identity", "rotation", "polar")
 
 class PositionalEncoding(nn.Module):
     """Base class. Subclasses set `kind`, implement the hook of their kind and override the capability
-    declarations below that differ from the defaults."""
+    declarations below that differ from the defaults.
+
+    An encoding is an nn.Module, and some have trainable parameters (PoPE's phase bias, CoPE's position
+    embeddings, the relative and learned tables). They train only when the encoding is part of the model the
+    optimizer trains: assign it as an attribute of your nn.Module (or build it inside one, as poskit.nn.Attention
+    does), so that model.parameters() includes them. An encoding built at module level and passed to
+    poskit.attention() is in no model: its parameters never change, without any error. attention() therefore
+    warns once per such encoding when it runs with gradients on and the encoding has parameters that require
+    grad but was never registered in any nn.Module (UntrainedEncodingWarning, encodings/registration.py)."""
 
     kind: ClassVar[str] = "none"
     #: registry name this instance was built under (set by build_encoding)
@@ -65,10 +73,11 @@ class PositionalEncoding(nn.Module):
 
     @property
     def linear_form(self) -> str | None:
-        """How this encoding enters linear attention (`poskit.attention.linear_attention`, RoFormer eq. 19), one
+        """How this encoding enters linear attention (`linear_attention` of poskit.attention, RoFormer eq. 19), one
         of LINEAR_FORMS, or None when it cannot (may be overridden by a class attribute or a property):
 
-        - "identity": it does not act inside attention (none, and absolute encodings, which act on embeddings).
+        - "identity": it does not act inside attention (none; absolute encodings act on the embeddings, and
+          attention refuses them).
         - "rotation": encode_q / encode_k (scale 1) are a position-dependent linear map that is applied to the
           non-negative *features* phi(q), phi(k): the numerator uses the mapped features, the normaliser the
           plain ones (RoFormer eq. 19; the rope family).

@@ -29,6 +29,23 @@ from .base import PositionalEncoding, register
 GATES = ("keys", "values", "separate")
 
 
+def check_ordered_keys(k_positions: torch.Tensor) -> None:
+    """Raise ValueError unless the (1|B, Tk) key positions are non-decreasing along the key axis.
+
+    p_ts is a suffix sum over the key *index* axis, which is "the keys at positions >= s" only for ordered keys
+    (and the kernels find a query block's causal key range by searchsorted): unordered keys would give a
+    silently wrong result. Under torch.compile the check runs inside the graph (reading its verdict into
+    Python would break the graph, which fullgraph=True refuses), as a RuntimeError with the same message."""
+    if k_positions.shape[-1] < 2:
+        return
+    ordered = (k_positions[:, 1:] >= k_positions[:, :-1]).all()
+    message = "k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)"
+    if torch.compiler.is_compiling():
+        torch._assert_async(ordered, message)
+    elif not bool(ordered):
+        raise ValueError(message)
+
+
 def contextual_positions(gate_logits: torch.Tensor, visible: torch.Tensor, p_max: int) -> torch.Tensor:
     """p_ts = min(sum_{s' >= s, visible} sigmoid(gate_logit_ts'), p_max - 1): (B, H, Tq, Tk), in fp32 for half
     inputs (float64 kept): an fp16 running sum of gates steps by 2 past 2048 and overflows past 65504."""
@@ -60,9 +77,7 @@ class CoPEBase(PositionalEncoding):
         self.p_max, self.gates = p_max, gates
 
     def check_positions(self, q_positions, k_positions, visible) -> None:
-        # p_ts is a suffix sum along the key axis, which equals "keys at positions >= s" only for ordered keys
-        if k_positions.shape[-1] > 1 and bool((k_positions[:, 1:] < k_positions[:, :-1]).any()):
-            raise ValueError("k_positions must be non-decreasing for cope/cope-alibi (gate sums run over later keys)")
+        check_ordered_keys(k_positions)
 
     @property
     def needs_gate_keys(self) -> bool:
@@ -105,6 +120,12 @@ class CoPEEncoding(CoPEBase):
     Paper: Golovneva, Wang, Weston, Sukhbaatar, "Contextual Position Encoding: Learning to Count What's
     Important" (eq. 3-9, Appendix B listing).
 
+    Trainable: the position embeddings e train only as part of the model the optimizer trains. Assign the
+    encoding as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that
+    model.parameters() holds them; built at module level and passed to poskit.attention(), it never trains (its
+    embeddings stay at their initial zeros), and attention() warns once (UntrainedEncodingWarning,
+    encodings/registration.py).
+
     Options (defaults):
         p_max=64: number of integer positions (the embedding table's width).
         gates='keys': gate logits from the keys, 'values' (val-gates) or 'separate' (sep-keys: projected gate keys).
@@ -144,6 +165,11 @@ class CoPEALiBiEncoding(CoPEBase):
     """CoPE-ALiBi: CoPE's contextual positions p_ts with a per-head linear penalty, bias = -m_h p_ts (eq. 10).
 
     Paper: Golovneva et al., "Contextual Position Encoding" (eq. 10; Flip-Flop slopes in section 5.1).
+
+    Trainable: learned slopes (learned_slopes=True) train only as part of the model the optimizer trains. Assign
+    the encoding as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that
+    model.parameters() holds them; built at module level and passed to poskit.attention(), it never trains (its
+    slopes stay at 0), and attention() warns once (UntrainedEncodingWarning, encodings/registration.py).
 
     Options (defaults):
         p_max=64: contextual positions are clamped to p_max - 1.

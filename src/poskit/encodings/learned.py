@@ -16,6 +16,11 @@ class LearnedEncoding(PositionalEncoding):
 
     Paper: Su et al., "RoFormer" section 2.2 (the learned absolute baseline it reviews).
 
+    Trainable: the table trains only as part of the model the optimizer trains. Assign the encoding as an
+    attribute of your nn.Module (poskit's models do), so that model.parameters() holds it; an encoding built at
+    module level and added to the embeddings outside any nn.Module never trains, silently. (attention() refuses
+    absolute encodings, so its UntrainedEncodingWarning never sees this one.)
+
     Options (defaults):
         dim (required): the model width.
         max_positions=2048: rows of the table, the longest position + 1 it can embed.

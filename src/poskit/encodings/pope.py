@@ -54,6 +54,11 @@ class PolarEncoding(PositionalEncoding):
     Paper: Gopalakrishnan, Csordas, Schmidhuber, Mozer, "Decoupling the What and Where With Polar
     Coordinate Positional Embedding" (eq. 2-9; ablations without softplus / delta: Table 8).
 
+    Trainable: delta (with phase_bias=True) trains only as part of the model the optimizer trains. Assign the
+    encoding as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that
+    model.parameters() holds it; built at module level and passed to poskit.attention(), it never trains, and
+    attention() warns once (UntrainedEncodingWarning, encodings/registration.py).
+
     Options (defaults):
         base=10000.0: the frequency base theta of theta_c = theta^(-c/d).
         delta_init='zero': delta starts at 0, or 'uniform' in [-2 pi, 0].
@@ -66,7 +71,7 @@ class PolarEncoding(PositionalEncoding):
             drives its own channel group with frequencies base^(-c/d_a), c < d_a (encodings/axial.py, as
             PoPE-pytorch's AxialPoPE). Relative invariance then holds per axis.
 
-    In linear attention (`poskit.attention.linear_attention`, linear_form "polar"): q and k are complex
+    In linear attention (`linear_attention` of poskit.attention, linear_form "polar"): q and k are complex
     vectors mu e^{i phi} whose magnitudes mu = softplus(.) are already non-negative, so they are the feature
     map; the numerator is the real part of their complex inner product (the PoPE logit without the scale,
     sum_c mu_q mu_k cos((s - t) theta_c + delta_c)) and the normaliser the inner product of the magnitudes,

@@ -21,6 +21,11 @@ class RelativeEncoding(PositionalEncoding):
 
     Paper: Shaw et al., as the relative baseline of the CoPE paper (Golovneva et al., eq. 1, section 5.4).
 
+    Trainable: the offset embeddings train only as part of the model the optimizer trains. Assign the encoding
+    as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that model.parameters()
+    holds them; built at module level and passed to poskit.attention(), it never trains, and attention() warns
+    once (UntrainedEncodingWarning, encodings/registration.py).
+
     Options (defaults):
         max_distance=256: the largest offset with its own embedding.
         cap=False: clip larger offsets to max_distance instead of refusing them (fixed True by "relative-capped").
@@ -64,6 +69,11 @@ class CappedRelativeEncoding(RelativeEncoding):
     """Relative PE whose offsets beyond max_distance use the last embedding (RelativeEncoding with cap=True).
 
     Paper: the relative-capped baseline of the CoPE paper (Golovneva et al., section 5.4).
+
+    Trainable: the offset embeddings train only as part of the model the optimizer trains. Assign the encoding
+    as an attribute of your nn.Module (poskit.nn.Attention and poskit's models do), so that model.parameters()
+    holds them; built at module level and passed to poskit.attention(), it never trains, and attention() warns
+    once (UntrainedEncodingWarning, encodings/registration.py).
 
     Options (defaults): max_distance=256, init_std=0.02, as for relative; cap=True is fixed.
     """

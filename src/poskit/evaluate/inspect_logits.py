@@ -35,6 +35,8 @@ def logits_versus_distance(name: str, distances: list[int], head_dim: int = 64, 
     x = torch.as_tensor(x, dtype=torch.float64).reshape(1, 1, 1, head_dim)
     torch.manual_seed(seed)  # the initial values of learned parameters (relative embeddings, pope's delta)
     enc = build_encoding(name, head_dim=head_dim, num_heads=1, dim=head_dim, **DEFAULT_OPTIONS.get(name, {})).double()
+    if enc.kind == "absolute":  # added to the embeddings, not inside attention, where a model uses "none"
+        enc = build_encoding("none", head_dim=head_dim, num_heads=1).double()
     # the same content at every key and at the query: only position changes the logit
     far = max(distances)
     order = sorted(range(len(distances)), key=lambda i: -distances[i])  # keys in increasing position

@@ -1,4 +1,4 @@
-"""`PoskitCache`: poskit's KV cache (`poskit.attention.kv_cache.KVCache`) behind transformers' `Cache` interface.
+"""`PoskitCache`: poskit's KV cache (`poskit.KVCache`) behind transformers' `Cache` interface.
 
 transformers' `generate` creates, measures, reorders (beam search), expands and crops the cache through the
 `Cache` methods; the model itself appends to the poskit cache inside `poskit.attention`, which stores what each

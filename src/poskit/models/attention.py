@@ -10,17 +10,13 @@ cross-attention included.
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 from torch import nn
 
 from ..encodings.base import PositionalEncoding, build_encoding, encoding_class
 from ..validate import check_int, check_real
+from ..attention import engine as _engine
 from .batch import positions_for, real_tokens
-
-# the attention package's engine module (poskit.attention itself is the function)
-_engine = importlib.import_module("poskit.attention.engine")
 
 
 class Attention(nn.Module):
@@ -103,7 +99,7 @@ class Attention(nn.Module):
             (T, n) or (B, T, n) coordinates instead (required; not causal, no cache).
         attention_mask: (B, T) 1/True = real token, 0 = padding (Hugging Face's convention): pads are hidden
             as keys and not counted in the positions; with a cache it is stored beside the keys.
-        cache: a `poskit.attention.kv_cache.KVCache` to append to (decoding); layer_idx: this layer's index in
+        cache: a `poskit.KVCache` to append to (decoding); layer_idx: this layer's index in
             it (one cache serves every layer of a model).
         context: (B, S, dim) cross-attention: keys and values come from `context` instead of x (no cache).
             context_positions: the keys' positions (as `positions`; default arange(S), counting only real

@@ -85,14 +85,14 @@ class SelfAttention(Attention):
 
         if cache is not None:  # the recurrent state (attention/linear.py) is not a KV cache
             raise ValueError("cache is not supported with attention='linear' (decode with "
-                             "poskit.attention.linear_attention_step, or generate with use_cache=False)")
+                             "linear_attention_step from poskit.attention, or generate with use_cache=False)")
         if real is not None and not bool(real.all()):  # the prefix (or total) sums would include the pads
             raise ValueError("attention_mask with padding is not supported with attention='linear'")
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
-        out = linear_attention(q, k, v, self.encoding, causal=self.causal, q_positions=positions, k_positions=positions)
+        out = linear_attention(q, k, v, self.encoding, is_causal=self.causal, q_positions=positions, k_positions=positions)
         return self.drop(self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)))
 
 

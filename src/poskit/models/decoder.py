@@ -72,7 +72,7 @@ class ModelConfig:
     token sees every real token), e.g. for masked-language modelling; it cannot use a KV cache or generate."""
     attention: str = "softmax"
     """"softmax" (poskit.attention) or "linear": causal linear attention with elu(x) + 1 features and the encoding
-    applied after the feature map (RoFormer eq. 19; poskit.attention.linear_attention). Linear needs an encoding
+    applied after the feature map (RoFormer eq. 19; linear_attention in attention/linear.py). Linear needs an encoding
     that declares a linear_form (rope family, pope, none, absolute); no KV cache (generate with use_cache=False)."""
 
     def __post_init__(self):

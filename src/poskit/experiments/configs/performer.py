@@ -7,7 +7,7 @@ Wikipedia extract of poskit.data (`lm-wiki`; plain text, not Enwik8's raw XML) a
 the `bytes` tokenizer: one token per character for ASCII text), causal linear attention with elu(x) + 1
 features (Katharopoulos et al., the map RoFormer names; the paper's Performer uses random features instead),
 and pope beside rope (PoPE in linear attention: the softplus magnitudes are the features,
-poskit.attention.linear says how). `--preset paper` sets the paper's sizes (PAPER below): a GPU run.
+attention/linear.py says how). `--preset paper` sets the paper's sizes (PAPER below): a GPU run.
 """
 from .common import OPTIMIZER_AND_LOGGING
 from .records import Reproduction
