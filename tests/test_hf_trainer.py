@@ -99,9 +99,6 @@ def test_trainer_and_poskits_optimizer_step_treat_popes_phase_bias_alike(project
             assert delta.max().item() > DELTA_MAX + 1e-3  # entries pushed above the bound stay there
 
 
-@pytest.mark.xfail(strict=True, reason="encodings/projection.py records an encoding for projection when it is built "
-                                       "(__init__): a deep copy (from_poskit, copy.deepcopy of a model) is never "
-                                       "projected")
 def test_a_deep_copied_model_projects_popes_phase_bias_too():
     import copy
 

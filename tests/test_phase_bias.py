@@ -126,3 +126,24 @@ def test_project_parameters_needs_a_module():
         project_parameters_([1, 2])
     model = Transformer(ModelConfig(vocab_size=8, d_model=16, n_layers=2, n_heads=2, encoding="rope"))
     assert project_parameters_(model) == 2  # one encoding per layer, nothing to project for rope
+
+
+@pytest.mark.parametrize("copy_kind", ["deepcopy", "pickle"])
+def test_a_copied_encoding_keeps_its_rule(copy_kind):
+    import copy
+    import io
+
+    original = poskit.build_encoding("pope", head_dim=4, num_heads=1, delta_projection=True)
+    if copy_kind == "deepcopy":
+        enc = copy.deepcopy(original)
+    else:
+        buffer = io.BytesIO()
+        torch.save(original, buffer)
+        buffer.seek(0)
+        enc = torch.load(buffer, weights_only=False)
+    assert enc is not original and enc.delta_projection
+    with torch.no_grad():
+        enc.delta.fill_(0.5)
+    enc.delta.grad = torch.zeros_like(enc.delta)
+    torch.optim.SGD(enc.parameters(), lr=0.1).step()
+    assert enc.delta.eq(0.0).all()  # the copy is projected by the step, as the original would be

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..validate import check_bool, check_int, check_real
+from .projection import project_after_each_step
 
 KINDS = ("none", "absolute", "qk", "bias", "contextual")
 CACHE_FORMS = ("raw", "encoded", "magnitude")
@@ -109,6 +110,16 @@ class PositionalEncoding(nn.Module):
         check_int(num_heads, "num_heads", minimum=1)
         self.head_dim = head_dim
         self.num_heads = num_heads
+        self._register_projection()
+
+    def __setstate__(self, state):
+        # copy.deepcopy and unpickling build a new object without __init__: it must be projected too
+        super().__setstate__(state)
+        self._register_projection()
+
+    def _register_projection(self) -> None:
+        if type(self).project_parameters_ is not PositionalEncoding.project_parameters_:
+            project_after_each_step(self)
 
     # -- the public encode API: encode q and k, then call F.scaled_dot_product_attention yourself ---------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, *, q_positions=None, k_positions=None):
@@ -219,9 +230,14 @@ class PositionalEncoding(nn.Module):
 
     def project_parameters_(self) -> None:
         """Put the encoding's parameters back into their allowed set, in place, after an optimizer step
-        (PoPE with delta_projection: delta into [-2 pi, 0]). Default: nothing to do. An encoding that needs it
-        calls `encodings.projection.project_after_each_step(self)` when built, so that it runs after the step
-        of any torch optimizer that holds its parameters, whichever loop trains it."""
+        (PoPE with delta_projection: delta into [-2 pi, 0]). Default: nothing to do. An encoding that defines it
+        is projected after the step of any torch optimizer that holds its parameters, whichever loop trains it
+        (encodings/projection.py), while `projects_parameters` is True."""
+
+    @property
+    def projects_parameters(self) -> bool:
+        """Whether the optimizer-step hook calls `project_parameters_` now (default: the class defines one)."""
+        return type(self).project_parameters_ is not PositionalEncoding.project_parameters_
 
     @classmethod
     def required_options(cls, options: dict) -> tuple[str, ...]:

@@ -10,7 +10,6 @@ from torch import nn
 from ..validate import check_real
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
-from .projection import project_after_each_step
 
 KERNELS = ("log", "power")
 POWER_MAX = 2.0  # |m - n|^p is conditionally positive definite for 0 < p <= 2 only
@@ -51,7 +50,6 @@ class KerpleBias(PositionalEncoding):
         self.r1 = nn.Parameter(torch.rand(num_heads) * r1_span)
         self.r2 = nn.Parameter(torch.rand(num_heads) * r2_span)
         self.project_parameters_()
-        project_after_each_step(self)
 
     @property
     def r2_max(self) -> float | None:

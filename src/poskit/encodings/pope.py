@@ -19,7 +19,6 @@ from .angles import AngleTables
 from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
 from .base import PositionalEncoding, register
 from .polar_pair import polar_pair
-from .projection import project_after_each_step
 
 DELTA_INITS = ("zero", "uniform")
 DELTA_MIN, DELTA_MAX = -2 * math.pi, 0.0
@@ -116,8 +115,6 @@ class PolarEncoding(PositionalEncoding):
         else:
             self.register_parameter("delta", None)
         self._angles = AngleTables()
-        if self.phase_bias:  # (the flag is read at each step, so it may be switched on a built encoding)
-            project_after_each_step(self)
 
     def project_parameters_(self) -> None:
         """Put delta back into [-2 pi, 0] in place (with delta_projection; a no-op otherwise).
@@ -130,6 +127,11 @@ class PolarEncoding(PositionalEncoding):
         if self.delta is not None and self.delta_projection:
             with torch.no_grad():
                 self.delta.clamp_(DELTA_MIN, DELTA_MAX)
+
+    @property
+    def projects_parameters(self) -> bool:
+        # read at each optimizer step, so the option may be switched on a built encoding
+        return self.delta is not None and self.delta_projection
 
     def clamped_delta(self, like: torch.Tensor) -> torch.Tensor:
         """The phase bias actually used, (num_heads, head_dim); zeros without phase_bias."""

@@ -19,17 +19,16 @@ import weakref
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .base import PositionalEncoding
-
-# encodings whose parameters are projected after each optimizer step (weak: a dropped model is forgotten)
-_PROJECTED: "weakref.WeakSet[PositionalEncoding]" = weakref.WeakSet()
+# encodings with a projection (weak: a dropped model is forgotten)
+_PROJECTED: weakref.WeakSet = weakref.WeakSet()
 _HOOK = None
 
 
-def project_after_each_step(enc: PositionalEncoding) -> None:
+def project_after_each_step(enc) -> None:
     """Call `enc.project_parameters_()` after every step of any torch optimizer that holds one of its own
-    parameters (it projects when the encoding asks for it, e.g. PoPE's delta_projection). Called by the
-    constructor of an encoding with a bounded parameter."""
+    parameters, whenever `enc.projects_parameters` says so (PoPE: its delta_projection option). Called by
+    PositionalEncoding for every encoding that defines a projection, when it is built and when it is copied
+    or unpickled (copies are new objects)."""
     global _HOOK
     _PROJECTED.add(enc)
     if _HOOK is None:
@@ -37,13 +36,13 @@ def project_after_each_step(enc: PositionalEncoding) -> None:
 
 
 def _after_step(optimizer, args, kwargs) -> None:
-    if not any(getattr(enc, "delta_projection", True) for enc in _PROJECTED):
+    if not any(enc.projects_parameters for enc in _PROJECTED):
         return  # nothing asks for projection: skip collecting the optimizer's parameters
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for enc in list(_PROJECTED):
         # parameters are looked up now, not when the encoding was built: FSDP and load_state_dict(assign=True)
         # replace Parameter objects
-        if any(id(p) in held for p in enc.parameters(recurse=False)):
+        if enc.projects_parameters and any(id(p) in held for p in enc.parameters(recurse=False)):
             enc.project_parameters_()
 
 
@@ -51,6 +50,8 @@ def project_parameters_(model: nn.Module) -> int:
     """Call `project_parameters_()` on every PositionalEncoding inside `model` (or on `model` itself when it
     is one); returns how many encodings were visited. Cheap (an in-place clamp of small tensors). Optimizer
     steps already do this for encodings that ask for projection; calling it again changes nothing."""
+    from .base import PositionalEncoding
+
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     encodings = [m for m in model.modules() if isinstance(m, PositionalEncoding)]
