@@ -175,3 +175,21 @@ def test_decoder_model_trains_and_every_encoding_parameter_gets_a_gradient(name)
     assert losses[-1] < losses[0]
     after = [p.detach() for e in encodings for p in e.parameters()]
     assert all(not torch.equal(a, b) for a, b in zip(before, after))  # (xpos has none: nothing to compare)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple-log", "dynamic"])
+def test_a_frozen_bias_changed_in_place_is_not_served_stale(name):
+    """A learned bias frozen with requires_grad_(False) is cached per positions; weights changed in place (an
+    optimizer step elsewhere, load_state_dict) must give the new bias, as the reference does."""
+    torch.manual_seed(0)
+    enc = poskit.build_encoding(name, head_dim=8, num_heads=2).requires_grad_(False)
+    q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))
+    mask = torch.rand(1, 1, 12, 12, generator=torch.Generator().manual_seed(1)) > 0.3  # a general mask: SDPA + bias
+    before = poskit.attention(q, k, v, enc, attn_mask=mask)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.mul_(3.0).add_(0.5)
+    after = poskit.attention(q, k, v, enc, attn_mask=mask)
+    expected = poskit.attention(q, k, v, enc, attn_mask=mask, backend="reference")
+    assert not torch.allclose(before, expected, atol=1e-4)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)

@@ -103,7 +103,9 @@ def run_sdpa_static_bias(inp: AttentionInputs, enc, gate_keys):
 
 def _static_bias(enc, inp: AttentionInputs):
     cache = enc.__dict__.setdefault("_bias_cache", {})
-    key = (inp.q_positions.shape, inp.k_positions.shape, inp.q.device, inp.q.dtype)
+    # the tensors' versions: frozen weights changed in place (load_state_dict, a step elsewhere) give a new key
+    versions = tuple(t._version for t in (*enc.parameters(), *enc.buffers()))
+    key = (inp.q_positions.shape, inp.k_positions.shape, inp.q.device, inp.q.dtype, versions)
     entry = cache.get(key)
     if entry is not None and torch.equal(entry[0], inp.q_positions) and torch.equal(entry[1], inp.k_positions):
         return entry[2]
