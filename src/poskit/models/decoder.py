@@ -348,7 +348,7 @@ def check_token_ids(tokens, name: str, vocab_size: int) -> None:
         shape = f"a {tokens.dtype} tensor of shape {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) \
             else type(tokens).__name__
         raise ValueError(f"{name} must be a (B, T) integer tensor, got {shape}")
-    if tokens.numel():
+    if tokens.numel() and not torch.compiler.is_compiling():  # (a traced graph cannot branch on values)
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(f"{name} ids must be in [0, {vocab_size - 1}] (vocab_size {vocab_size}), got ids in "
