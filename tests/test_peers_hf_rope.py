@@ -11,8 +11,9 @@ import math
 
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install poskit[peers])")
+need("transformers", "peers")
 from transformers import PretrainedConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
