@@ -50,6 +50,14 @@ def encoding_name(scaling: str) -> str:
     return "rope" if scaling == "none" else f"rope-{scaling}"
 
 
+def encoding_scaling(name: str) -> str:
+    """The scaling of the registered RoPE variant `name` (the inverse of encoding_name)."""
+    scaling = "none" if name == "rope" else name.removeprefix("rope-")
+    if encoding_name(scaling) != name or scaling not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"name must be a rope encoding ({[encoding_name(s) for s in ROPE_INIT_FUNCTIONS]}), got {name!r}")
+    return scaling
+
+
 def _dict_scaling(table: dict, label: str) -> str | None:
     """The poskit scaling a rope dict names (None: it names none), or ValueError naming the key."""
     rope_type, old = table.get("rope_type"), table.get("type")
