@@ -54,7 +54,8 @@ def encoding_scaling(name: str) -> str:
     """The scaling of the registered RoPE variant `name` (the inverse of encoding_name)."""
     scaling = "none" if name == "rope" else name.removeprefix("rope-")
     if encoding_name(scaling) != name or scaling not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"name must be a rope encoding ({[encoding_name(s) for s in ROPE_INIT_FUNCTIONS]}), got {name!r}")
+        names = [encoding_name(s) for s in ROPE_INIT_FUNCTIONS]
+        raise ValueError(f"name must be a rope encoding ({names}), got {name!r}")
     return scaling
 
 
@@ -191,5 +192,6 @@ def from_hf(rope_parameters: dict | None = None, *, head_dim: int, rope_theta: f
         "original_max_position_embeddings": original_max_position_embeddings, "layout": layout})
     options.setdefault("base", 10000.0)  # HF's default_theta
     if scaling == "dynamic" and "original_max_positions" not in options:
-        raise ValueError("rope_parameters of rope_type 'dynamic' need max_position_embeddings (HF grows the base past it)")
+        raise ValueError("rope_parameters of rope_type 'dynamic' need max_position_embeddings (HF grows the base "
+                         "past it)")
     return encoding_name(scaling), options
