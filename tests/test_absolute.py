@@ -135,7 +135,7 @@ def test_attention_refuses_an_absolute_encoding_saying_where_it_goes(name, call)
 
 @pytest.mark.parametrize("name", ABSOLUTE)
 def test_a_model_with_an_absolute_encoding_adds_it_at_the_embeddings_and_uses_none_inside(name):
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     opts = {"max_positions": 64} if name == "learned" else {}
     model = Transformer(ModelConfig(vocab_size=11, d_model=32, n_layers=1, n_heads=2, encoding=name,

@@ -28,6 +28,7 @@ from poskit.training.files import RunFileError
 
 from checkpoint_helpers import to_legacy
 from thread_helpers import single_thread
+from extras import need
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -173,7 +174,7 @@ def test_tensorboard_asked_for_without_the_extra_is_refused_naming_it(tmp_path, 
 
 
 def test_tensorboard_logs_the_metrics_records(runs, tmp_path):
-    pytest.importorskip("tensorboard", reason="TensorBoard logging needs the tensorboard extra")
+    need("tensorboard", "tensorboard", "TensorBoard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = _copy(runs, "stopped", tmp_path)

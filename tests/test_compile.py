@@ -166,7 +166,7 @@ def test_patching_an_attribute_of_the_package_reaches_the_engine(monkeypatch):
 
 
 def _cope_model(name="cope"):
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     torch.manual_seed(0)
     options = OPTIONS[name] | ({"gates": "separate"} if name == "cope" else {})

@@ -16,6 +16,7 @@ from poskit.attention.engine import route
 from poskit.encodings import base, rope_scaling
 from poskit.encodings.base import PositionalEncoding
 from poskit.models import ModelConfig, Transformer
+from extras import need
 
 PREFIX = "test-contract-toy"  # registry names unlikely to clash with real encodings
 
@@ -302,7 +303,7 @@ def test_every_rope_scaling_function_is_a_registered_encoding():
     ("cope", dict(p_max=6, init_std=0.5, gates="separate")), ("cope-alibi", dict(p_max=6))])
 def test_backend_triton_dispatches_on_the_declared_fused_kernel(name, options):
     # the engine's kernel table, keyed by `fused_kernel`, reaches the right kernel with the right operands
-    pytest.importorskip("triton", reason="the fused kernels need triton")
+    need("triton", "triton", "triton (the fused kernels)")
     from conftest import HAS_CUDA
 
     device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run in the Triton interpreter (tests/conftest.py)

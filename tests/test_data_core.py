@@ -14,6 +14,7 @@ from poskit.data import assign_splits, build_tokenizer, fetch, load_corpus
 from poskit.data.cache import StaleCache, open_split, write_split
 from poskit.data.fetch import ARTIFACTS, FetchError
 from poskit.data.sources.genome import read_fasta
+from extras import need
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +229,7 @@ def test_concurrent_first_loads_build_the_cache_once_and_both_succeed(tmp_path):
     serialised by a lock and the second reads what the first built."""
     import multiprocessing as mp
 
-    pytest.importorskip("tiktoken")
+    need("tiktoken", "data")
     with mp.get_context("spawn").Pool(2) as pool:
         sizes = pool.map(_load_in_process, [(str(tmp_path), "code")] * 2)
     assert sizes[0] == sizes[1] and sizes[0]["train"] > 0

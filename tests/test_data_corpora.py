@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from poskit.data import CorpusNotPresent, build_tokenizer, get_corpus, load_corpus
+from extras import skip_without
 
 
 def _needs(*packages: str) -> None:
     for p in packages:
         if importlib.util.find_spec(p) is None:
-            pytest.skip(f"package {p} is not installed (pip install -c constraints.txt -e '.[data]')")
+            skip_without("data", f"package {p} is not installed")
 
 
 def _files(corpus: str):

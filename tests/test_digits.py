@@ -3,9 +3,9 @@ import json
 
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("sklearn", reason="the digits demo needs scikit-learn (pip install -c constraints.txt "
-                                      "-e '.[vision]')")
+need("sklearn", "vision", "scikit-learn (the digits demo)")
 
 from poskit.data.digits import load_digits_splits, on_canvas, upsample  # noqa: E402
 from poskit.models.vit import ViT, patch_positions  # noqa: E402

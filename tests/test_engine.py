@@ -8,6 +8,7 @@ import poskit
 from poskit.encodings.base import encoding_class
 from poskit.attention.engine import choose_backend
 from conftest import build, make_qkv
+from extras import need
 
 # the encodings that enter attention (absolute ones go on the embeddings and are refused: test_absolute.py)
 ALL = [n for n in poskit.available_encodings() if encoding_class(n).kind != "absolute"]
@@ -79,7 +80,7 @@ def _triton_kernels_runnable(name):
     """Skip unless the Triton kernels for this encoding can run here (GPU, or interpreted on CPU)."""
     from conftest import HAS_CUDA
 
-    pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
+    need("triton", "triton")
     if HAS_CUDA:
         return
     if name == "pope":
@@ -208,7 +209,7 @@ def test_triton_cope_unsorted_key_positions_raise_like_reference(name, causal, t
 
 
 def test_choose_backend_triton_needs_cuda_or_the_interpreter(monkeypatch):
-    pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
+    need("triton", "triton")
     q = torch.randn(1, 4, 2, 16)
     # conftest switches the interpreter on without a GPU: off, a CPU tensor cannot be served
     for value in (None, "0"):

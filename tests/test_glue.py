@@ -11,8 +11,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from poskit.tasks.glue import GLUE_TASKS, glue_metrics
+from extras import need
 
-datasets = pytest.importorskip("datasets", reason="GLUE is read with the datasets package (the data extra)")
+datasets = need("datasets", "data", "datasets (GLUE is read with it)")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +124,7 @@ def test_classification_metrics_follow_their_definitions(pairs):
 
 
 def test_stsb_correlations_equal_scipy():
-    stats = pytest.importorskip("scipy.stats", reason="scipy is the reference (the test extra)")
+    stats = need("scipy.stats", "test", "scipy (the reference)")
     rng = np.random.default_rng(1)
     gold = np.round(rng.uniform(0, 5, 200), 1)  # ties, as STS-B's scores have
     pred = gold + rng.normal(0, 1, 200)

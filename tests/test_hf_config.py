@@ -3,8 +3,9 @@ import dataclasses
 
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: one thread is faster on a busy machine
 
 import poskit  # noqa: E402

@@ -4,8 +4,9 @@ import json
 
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from poskit.cli import main  # noqa: E402

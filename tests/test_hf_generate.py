@@ -2,8 +2,9 @@
 uncached (greedy, sampling, beam search), and the Cache operations transformers calls."""
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from hf_helpers import VOCAB, hf_model, left_padded  # noqa: E402

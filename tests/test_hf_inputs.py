@@ -5,8 +5,9 @@ generation, and malformed inputs are refused naming the argument."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from hf_helpers import VOCAB, hf_model, left_padded  # noqa: E402

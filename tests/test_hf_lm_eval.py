@@ -2,9 +2,10 @@
 the sum of token log-probabilities from poskit's own Transformer (no download: a character tokenizer built here)."""
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
-pytest.importorskip("lm_eval", reason="lm-evaluation-harness (lm-eval, in the poskit[peers] extra) is not installed")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
+need("lm_eval", "peers", "lm-evaluation-harness (lm-eval)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from hf_helpers import hf_model  # noqa: E402

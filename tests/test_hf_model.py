@@ -2,8 +2,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: one thread is faster on a busy machine
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402

@@ -1,9 +1,10 @@
 """transformers.Trainer trains a PoskitForCausalLM: a few steps on a fixed batch, the loss goes down."""
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
-pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (in the poskit[hf] extra)")
+need("transformers", "hf", "transformers (poskit.hf needs it)")
+need("accelerate", "hf", "accelerate (transformers.Trainer needs it)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from hf_helpers import VOCAB, hf_model  # noqa: E402

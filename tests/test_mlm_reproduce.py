@@ -8,8 +8,9 @@ import math
 import pytest
 
 from poskit.experiments.registry import experiment
+from extras import need
 
-pytest.importorskip("matplotlib", reason="the reproduction writes plots (the experiments extra)")
+need("matplotlib", "experiments", "matplotlib (the reproduction writes plots)")
 
 TINY = ["task=mlm",
         'task_options={"corpus": "code", "tokenizer": "bytes", "vocab_size": null, "max_documents": 3, "context": 16}',

@@ -11,10 +11,10 @@ Differences, each asserted below:
 """
 import math
 
-import pytest
 import torch
+from extras import need
 
-pope_pytorch = pytest.importorskip("PoPE_pytorch", reason="PoPE-pytorch is not installed (pip install poskit[peers])")
+pope_pytorch = need("PoPE_pytorch", "peers", "PoPE-pytorch")
 
 import poskit
 from peer_checks import FLOAT32_RTOL, assert_visible_close, last_query_output, poskit_logits, rand

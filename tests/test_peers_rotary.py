@@ -10,8 +10,9 @@ Not compared: xpos (use_xpos) and the 'pixel'/'constant' frequencies, which posk
 """
 import pytest
 import torch
+from extras import need
 
-ret = pytest.importorskip("rotary_embedding_torch", reason="rotary-embedding-torch is not installed (pip install poskit[peers])")
+ret = need("rotary_embedding_torch", "peers", "rotary-embedding-torch")
 
 import poskit  # noqa: E402
 from peer_checks import FLOAT32_RTOL, assert_visible_close, poskit_logits, rand  # noqa: E402

@@ -18,8 +18,9 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from extras import need
 
-xt = pytest.importorskip("x_transformers.x_transformers", reason="x-transformers is not installed (pip install poskit[peers])")
+xt = need("x_transformers.x_transformers", "peers", "x-transformers")
 from x_transformers.attend import Attend  # noqa: E402
 
 import poskit  # noqa: E402

@@ -8,6 +8,7 @@ import torch
 import poskit
 from poskit.attention import KVCache, cached_attention, pope_decode
 from conftest import build, make_qkv
+from extras import need
 
 
 def _decode(enc, q, k, v, positions, prefill, backend="auto", cache=None):
@@ -104,7 +105,7 @@ def test_cache_holds_magnitudes_and_angles_of_each_position():
 
 
 def test_triton_decode_reads_the_magnitude_cache():
-    pytest.importorskip("triton", reason="the fused PoPE kernel needs triton")
+    need("triton", "triton", "triton (the fused PoPE kernel)")
     from conftest import HAS_CUDA
 
     device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run in the Triton interpreter

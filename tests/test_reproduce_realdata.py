@@ -16,6 +16,7 @@ from poskit.encodings.spec import EncodingSpec
 from poskit.experiments.registry import EXPERIMENTS, experiment
 from poskit.experiments.reproduce import preset_config, run_reproduction
 from poskit.training import TrainConfig
+from extras import skip_without
 
 REAL_DATA = ("jsb", "maestro", "genome", "text", "text-cope", "code", "text-extrapolation", "ablations")
 CORPUS_OF_TASK = {f"lm-{c}": c for c in ("jsb", "maestro", "genome", "wiki", "plays", "code")}
@@ -85,7 +86,7 @@ def _present(task: str) -> None:
     except CorpusNotPresent as e:
         pytest.skip(str(e))
     except ImportError as e:  # the corpus's reader is an optional package
-        pytest.skip(f"{e} (pip install -c constraints.txt -e '.[data]')")
+        skip_without("data", str(e))
 
 
 TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "task_options.context=16", "eval_every=1",

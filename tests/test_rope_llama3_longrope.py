@@ -124,8 +124,9 @@ def test_longrope_decoding_past_the_original_context_equals_each_prefix():
      r"low_freq_factor must be a finite number > 0 for rope scaling 'llama3', got None"),
     ("rope-llama3", dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16),
      r"factor must be a number >= 1 for rope scaling 'llama3'"),
-    ("rope-yarn", dict(factor=2.0, original_max_positions=16, attention_factor=1.2),
-     r"attention_factor applies only to rope-longrope, not to rope-yarn"),
+    # rope-yarn reads attention_factor too (HF's yarn does); rope-linear reads none of them
+    ("rope-linear", dict(factor=2.0, attention_factor=1.2),
+     r"attention_factor applies only to rope-yarn, rope-longrope, not to rope-linear"),
     ("rope", dict(low_freq_factor=1.0), r"low_freq_factor applies only to rope-llama3, not to rope"),
 ])
 def test_bad_options_name_the_option_and_what_is_allowed(name, options, message):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from extras import need
 
-plt = pytest.importorskip("matplotlib.pyplot", reason="plots need matplotlib (poskit[experiments])")
+plt = need("matplotlib.pyplot", "experiments", "matplotlib (plots)")
 
 from poskit.report.figure import save_figure  # noqa: E402
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 import poskit
 from poskit.attention.inputs import prepare
 from conftest import build, make_qkv
+from extras import need
 
 ATTENTION_ENCODINGS = [n for n in poskit.available_encodings() if poskit.build_encoding(
     n, head_dim=16, num_heads=4, dim=32, **__import__("conftest").ENCODING_OPTIONS.get(n, {})).kind != "absolute"]
@@ -184,7 +185,7 @@ def test_dropout_p_zero_is_accepted_and_other_values_refused():
 
 
 def test_triton_backend_refuses_a_general_mask():
-    pytest.importorskip("triton", reason="triton is not installed")
+    need("triton", "triton")
     q, k, v = make_qkv(H=4, Hkv=2, dtype=torch.float32)
     with pytest.raises(ValueError, match="backend='triton' serves attn_mask only when it varies along the keys"):
         poskit.attention(q, k, v, build("pope", dtype=torch.float32), backend="triton", enable_gqa=True,

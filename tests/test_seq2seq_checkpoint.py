@@ -19,6 +19,7 @@ from poskit.training import seq2seq
 from poskit.training.seq2seq import Seq2SeqConfig, read_seq2seq_checkpoint
 
 from seq2seq_checkpoint_helpers import write_legacy
+from extras import need
 
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_encoder_layers": 1, "n_decoder_layers": 1,
               "encoding": "rope"}
@@ -150,7 +151,7 @@ def test_a_legacy_checkpoint_without_an_entry_is_refused_naming_the_entry(tmp_pa
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_resuming_a_damaged_run_fails_before_anything_changes(tmp_path, legacy):
-    pytest.importorskip("sacrebleu", reason="the translation trainer checks for sacrebleu (poskit[data]) first")
+    need("sacrebleu", "data", "sacrebleu (the translation trainer checks for it first)")
     run, cfg, *_ = _run(tmp_path, legacy=legacy)
     if legacy:
         target = run / LEGACY_CHECKPOINT_FILE

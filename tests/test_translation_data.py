@@ -13,6 +13,7 @@ from poskit.data import fetch
 from poskit.data.sources import trans
 from poskit.data.sources.base import CorpusNotPresent
 from poskit.tasks.translation import BOS, EOS, PAD, PairSet, make_batch
+from extras import need
 
 
 def _real_corpus() -> Path | None:
@@ -111,7 +112,7 @@ def test_epoch_batches_partition_the_pairs_within_the_token_budget_and_repeat_pe
 
 @needs_corpus
 def test_split_tokenizer_and_cache_on_the_real_corpus(data_home, capsys):
-    pytest.importorskip("tokenizers", reason="the translation BPE needs the tokenizers package (poskit[data])")
+    need("tokenizers", "data", "tokenizers (the translation BPE)")
     link = data_home / "fetched" / "translation" / "files" / "share"
     link.mkdir(parents=True)
     os.symlink(REAL, link / "de-en")

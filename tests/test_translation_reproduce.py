@@ -11,6 +11,7 @@ import pytest
 from poskit.data.sources import trans
 from poskit.data.sources.base import CorpusNotPresent
 from poskit.training.seq2seq import Seq2SeqConfig
+from extras import need
 
 
 def _real_corpus():
@@ -30,9 +31,9 @@ TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_encoder
 
 @pytest.fixture
 def corpus_home(tmp_path, monkeypatch):
-    pytest.importorskip("tokenizers", reason="the translation BPE needs the tokenizers package (poskit[data])")
-    pytest.importorskip("sacrebleu", reason="BLEU and chrF need sacrebleu (poskit[data])")
-    pytest.importorskip("matplotlib", reason="the convergence plot needs matplotlib (poskit[experiments])")
+    need("tokenizers", "data", "tokenizers (the translation BPE)")
+    need("sacrebleu", "data", "sacrebleu (BLEU and chrF)")
+    need("matplotlib", "experiments", "matplotlib (the convergence plot)")
     home = tmp_path / "poskit-data"
     (home / "fetched/translation/files/share").mkdir(parents=True)
     os.symlink(REAL, home / "fetched/translation/files/share/de-en")

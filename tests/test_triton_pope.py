@@ -9,8 +9,9 @@ import math
 
 import pytest
 import torch
+from extras import need
 
-pytest.importorskip("triton", reason="triton is not installed (pip install 'poskit[triton]')")
+need("triton", "triton")
 
 from conftest import BF16_NEEDS_CUDA, require_runnable_kernels  # noqa: E402
 

@@ -79,7 +79,7 @@ def test_an_encoding_registered_in_any_module_is_not_warned_about(register):
 
 
 def test_poskit_models_and_layers_hold_their_encodings():
-    from poskit.model import ModelConfig, Transformer
+    from poskit.models import ModelConfig, Transformer
 
     model = Transformer(ModelConfig(vocab_size=11, d_model=32, n_layers=1, n_heads=2, encoding="cope"))
     assert all(in_a_module(enc) for enc in model.encoding_modules())

@@ -13,7 +13,7 @@ transformers' rope types "default", "linear", "dynamic", "yarn", "llama3" and "l
 (``modeling_rope_utils``), which are the de-facto reference for checkpoints in the wild. "llama3" and
 "longrope" are not in our papers: they follow HF (see their functions for where HF's longrope departs from
 the LongRoPE paper). The options keep HF's names (``original_max_positions`` is HF's
-``original_max_position_embeddings``).
+``original_max_position_embeddings``; rope_hf.py accepts HF's own spellings and rope_parameters dicts).
 """
 from __future__ import annotations
 
@@ -42,10 +42,18 @@ class RopeParameters:
     short_factor: "tuple[float, ...] | list[float] | None" = None
     long_factor: "tuple[float, ...] | list[float] | None" = None
     attention_factor: float | None = None
+    # yarn: the ramp ends (rotations within the original context), whether they are rounded to whole
+    # dimensions, and DeepSeek's attention-factor pair mscale / mscale_all_dim
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
-#: options read by one variant only (the `options` of its RopeVariant); giving one to another variant is an error
-VARIANT_OPTIONS = ("low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "attention_factor")
+#: options read only by some variants (the `options` of their RopeVariant); giving one to another variant is an error
+VARIANT_OPTIONS = ("low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "attention_factor",
+                   "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim")
 
 
 RopeInitFunction = Callable[[RopeParameters, "int | None"], "tuple[torch.Tensor, float]"]
@@ -167,19 +175,62 @@ def yarn_attention_factor(factor: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    # DeepSeek's generalisation of the temperature: 0.1 mscale ln(s) + 1 (1 for s <= 1)
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def _yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, max_positions: int) -> float:
     # the dimension index whose wavelength fits `num_rotations` times into the original context
     return (rotary_dim * math.log(max_positions / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
+def _yarn_options(p: RopeParameters) -> tuple[float, float, bool]:
+    beta_fast = YARN_BETA_FAST if p.beta_fast is None else _required_real(p, "beta_fast", "yarn")
+    beta_slow = YARN_BETA_SLOW if p.beta_slow is None else _required_real(p, "beta_slow", "yarn")
+    if not beta_fast > beta_slow:  # the ramp runs from beta_fast rotations down to beta_slow
+        raise ValueError(f"beta_fast must be > beta_slow for rope scaling 'yarn' (defaults 32 and 1), got "
+                         f"beta_fast={beta_fast!r}, beta_slow={beta_slow!r}")
+    truncate = True if p.truncate is None else p.truncate
+    if not isinstance(truncate, bool):
+        raise ValueError(f"truncate must be true or false (a bool) for rope scaling 'yarn', got {truncate!r}")
+    return beta_fast, beta_slow, truncate
+
+
+def _yarn_attention(p: RopeParameters, factor: float) -> float:
+    """attention_factor if given; else mscale(s, mscale) / mscale(s, mscale_all_dim) when both are given
+    (DeepSeek); else 0.1 ln(s) + 1. HF ignores one of mscale / mscale_all_dim without the other, and both
+    beside attention_factor: poskit refuses those combinations instead of dropping an option unseen."""
+    pair = (p.mscale is not None, p.mscale_all_dim is not None)
+    if p.attention_factor is not None:
+        if any(pair):
+            raise ValueError("attention_factor and mscale/mscale_all_dim both set the attention factor of rope "
+                             "scaling 'yarn': give one of them")
+        return _required_real(p, "attention_factor", "yarn")
+    if pair == (True, True):
+        mscale = _required_real(p, "mscale", "yarn")
+        mscale_all_dim = _required_real(p, "mscale_all_dim", "yarn")
+        return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+    if any(pair):
+        raise ValueError("mscale and mscale_all_dim go together for rope scaling 'yarn' (attention factor = "
+                         "(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)): give both or neither")
+    return yarn_attention_factor(factor)
+
+
 def yarn_scaling(p: RopeParameters, seq_len: int | None = None):
     """YaRN, NTK-by-parts: high frequencies (many rotations in the original context) are kept, low
-    frequencies are interpolated by `factor`, with a linear ramp between dims low..high (beta_fast=32,
-    beta_slow=1); attention factor 0.1 ln(s) + 1 on q and k."""
+    frequencies are interpolated by `factor`, with a linear ramp between the dims where a wavelength fits
+    beta_fast (default 32) and beta_slow (default 1) times into the original context, rounded outwards to
+    whole dims unless truncate=False; attention factor 0.1 ln(s) + 1 on q and k, or `attention_factor`, or
+    DeepSeek's mscale / mscale_all_dim ratio (_yarn_attention)."""
     factor, original = _required_factor(p, "yarn"), _required_original_max(p, "yarn")
     rotary_dim, base = p.rotary_dim, p.base
-    low = math.floor(_yarn_correction_dim(YARN_BETA_FAST, rotary_dim, base, original))
-    high = math.ceil(_yarn_correction_dim(YARN_BETA_SLOW, rotary_dim, base, original))
+    beta_fast, beta_slow, truncate = _yarn_options(p)
+    attention = _yarn_attention(p, factor)
+    low = _yarn_correction_dim(beta_fast, rotary_dim, base, original)
+    high = _yarn_correction_dim(beta_slow, rotary_dim, base, original)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp, as the reference implementation does
@@ -187,7 +238,7 @@ def yarn_scaling(p: RopeParameters, seq_len: int | None = None):
     extrapolation_weight = 1 - ramp  # 1 = keep the original frequency
     inv_freq = default_inv_freq(rotary_dim, base)
     inv_freq = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
-    return inv_freq, yarn_attention_factor(factor)
+    return inv_freq, attention
 
 
 def llama3_scaling(p: RopeParameters, seq_len: int | None = None):
@@ -247,7 +298,9 @@ ROPE_INIT_FUNCTIONS: dict[str, RopeVariant] = {
     "linear": RopeVariant(linear_scaling, requires=("factor",)),
     "ntk": RopeVariant(ntk_aware_scaling, requires=("factor",)),
     "dynamic": RopeVariant(dynamic_ntk_scaling, length_dependent=True, requires=("factor", "original_max_positions")),
-    "yarn": RopeVariant(yarn_scaling, requires=("factor", "original_max_positions")),
+    "yarn": RopeVariant(yarn_scaling, options=("attention_factor", "beta_fast", "beta_slow", "truncate", "mscale",
+                                               "mscale_all_dim"),
+                        requires=("factor", "original_max_positions")),
     "llama3": RopeVariant(llama3_scaling, options=("low_freq_factor", "high_freq_factor"),
                           requires=("factor", "original_max_positions", "low_freq_factor", "high_freq_factor")),
     "longrope": RopeVariant(longrope_scaling, length_dependent=True,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from . import rope_scaling
+from . import rope_hf
+from . import rope_scaling as variants  # the module; `rope_scaling` is also HF's option name
 from .angles import AngleTables
 from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
 from .base import PositionalEncoding, register
 
 LAYOUTS = ("interleaved", "half")
-SCALINGS = tuple(rope_scaling.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALINGS = tuple(variants.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -40,6 +41,44 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
     return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
 
 
+def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None = None) -> torch.Tensor:
+    """(head_dim,) int64 index: channel j of one head in layout `dst` is channel perm[j] in layout `src`.
+
+    'interleaved' pairs channels (2i, 2i+1), 'half' pairs (i, i + rd/2), i < rd/2 = rotary_dim/2 (default
+    head_dim); channels past rotary_dim pass through. Reordering q and k alike leaves every logit unchanged."""
+    rd = head_dim if rotary_dim is None else rotary_dim
+    for value, name in ((src, "src"), (dst, "dst")):
+        if value not in LAYOUTS:
+            raise ValueError(f"{name} must be one of {list(LAYOUTS)}, got {value!r}")
+    if isinstance(rd, bool) or not isinstance(rd, int) or rd < 2 or rd % 2 or rd > head_dim:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rd!r}")
+    rest = torch.arange(rd, head_dim)
+    if src == dst:
+        return torch.arange(head_dim)
+    pairs = torch.arange(rd).view(rd // 2, 2)  # interleaved channel of (pair i, member m)
+    if src == "interleaved":  # half channel m * rd/2 + i is interleaved channel 2i + m
+        return torch.cat((pairs.t().reshape(-1), rest))
+    return torch.cat((torch.argsort(pairs.t().reshape(-1)), rest))  # the inverse: interleaved 2i + m <- half
+
+
+def convert_qk_layout(weight: torch.Tensor, *, head_dim: int, src: str, dst: str,
+                      rotary_dim: int | None = None) -> torch.Tensor:
+    """A q or k projection's weight (num_heads * head_dim, in_features) or bias (num_heads * head_dim,) with
+    each head's output channels reordered from RoPE layout `src` to `dst` ('interleaved' or 'half'): a model
+    whose rope uses `dst` computes with the result the logits it computed in `src` with `weight` (HF's
+    Llama conversion script applies the interleaved -> half permutation to Meta's checkpoints). rotary_dim:
+    the rotated channels per head (default head_dim); the others keep their place. Apply it to q and k, never
+    to v or the output projection."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (1, 2) or weight.shape[0] % head_dim:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a (num_heads * {head_dim}, in_features) projection weight or its "
+                         f"(num_heads * {head_dim},) bias, got {shape}")
+    perm = layout_permutation(head_dim, src, dst, rotary_dim)
+    heads = weight.shape[0] // head_dim
+    index = (torch.arange(heads)[:, None] * head_dim + perm[None, :]).reshape(-1).to(weight.device)
+    return weight.index_select(0, index)
+
+
 class RotaryEncoding(PositionalEncoding):
     """RoPE: rotates each pair of q/k channels by position * theta_i, so q_t . k_s depends only on t - s.
 
@@ -55,22 +94,33 @@ class RotaryEncoding(PositionalEncoding):
     scalings: "Why Position Matters" (paper 001: linear scaling, NTK-aware scaling, YaRN).
 
     Options (defaults):
-        base=10000.0: the frequency base (RoFormer's 10000).
-        layout='interleaved': channel pairs (x_2i, x_2i+1) as in the paper, or 'half': (x_i, x_i+d/2) (HF/Llama).
-        rotary_dim=None: rotate only the first rotary_dim channels (even); None = all head_dim.
+        base=None: the frequency base; None is RoFormer's 10000.0. HF's name: rope_theta.
+        layout=None: channel pairs (x_2i, x_2i+1) as in the paper ('interleaved', what None means), or 'half':
+            (x_i, x_i+d/2), the rotate_half layout of HF's Llama family. HF's name: rope_interleave (True:
+            'interleaved', False: 'half'). `convert_qk_layout` moves q/k projection weights between the two.
+        rotary_dim=None: rotate only the first rotary_dim channels (even); None = all head_dim. HF's name:
+            partial_rotary_factor (rotary_dim = int(head_dim * partial_rotary_factor)).
         scaling='none': fixed by the registered name (rope, rope-linear, rope-ntk, rope-dynamic, rope-yarn,
             rope-llama3, rope-longrope).
         factor=None: the scale s = L'/L; required by every scaled variant (no paper default; rope-longrope
-            takes attention_factor instead).
+            takes attention_factor instead; rope-yarn and rope-longrope derive it from max_position_embeddings).
         original_max_positions=None: the training length L; required by rope-dynamic, rope-yarn, rope-llama3
-            and rope-longrope.
+            and rope-longrope. HF's name: original_max_position_embeddings (rope-dynamic: max_position_embeddings).
         low_freq_factor=None, high_freq_factor=None: rope-llama3's band (Llama 3.1 uses 1 and 4); required.
         short_factor=None, long_factor=None: rope-longrope's per-frequency divisors; required.
-        attention_factor=None: rope-longrope's cos/sin multiplier (default from factor).
+        attention_factor=None: rope-yarn's and rope-longrope's cos/sin multiplier (default from factor).
+        beta_fast=None, beta_slow=None: rope-yarn's ramp ends in rotations within the original context (None:
+            YaRN's 32 and 1). truncate=None: rope-yarn rounds the ramp ends outwards to whole dims (None: True).
+        mscale=None, mscale_all_dim=None: rope-yarn's attention factor as DeepSeek sets it, given together:
+            (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1).
         axial_dims=None: axial positions (images, video; plain rope only): a list of even channel counts, one
             per coordinate, summing to rotary_dim; positions then carry a trailing coordinate axis (T, n) or
             (B, T, n), and coordinate a rotates its own channel group with frequencies base^(-2i/d_a)
             (encodings/axial.py). Relative invariance then holds per axis.
+        rope_theta=None, original_max_position_embeddings=None, max_position_embeddings=None,
+        partial_rotary_factor=None, rope_interleave=None, rope_scaling=None, rope_parameters=None: Hugging Face's
+            names and rope dicts, read as HF reads them (encodings/rope_hf.py); a value given under two names
+            must agree.
         Options without a default raise one ValueError listing every missing one (build_encoding).
     """
     kind = "qk"
@@ -80,8 +130,8 @@ class RotaryEncoding(PositionalEncoding):
         *,
         head_dim: int,
         num_heads: int,
-        base: float = 10000.0,
-        layout: str = "interleaved",
+        base: float | None = None,
+        layout: str | None = None,
         rotary_dim: int | None = None,
         scaling: str = "none",
         factor: float | None = None,
@@ -91,29 +141,50 @@ class RotaryEncoding(PositionalEncoding):
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
         attention_factor: float | None = None,
+        beta_fast: float | None = None,
+        beta_slow: float | None = None,
+        truncate: bool | None = None,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
         axial_dims: list[int] | None = None,
+        rope_theta: float | None = None,
+        original_max_position_embeddings: int | None = None,
+        max_position_embeddings: int | None = None,
+        partial_rotary_factor: float | None = None,
+        rope_interleave: bool | None = None,
+        rope_scaling: dict | None = None,
+        rope_parameters: dict | None = None,
     ):
         super().__init__(head_dim=head_dim, num_heads=num_heads)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for rope (channels are rotated in pairs), got {head_dim}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
         if scaling not in SCALINGS:
             raise ValueError(f"scaling must be one of {list(SCALINGS)}, got {scaling!r}")
-        # the ranges of base, factor and original_max_positions are checked by build_encoding (base.OPTION_CHECKS);
-        # the scaling function checks that the options its variant needs are given
-        self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
-        self.scaling, self.factor, self.original_max_positions = scaling, factor, original_max_positions
-        self._variant = rope_scaling.ROPE_INIT_FUNCTIONS[scaling]
-        # llama3 / longrope options (HF names); each variant checks those it reads, and no other variant takes them
-        self._rope_parameters = rope_scaling.RopeParameters(
-            rotary_dim, self.base, factor, original_max_positions, low_freq_factor=low_freq_factor,
+        o = rope_hf.resolve_options(scaling, head_dim, dict(
+            base=base, layout=layout, rotary_dim=rotary_dim, factor=factor,
+            original_max_positions=original_max_positions, low_freq_factor=low_freq_factor,
             high_freq_factor=high_freq_factor, short_factor=short_factor, long_factor=long_factor,
-            attention_factor=attention_factor)
-        rope_scaling.check_variant_options(scaling, self._rope_parameters)
+            attention_factor=attention_factor, beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate,
+            mscale=mscale, mscale_all_dim=mscale_all_dim, rope_theta=rope_theta,
+            original_max_position_embeddings=original_max_position_embeddings,
+            max_position_embeddings=max_position_embeddings, partial_rotary_factor=partial_rotary_factor,
+            rope_interleave=rope_interleave, rope_scaling=rope_scaling, rope_parameters=rope_parameters))
+        base, layout = o.get("base", 10000.0), o.get("layout", "interleaved")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+        rotary_dim = o.get("rotary_dim", head_dim)
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
+        # the ranges of base, factor and original_max_positions are checked by build_encoding (base.OPTION_CHECKS)
+        # or, given under HF names, by rope_hf; the scaling function checks that the options its variant needs are given
+        self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
+        self.scaling, self.factor, self.original_max_positions = scaling, o.get("factor"), o.get("original_max_positions")
+        self._variant = variants.ROPE_INIT_FUNCTIONS[scaling]
+        # the options only some variants read (HF names); each variant checks those it reads, and no other takes them
+        self._rope_parameters = variants.RopeParameters(
+            rotary_dim, self.base, self.factor, self.original_max_positions,
+            **{name: o.get(name) for name in variants.VARIANT_OPTIONS})
+        variants.check_variant_options(scaling, self._rope_parameters)
         # length-dependent variants (dynamic) start from their frequencies at construction; see inv_freq_for
         inv_freq, self.attention_factor = self._variant.init(self._rope_parameters, None)
         self.axial_dims = None
@@ -130,10 +201,19 @@ class RotaryEncoding(PositionalEncoding):
 
     @classmethod
     def required_options(cls, options: dict) -> tuple[str, ...]:
-        # the scaling variant declares the options it cannot default (factor, original_max_positions, ...)
-        variant = rope_scaling.ROPE_INIT_FUNCTIONS[options.get("scaling", "none")]
+        # the scaling variant declares the options it cannot default (factor, original_max_positions, ...); an
+        # option given under its HF name (or derived as HF derives it) counts as given
+        scaling = options.get("scaling", "none")
+        variant = variants.ROPE_INIT_FUNCTIONS[scaling]
+        try:
+            given = rope_hf.resolve_options(scaling, None, {k: v for k, v in options.items() if k != "scaling"})
+        except ValueError:
+            return ()  # the constructor raises it, naming the option
+        missing = tuple(o for o in variant.requires if given.get(o) is None)
         one_of = variant.requires_one_of
-        return variant.requires + (("|".join(one_of),) if one_of else ())  # "a|b": one of them
+        if one_of and all(given.get(o) is None for o in one_of):
+            missing += ("|".join(one_of),)  # "a|b": one of them
+        return missing
 
     @classmethod
     def options_context(cls, options: dict) -> str:

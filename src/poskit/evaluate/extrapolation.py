@@ -1,7 +1,8 @@
 """Perplexity of a trained language model on windows longer than its training context.
 
 The model is evaluated as trained ("as-is"), or, for RoPE models, with a context-extension variant swapped
-in at test time (position interpolation, NTK-aware, dynamic NTK, YaRN) with factor = window / training context.
+in at test time (every scaling of encodings/rope_scaling.py: position interpolation, NTK-aware, dynamic NTK,
+YaRN, Llama 3's and LongRoPE's) with factor = window / training context.
 """
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ import torch
 import torch.nn.functional as F
 
 import poskit
+from poskit.encodings import rope_scaling
+from poskit.encodings.rope_hf import encoding_name
 from poskit.models import Transformer
 from poskit.tasks import IGNORE_INDEX
 
-#: test-time RoPE variants: CLI name -> registered encoding name
-ROPE_SCALINGS = {"linear": "rope-linear", "ntk": "rope-ntk", "dynamic": "rope-dynamic", "yarn": "rope-yarn"}
-_ROPE_FAMILY = ("rope", "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn")
+#: test-time RoPE variants: CLI name -> registered encoding name (every scaling rope_scaling.py has)
+ROPE_SCALINGS = {name: encoding_name(name) for name in rope_scaling.ROPE_INIT_FUNCTIONS if name != "none"}
+
+# rope-llama3's band as Llama 3.1 publishes it
+LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 1.0, 4.0
 
 
 def parse_lengths(spec: str | list, context: int | None = None) -> list[int]:
@@ -41,8 +46,32 @@ def parse_lengths(spec: str | list, context: int | None = None) -> list[int]:
     return sorted(set(out))
 
 
+def scaling_options(scaling: str, factor: float, original_max_positions: int, rotary_dim: int,
+                      base: float) -> dict:
+    """The options of the test-time variant `scaling` at scale `factor` for a model trained at
+    `original_max_positions` (the variant's own options beside factor and the length):
+
+    - llama3: Llama 3.1's band, low_freq_factor 1 and high_freq_factor 4.
+    - longrope: a trained run has no searched per-frequency factors; short_factor is 1 for every frequency
+      (nothing changes within the training context) and long_factor is YaRN's per-frequency divisor
+      theta_i / theta'_i at the same factor (kept high frequencies, interpolated low ones: the kind of profile
+      LongRoPE's search starts from), with LongRoPE's attention factor from `factor`."""
+    variant = rope_scaling.ROPE_INIT_FUNCTIONS[scaling]
+    options = {"factor": factor}
+    if "original_max_positions" in variant.requires:
+        options["original_max_positions"] = original_max_positions
+    if scaling == "llama3":
+        options.update(low_freq_factor=LLAMA3_LOW_FREQ_FACTOR, high_freq_factor=LLAMA3_HIGH_FREQ_FACTOR)
+    elif scaling == "longrope":
+        params = rope_scaling.RopeParameters(rotary_dim, base, factor, original_max_positions)
+        divisors = rope_scaling.default_inv_freq(rotary_dim, base) / rope_scaling.yarn_scaling(params)[0]
+        options.update(short_factor=[1.0] * (rotary_dim // 2), long_factor=divisors.tolist())
+    return options
+
+
 def with_rope_scaling(model: Transformer, scaling: str, factor: float, original_max_positions: int) -> Transformer:
-    """A copy of a RoPE model whose attention layers use the test-time variant `scaling` (see ROPE_SCALINGS)."""
+    """A copy of a RoPE model whose attention layers use the test-time variant `scaling` (see ROPE_SCALINGS and
+    scaling_options) at max(1, factor)."""
     if scaling not in ROPE_SCALINGS:
         raise ValueError(f"scaling must be one of {list(ROPE_SCALINGS)}, got {scaling!r}")
     if model.config.encoding != "rope":
@@ -50,10 +79,10 @@ def with_rope_scaling(model: Transformer, scaling: str, factor: float, original_
     model = copy.deepcopy(model)
     for block in model.blocks:
         old = block.attn.encoding
+        options = scaling_options(scaling, max(1.0, float(factor)), original_max_positions, old.rotary_dim, old.base)
         block.attn.encoding = poskit.build_encoding(
             ROPE_SCALINGS[scaling], head_dim=old.head_dim, num_heads=old.num_heads, base=old.base, layout=old.layout,
-            rotary_dim=old.rotary_dim, factor=max(1.0, float(factor)),
-            **({"original_max_positions": original_max_positions} if scaling in ("dynamic", "yarn") else {}),
+            rotary_dim=old.rotary_dim, **options,
         ).to(next(model.parameters()).device)
     return model
 

@@ -8,6 +8,12 @@
 
 Conversion: `from_poskit(transformer)` / `to_poskit(directory)` / `export_run(run_dir, directory)` (the
 `poskit export RUN --hf DIR` command). See docs/hf.md. The core package never imports this module.
+
+A saved directory also loads where nothing imported this module: its config.json's auto_map names the small
+module save_pretrained writes beside it (poskit_auto.py, which imports this package), so
+`AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)` works wherever poskit is installed.
+transformers offers installed libraries no other hook (no entry points); trust_remote_code is its consent to
+run that file, which holds no model code.
 """
 from __future__ import annotations
 

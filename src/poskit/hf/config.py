@@ -9,14 +9,19 @@ from it so that the built MLP has exactly that width.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import os
 
 import torch
 from transformers import GenerationConfig, PretrainedConfig
 
 import poskit
 from poskit.config_check import ConfigError
-from poskit.encodings import DEFAULT_ENCODING
+from poskit.encodings import DEFAULT_ENCODING, rope_hf
+from poskit.encodings.base import encoding_class
+from poskit.encodings.rotary import RotaryEncoding
 from poskit.models.decoder import ModelConfig, decoder_mlp
 
 _DEFAULT = ModelConfig()
@@ -43,6 +48,32 @@ MODEL_FIELDS = {
 }
 _HF_NAME = {poskit_name: hf_name for hf_name, poskit_name in MODEL_FIELDS.items()}
 
+#: the fields that decide what the weights compute (every model field but dropout, a training setting): an
+#: export records their values (`poskit_fingerprint`), and a config whose values differ is refused
+FINGERPRINT_FIELDS = tuple(name for name in MODEL_FIELDS if name != "hidden_dropout")
+
+#: the module written beside config.json that names poskit's classes for transformers' auto classes, so that
+#: `AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)` loads a saved directory where poskit
+#: is installed, without `import poskit.hf` first (transformers has no other hook for installed libraries)
+AUTO_MODULE = "poskit_auto"
+AUTO_MAP = {"AutoConfig": f"{AUTO_MODULE}.PoskitConfig", "AutoModelForCausalLM": f"{AUTO_MODULE}.PoskitForCausalLM"}
+AUTO_MODULE_SOURCE = '''"""Loads this directory with poskit, which must be installed with its hf extra:
+
+    transformers.AutoModelForCausalLM.from_pretrained(this_directory, trust_remote_code=True)
+
+(or `import poskit.hf` first, then no trust_remote_code is needed). The classes are poskit's own, installed with
+it; this file only names them for transformers' auto classes and holds no model code."""
+import poskit.hf
+
+
+class PoskitConfig(poskit.hf.PoskitConfig):
+    pass
+
+
+class PoskitForCausalLM(poskit.hf.PoskitForCausalLM):
+    config_class = PoskitConfig
+'''
+
 #: hidden_act -> ModelConfig.mlp
 ACTIVATIONS = {"gelu": "gelu", "silu": "swiglu"}
 _ACTIVATION_OF_MLP = {mlp: act for act, mlp in ACTIVATIONS.items()}
@@ -67,6 +98,18 @@ class PoskitConfig(PretrainedConfig):
     for tools that read it (lm-evaluation-harness truncates to it); poskit models run at any length.
     is_causal: False describes a bidirectional encoder (poskit's MLM models), which PoskitForCausalLM refuses.
     attention_type: "softmax" or "linear" (RoFormer's linear attention; generate then needs use_cache=False).
+
+    Hugging Face's RoPE fields are accepted as Llama's config takes them: rope_theta, rope_parameters (or its
+    older name rope_scaling), partial_rotary_factor, original_max_position_embeddings and rope_interleave, at
+    the top level or inside position_encoding_options (encodings/rope_hf.py reads them). They are stored as
+    poskit's options of the rope encoding, and a rope dict's rope_type picks the variant when
+    position_encoding is plain "rope" ({"rope_type": "yarn", ...} -> "rope-yarn"). Two fields that give one
+    option different values are refused, naming both.
+
+    poskit_fingerprint: what the weights were trained as (`fingerprint()`, written by `poskit export`): the
+    values of FINGERPRINT_FIELDS and their sha256. A config whose fields differ from it (config.json edited to
+    another architecture or encoding) is refused, naming the field; remove it from config.json to load the
+    weights under another architecture on purpose. save_pretrained also writes the module of AUTO_MAP.
     """
 
     model_type = "poskit"
@@ -90,18 +133,24 @@ class PoskitConfig(PretrainedConfig):
     is_causal: bool = _DEFAULT.causal
     attention_type: str = _DEFAULT.attention
     max_position_embeddings: int | None = None
+    poskit_fingerprint: dict | None = None
     use_cache: bool = True
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
+        hf_rope = {key: kwargs.pop(key) for key in _HF_ROPE_FIELDS if key in kwargs}
         unknown = sorted(set(kwargs) - _TRANSFORMERS_KEYWORDS)
         if unknown:
             fields = sorted(f.name for f in dataclasses.fields(self) if not f.name.startswith("_"))
             raise ValueError(f"unknown PoskitConfig field(s) {unknown}; the fields are {fields}")
         if self.position_encoding_options is None:
             self.position_encoding_options = {}
+        self._read_hf_rope_fields(hf_rope)
+        if self.poskit_fingerprint is not None:
+            self._check_fingerprint()
+        kwargs["auto_map"] = {**(kwargs.get("auto_map") or {}), **AUTO_MAP}
         # the defaults that depend on other fields, written out (as Llama's config does) so config.json is explicit
         if self.num_key_value_heads is None and not isinstance(self.num_attention_heads, bool) \
                 and isinstance(self.num_attention_heads, int):
@@ -116,6 +165,81 @@ class PoskitConfig(PretrainedConfig):
                 or self.max_position_embeddings < 1):
             raise ConfigError("max_position_embeddings", "a positive int or null", self.max_position_embeddings)
         super().__post_init__(**kwargs)
+
+    def fingerprint(self) -> dict:
+        """What these weights compute under: {"fields": the values of FINGERPRINT_FIELDS, "sha256": their digest}."""
+        fields = {name: _as_json(getattr(self, name)) for name in FINGERPRINT_FIELDS}
+        return {"fields": fields, "sha256": _digest(fields)}
+
+    def _check_fingerprint(self) -> None:
+        record = self.poskit_fingerprint
+        if not (isinstance(record, dict) and isinstance(record.get("fields"), dict)
+                and isinstance(record.get("sha256"), str) and set(record) == {"fields", "sha256"}):
+            raise ConfigError("poskit_fingerprint", 'null or {"fields": {...}, "sha256": "..."} as poskit export '
+                              "writes it", record)
+        if _digest(record["fields"]) != record["sha256"]:
+            raise ValueError("poskit_fingerprint in this config was edited (its sha256 no longer matches its fields): "
+                             "restore it as exported, or remove it to load the weights without the check")
+        unknown = sorted(set(record["fields"]) - set(FINGERPRINT_FIELDS))
+        if unknown:
+            raise ValueError(f"poskit_fingerprint records field(s) {unknown} this poskit does not know")
+        for name, trained in record["fields"].items():
+            now = _as_json(getattr(self, name))
+            if now != trained:
+                raise ValueError(f"{name} is {now!r} here, but these weights were trained with {name}={trained!r} "
+                                 "(poskit_fingerprint): they would compute something else under another architecture "
+                                 "or encoding; restore the field, or remove poskit_fingerprint from config.json to "
+                                 "load them this way on purpose")
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """config.json, and the module that AUTO_MAP names (loading without `import poskit.hf`)."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        if os.path.isfile(os.path.join(save_directory, "config.json")):
+            with open(os.path.join(save_directory, f"{AUTO_MODULE}.py"), "w") as f:
+                f.write(AUTO_MODULE_SOURCE)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig"):
+        # transformers calls this on a class loaded through AUTO_MAP, after which save_pretrained would copy the
+        # source file of the class into the directory: for these installed classes that would be poskit's own
+        # modules. save_pretrained writes the AUTO_MAP module instead.
+        if cls.__module__.split(".")[0] == "poskit":
+            return
+        super().register_for_auto_class(auto_class)
+
+    def _read_hf_rope_fields(self, fields: dict) -> None:
+        """Fold HF's RoPE fields (top level, or inside position_encoding_options) into poskit's rope options."""
+        options = self.position_encoding_options
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not isinstance(options, dict) or not isinstance(self.position_encoding, str):
+            if given:
+                raise ValueError(f"{sorted(given)[0]} needs position_encoding to be a rope encoding and "
+                                 "position_encoding_options a dict")
+            return  # to_model_config names what is wrong
+        is_rope = (self.position_encoding in poskit.available_encodings()
+                   and encoding_class(self.position_encoding) is RotaryEncoding)
+        if given and not is_rope:
+            raise ValueError(f"{sorted(given)[0]} is a RoPE field; position_encoding {self.position_encoding!r} is not "
+                             "a rope encoding (rope, rope-yarn, ...)")
+        if not is_rope:
+            return
+        merged = {**options, **given}
+        both = sorted(set(options) & set(given))
+        for key in both:
+            if options[key] != given[key]:
+                raise ValueError(f"{key}={given[key]!r} and position_encoding_options[{key!r}]={options[key]!r} "
+                                 "disagree: give one of them")
+        named = [rope_hf.HF_ROPE_TYPES.get(t.get("rope_type", t.get("type")))
+                 for t in (merged.get(k) for k in rope_hf.HF_DICTS) if isinstance(t, dict)]
+        named = [n for n in named if n is not None]
+        if named and self.position_encoding == "rope":
+            self.position_encoding = rope_hf.encoding_name(named[0])  # the dict picks the variant of plain rope
+        head_dim = self.head_dim if self.head_dim is not None else _quotient(self.hidden_size, self.num_attention_heads)
+        try:
+            scaling = rope_hf.encoding_scaling(self.position_encoding)
+            self.position_encoding_options = rope_hf.resolve_options(scaling, head_dim, merged)
+        except ValueError as e:
+            raise ValueError(f"position_encoding {self.position_encoding!r}: {e}") from None
 
     def to_model_config(self, *, default_width: bool = False) -> ModelConfig:
         """The `ModelConfig` of this config (validated; errors name the Hugging Face field)."""
@@ -153,6 +277,26 @@ class PoskitConfig(PretrainedConfig):
         if clash:
             raise ValueError(f"fields {clash} come from model_config; pass them there, not as keywords")
         return cls(**fields, **kwargs)
+
+
+#: Hugging Face's RoPE fields a config may carry beside position_encoding_options (as Llama's config does)
+_HF_ROPE_FIELDS = ("rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor",
+                   "original_max_position_embeddings", "rope_interleave")
+
+
+def _as_json(value):
+    # the value as config.json holds it (tuples become lists, ints stay ints)
+    return json.loads(json.dumps(value))
+
+
+def _digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _quotient(width, heads):
+    # head_dim's default, when both are ints (otherwise None: to_model_config names the bad field)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (width, heads))
+    return width // heads if ints and heads > 0 else None
 
 
 def _widen(value):

@@ -6,6 +6,7 @@ export_run(run_dir, directory)  -> a `poskit train` run as a Hugging Face direct
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -54,36 +55,79 @@ def to_poskit(directory, *, dtype: torch.dtype | None = None) -> Transformer:
     return hf.model.eval()
 
 
-def export_run(run_dir, directory, *, overwrite: bool = False) -> Path:
-    """Write the trained run `run_dir` (a `poskit train` directory) as a Hugging Face directory: config.json,
-    model.safetensors, generation_config.json and poskit_run.json (the run's config, task and vocabulary).
+def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = False) -> Path:
+    """Write the trained run `run_dir` (a `poskit train` directory) as a Hugging Face directory: config.json
+    (with `poskit_fingerprint`, what the run was trained as: a config edited later to another architecture or
+    encoding is refused on load), model.safetensors, generation_config.json, poskit_run.json (the run's config,
+    task and vocabulary) and the auto-class module (PoskitConfig.save_pretrained).
 
-    The directory is written under a temporary name and renamed when complete, so it never holds half an
-    export; an existing non-empty `directory` is refused unless `overwrite`."""
+    Everything is checked before anything is written: `directory` may not be the run, inside it or above it
+    (`overwrite` included), must be a directory path that can be created and written, and an existing non-empty
+    one is refused unless `overwrite`. The directory is written under a temporary name beside it and renamed
+    when complete, so it never holds half an export. progress: transformers' progress bar while writing."""
     from poskit.training.run import load_run
 
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"--hf directory {str(directory)!r} is a file; choose a directory path")
-    if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise ValueError(f"--hf directory {str(directory)!r} exists and is not empty; choose another (or overwrite)")
+    _check_destination(Path(run_dir), directory, overwrite)
     model, task, cfg = load_run(run_dir)  # checks every run file, naming the bad one
     hf = from_poskit(model, max_position_embeddings=task.max_input_len, pad_token_id=task.vocab.pad_id)
+    hf.config.poskit_fingerprint = hf.config.fingerprint()
     info = {"run_dir": str(Path(run_dir).resolve()), "task": task.name, "task_params": _jsonable(task.params),
             "vocab": {"tokens": list(task.vocab.tokens), "sep": task.vocab.sep, "pad_id": task.vocab.pad_id},
             "train_config": _jsonable(cfg.to_dict() if hasattr(cfg, "to_dict") else {})}
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        hf.save_pretrained(staging)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    except OSError as e:  # the staging path is ours, not the user's: name what they gave
+        raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
+    try:
+        with _progress_bars(progress):
+            hf.save_pretrained(staging)
         (staging / RUN_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)
+    except OSError as e:
+        raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def _check_destination(run_dir: Path, directory: Path, overwrite: bool) -> None:
+    """Refuse, before anything is written, a destination that would replace or mix with the run or cannot be a
+    writable directory; each error names --hf."""
+    run, dest = run_dir.resolve(), directory.resolve()
+    where = ("is the run itself" if dest == run else "is inside the run" if run in dest.parents
+             else "is above the run" if dest in run.parents else None)
+    if where is not None:
+        raise ValueError(f"--hf directory {str(directory)!r} {where} {str(run_dir)!r} (an export there"
+                         f"{' with --overwrite' if overwrite else ''} would mix with or replace the run's files); "
+                         "choose a directory outside the run")
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"--hf directory {str(directory)!r} is a file; choose a directory path")
+    existing = next(p for p in (dest, *dest.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--hf directory {str(directory)!r} cannot be created: {str(existing)!r} is a file, not a "
+                         "directory")
+    if not os.access(existing if existing != dest else dest.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--hf directory {str(directory)!r} cannot be written: no write permission in "
+                         f"{str(existing if existing != dest else dest.parent)!r}")
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise ValueError(f"--hf directory {str(directory)!r} exists and is not empty; choose another (or overwrite)")
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool):
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
 def _jsonable(value):
