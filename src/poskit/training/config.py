@@ -50,7 +50,8 @@ class TrainConfig:
     warmup_fraction: float | None = None
     """If set, the warmup is this fraction of max_steps (overrides warmup_steps)."""
     weight_decay: float = 0.01
-    """AdamW decoupled weight decay, on weight matrices and embeddings (not norms, biases, positional parameters)."""
+    """AdamW decoupled weight decay, on the weight matrices of linear layers (not on norms, biases, embeddings,
+    positional-encoding parameters: training.step.decay_groups)."""
     beta1: float = 0.9
     """AdamW's decay rate of the gradient's running mean, in [0, 1)."""
     beta2: float = 0.98

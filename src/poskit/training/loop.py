@@ -25,7 +25,7 @@ from .distributed import (
 )
 from .files import CHECKPOINT_FILE, METRICS_FILE, RunFileError
 from .rng import rng_state, set_rng_state
-from .step import NonFiniteLossError, update
+from .step import DECAY_RULE, LEGACY_RULE, NonFiniteLossError, update
 from .tensorboard_log import TensorBoardLog
 
 
@@ -72,7 +72,8 @@ class Trainer:
         self.net = wrap_model(self.model, self.procs, self.loop.parallel)
         if self.loop.compile:  # the compiled module shares self.model's parameters; checkpoints save self.model
             self.net = torch.compile(self.net)
-        self.optimizer = recipe.optimizer(self.model)
+        self.rule = DECAY_RULE
+        self.optimizer = recipe.optimizer(self.model, self.rule)
         if self.procs.rank > 0:
             torch.manual_seed(_rank_seed(self.loop.seed, self.procs.rank, 0))
         self.step, self.elapsed = 0, 0.0
@@ -100,7 +101,7 @@ class Trainer:
                  "optimizer": full_optimizer_state(self.model, self.optimizer, mode, procs), "step": self.step,
                  "elapsed": self.elapsed, "loss_acc": [self.loss_sum, self.loss_count], "rng": rng_state(),
                  **self.recipe.data_state(), "config": self.recipe.config.to_dict(),
-                 "world_size": procs.world_size, "poskit_version": code_version()}
+                 "world_size": procs.world_size, "poskit_version": code_version(), "decay_rule": self.rule}
         if procs.active:
             state["rank_rng"] = gather_to_main(state["rng"], procs)
         return state
@@ -122,6 +123,9 @@ class Trainer:
         discards the Trainer then. The state may come from a run with another number of processes: the data
         stream continues exactly (it is shared by all ranks); a rank the checkpoint has no RNG state of starts
         a fresh dropout stream."""
+        rule = state.get("decay_rule", LEGACY_RULE)
+        if rule != self.rule:  # a checkpoint of an older version continues with the groups it was trained with
+            self.optimizer, self.rule = self.recipe.optimizer(self.model, rule), rule
         try:
             load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], self.loop.parallel,
                             self.procs)

@@ -49,15 +49,37 @@ def build_model(cfg: TrainConfig, task) -> Transformer:
     return Transformer(model_cfg).to(cfg.device)
 
 
-def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; decay on >= 2-d weights except positional-encoding parameters (a decayed PoPE delta or CoPE table
-    would be pulled to zero, i.e. towards "no positional information")."""
-    pos_params = {id(p) for m in model.encoding_modules() for p in m.parameters()}
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (decay if p.dim() >= 2 and id(p) not in pos_params else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+# which rule a checkpoint's optimizer groups follow (saved with it; a checkpoint without it used LEGACY_RULE)
+DECAY_RULE, LEGACY_RULE = "linear-weights", "matrices-and-embeddings"
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str = DECAY_RULE) -> list[dict]:
+    """The optimizer's parameter groups of any model, by one rule: weight decay on the weight matrices of its
+    linear layers, none on norms, biases, embeddings (a tied output matrix is the embedding) and the
+    parameters of positional encodings (PoPE's phase bias, CoPE's and relative PE's tables, learned absolute
+    positions: a decayed one is pulled towards "no positional information"), nor on any other free parameter
+    (a ViT's learned position table). Without weight decay, one group.
+
+    `rule=LEGACY_RULE` gives the language model's groups before this rule (decay on every >= 2-d parameter but
+    an encoding's, embeddings included), with which a run checkpointed then continues exactly."""
+    from poskit.encodings.base import PositionalEncoding
+
+    params = list(model.parameters())
+    encoding = {id(p) for m in model.modules() if isinstance(m, PositionalEncoding) for p in m.parameters()}
+    if rule == LEGACY_RULE:
+        decayed = {id(p) for p in params if p.dim() >= 2} - encoding
+    elif not weight_decay:
+        return [{"params": params}]
+    else:
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        decayed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)} - encoding - embeddings
+    return [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
+            {"params": [p for p in params if id(p) not in decayed], "weight_decay": 0.0}]
+
+
+def make_optimizer(model: Transformer, cfg: TrainConfig, rule: str = DECAY_RULE) -> torch.optim.AdamW:
+    """AdamW with the groups of `decay_groups`."""
+    return torch.optim.AdamW(decay_groups(model, cfg.weight_decay, rule), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 def restrict_targets(targets: torch.Tensor, positions: list[int]) -> torch.Tensor:

@@ -97,7 +97,8 @@ class Recipe:
     def model_config(self, model) -> dict:
         return model.config.to_dict()
 
-    def optimizer(self, model) -> torch.optim.Optimizer:
+    def optimizer(self, model, rule: str) -> torch.optim.Optimizer:
+        """The optimizer over `model`'s parameters in the groups of `step.decay_groups(model, decay, rule)`."""
         raise NotImplementedError
 
     def lr_at(self, step: int) -> float:

@@ -20,6 +20,7 @@ from torch import nn
 from ...config_check import from_known_fields
 from ..files import read_metrics
 from ..rng import seed_everything
+from ..step import DECAY_RULE, decay_groups
 from .base import Draws, EpochStream, Loop, Recipe, slices
 
 
@@ -122,11 +123,8 @@ class GlueRecipe(Recipe):
     def model_config(self, model) -> dict:
         return {"encoder": model.encoder.config.to_dict(), "num_labels": model.classifier.out_features}
 
-    def optimizer(self, model):
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=self.config.lr)
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        return torch.optim.AdamW(decay_groups(model, 0.01, rule), lr=self.config.lr)
 
     def lr_at(self, step: int) -> float:
         warmup = max(1, round(0.1 * self.total))

@@ -11,7 +11,8 @@ from poskit.config_check import ConfigError
 from ..config import RESUME_FREE_FIELDS, TrainConfig
 from ..distributed import check_batch_split, from_main, local_rows, processes_from_env
 from ..files import read_metrics
-from ..step import build_model, build_task_for, evaluate, lm_step_loss, loss_targets, lr_at, make_optimizer
+from ..step import (DECAY_RULE, build_model, build_task_for, evaluate, lm_step_loss, loss_targets, lr_at,
+                    make_optimizer)
 from ..rng import seed_everything
 from ..tensorboard_log import check_tensorboard_available
 from .base import Loop, Recipe
@@ -77,8 +78,8 @@ class LMRecipe(Recipe):
     def model_config(self, model) -> dict:
         return dataclasses.replace(self.config.model, vocab_size=len(self.task.vocab)).to_dict()
 
-    def optimizer(self, model):
-        return make_optimizer(model, self.config)
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        return make_optimizer(model, self.config, rule)
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.config)

@@ -39,6 +39,7 @@ from ..checkpoint import read_run_state
 from ..checkpoint_store import checkpoint_path, remove_uncommitted_checkpoints, write_checkpoint
 from ..files import LEGACY_CHECKPOINT_FILE, RunFileError, atomic_write_bytes, parse_metrics, read_bytes, remove_stale_temp_files
 from ..rng import seed_everything
+from ..step import DECAY_RULE, decay_groups
 from .base import EpochStream, Loop, Recipe
 
 __all__ = ["DIRECTIONS", "Seq2SeqConfig", "Seq2SeqRecipe", "train_seq2seq", "load_pairs", "corpus_scores",
@@ -277,8 +278,9 @@ class Seq2SeqRecipe(Recipe):
         seed_everything(cfg.seed)
         return EncoderDecoder(cfg.model_config())
 
-    def optimizer(self, model):
-        return torch.optim.Adam(model.parameters(), lr=self.config.lr, betas=(0.9, 0.98), eps=1e-9)
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        # no weight decay, so one group whatever the rule (as every translation checkpoint holds)
+        return torch.optim.Adam(decay_groups(model, 0.0), lr=self.config.lr, betas=(0.9, 0.98), eps=1e-9)
 
     def lr_at(self, step: int) -> float:
         return lr_at(step + 1, self.config)  # the schedule counts steps from 1

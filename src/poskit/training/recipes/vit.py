@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ...config_check import from_known_fields
 from ..files import read_metrics
 from ..rng import seed_everything
+from ..step import DECAY_RULE, decay_groups
 from .base import Draws, EpochStream, Loop, Recipe, slices
 
 
@@ -87,11 +88,9 @@ class ViTRecipe(Recipe):
         return {"encoding": self.config.model["encoding"], "patch": s["patch"], "train_size": 8, "dim": s["dim"],
                 "depth": s["depth"], "heads": s["heads"]}
 
-    def optimizer(self, model):
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n != "table"]
-        other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n != "table")]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": self.config.settings["weight_decay"]},
-                                  {"params": other, "weight_decay": 0.0}], lr=self.config.settings["lr"])
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        s = self.config.settings
+        return torch.optim.AdamW(decay_groups(model, s["weight_decay"], rule), lr=s["lr"])
 
     def lr_at(self, step: int) -> float:
         lr, total = self.config.settings["lr"], self.total
