@@ -17,7 +17,7 @@ import pytest
 from poskit.cli import main
 from poskit.training import CHECKPOINT_FILE, CHECKPOINTS_DIR, CONFIG_FILE, RESULTS_FILE, RunFileError, TrainConfig, train
 from poskit.training.files import read_results
-from poskit.training.run_dir import LOCK_FILE, MARKER_FILE, RunDirError, check, claim, locked, owned
+from poskit.training.run_dir import LOCK_FILE, MARKER_FILE, RunDirError, check, check_apart, claim, locked, owned
 
 from thread_helpers import single_thread
 
@@ -172,6 +172,15 @@ def test_other_commands_cannot_claim_a_run_and_a_run_cannot_claim_theirs(kind, f
     with pytest.raises(RunDirError, match=f"is a poskit {kind} directory"):
         train(TrainConfig.from_dict(TINY), other, quiet=True)
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("out,where", [("run", "is"), ("run/hf", "is inside"), (".", "contains")])
+def test_an_output_that_is_the_run_inside_it_or_above_it_is_refused(out, where, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunDirError, match=rf"--hf '{out}' {where} the run directory 'run'; writing it would replace"):
+        check_apart(out, "run", "--hf")
+    check_apart("elsewhere", "run", "--hf")
+    check_apart("run-hf", "run", "--hf")  # a sibling whose name starts alike
 
 
 def test_a_run_written_before_markers_resumes_and_is_adopted(finished, tmp_path):

@@ -14,10 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..training.files import atomic_write_json, check_writable_dir
+from ..training.files import atomic_write_json, check_writable_dir, read_metrics
+from ..training.recipes.seq2seq import CONFIG, Seq2SeqConfig, load_pairs, require_scorer, train_seq2seq
 from ..training.run_dir import owned
-from ..training.recipes.seq2seq import (CONFIG, Seq2SeqConfig, load_pairs, read_run_metrics, require_scorer,
-                                train_seq2seq)
 from .configs import SEQ2SEQ_REPRODUCTIONS
 from .configs.records import derive
 from .parallel import check_workers, run_parallel
@@ -39,7 +38,7 @@ def _stats(values: list[float]) -> dict:
 
 
 def _curve(run_dir: Path) -> tuple[list[int], list[float]]:
-    records = [r for r in read_run_metrics(run_dir) if "train_loss" in r]
+    records = [r for r in read_metrics(run_dir) if "train_loss" in r]
     return [r["step"] for r in records], [r["train_loss"] for r in records]
 
 

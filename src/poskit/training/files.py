@@ -32,6 +32,19 @@ class RunFileError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
+def does_not_fit(path, error: Exception, what: str = "the run's model and optimizer") -> RunFileError:
+    """A checkpoint `path` whose state failed to load (`error`) into `what`: a RunFileError naming it."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return RunFileError(path, f"does not fit {what} ({reason})")
+
+
+def code_version() -> str:
+    """poskit's version, recorded in run directories, checkpoints and results."""
+    from .. import __version__
+
+    return __version__
+
+
 def _kill_before_rename_requested(path: Path) -> bool:
     spec = os.environ.get(KILL_BEFORE_RENAME_ENV)
     if not spec:

@@ -23,7 +23,7 @@ from .distributed import (
     max_across,
     wrap_model,
 )
-from .files import CHECKPOINT_FILE, METRICS_FILE, RunFileError
+from .files import CHECKPOINT_FILE, METRICS_FILE, code_version, does_not_fit
 from .rng import rng_state, set_rng_state
 from .step import DECAY_RULE, LEGACY_RULE, NonFiniteLossError, update
 from .tensorboard_log import TensorBoardLog
@@ -40,12 +40,6 @@ def _rank_seed(seed: int, rank: int, step: int) -> int:
     # a dropout stream per rank (rank 0 keeps the run's own): identical streams would drop the same units of
     # different examples on every rank
     return (seed * 1_000_003 + rank * 7919 + step) % 2**63
-
-
-def code_version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 class Trainer:
@@ -133,8 +127,7 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
             if path is None:
                 raise
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise RunFileError(path, f"does not fit the run's model and optimizer ({reason})") from None
+            raise does_not_fit(path, e) from None
         self.step, self.elapsed = int(state["step"]), float(state.get("elapsed", 0.0))
         self.loss_sum, self.loss_count = (float(state["loss_acc"][0]), int(state["loss_acc"][1])) \
             if "loss_acc" in state else (0.0, 0)

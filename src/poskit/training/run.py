@@ -30,11 +30,13 @@ from .files import (
     atomic_write_bytes,
     atomic_write_json,
     check_writable_dir,
+    code_version,
+    does_not_fit,
     load_config,
     read_results,
     remove_stale_temp_files,
 )
-from .loop import Trainer, code_version
+from .loop import Trainer
 from .recipes.lm import LMRecipe
 from .step import build_model, build_task_for
 
@@ -181,8 +183,7 @@ def _load_weights(model: Transformer, state: dict, path: Path) -> None:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise RunFileError(path, f"does not fit the run's model ({reason})") from None
+        raise does_not_fit(path, e, "the run's model") from None
 
 
 def convert_legacy_checkpoint(run_dir) -> Path:

@@ -5,6 +5,9 @@ the one process writing it.
     claim(dir, kind)    refuse unless `dir` is absent, empty, poskit's own of that kind, or (for kind "run")
                         a run written before markers existed; create it and write the marker
     check(dir, kind)    the same decision without writing anything: "new", "own" or "legacy"
+    check_apart(out, run, name)
+                        refuse an output that is a run directory, inside it or above it (an export there
+                        would replace the run)
     locked(dir)         hold the directory's lock for a block; a second holder is refused at once naming the
                         lock and the process that holds it; a lock left by a process that died is named
     owned(dir, kind)    claim + locked: what a command wraps its whole life in
@@ -23,7 +26,8 @@ import warnings
 from pathlib import Path
 
 from ..file_lock import file_lock
-from .files import CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, METRICS_FILE, TEMP_MARK, TEMP_PREFIX
+from .files import (CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, METRICS_FILE, TEMP_MARK, TEMP_PREFIX,
+                    atomic_write_json, code_version)
 
 MARKER_FILE, LOCK_FILE = ".poskit.json", ".poskit.lock"
 KINDS = ("run", "compare", "study", "export", "extend")
@@ -33,12 +37,6 @@ _EARLY_RUN_FILES = {CONFIG_FILE, METRICS_FILE, "tensorboard"}
 
 class RunDirError(ValueError):
     """A directory poskit will not write into, or one another process is writing."""
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def _listing(directory: Path, limit: int = 5) -> str:
@@ -100,10 +98,18 @@ def claim(directory, kind: str, legacy=None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if state != "own":
-        from .files import atomic_write_json
-
-        atomic_write_json(directory / MARKER_FILE, {"written_by": "poskit", "kind": kind, "poskit_version": _version()})
+        atomic_write_json(directory / MARKER_FILE, {"written_by": "poskit", "kind": kind, "poskit_version": code_version()})
     return directory
+
+
+def check_apart(out, run, name: str) -> None:
+    """Refuse output directory `out` (the argument `name`) when it is `run`, inside it or above it."""
+    out_path, run_path = Path(out).resolve(), Path(run).resolve()
+    where = ("is" if out_path == run_path else "is inside" if run_path in out_path.parents
+             else "contains" if out_path in run_path.parents else None)
+    if where:
+        raise RunDirError(f"{name} {str(out)!r} {where} the run directory {str(run)!r}; writing it would replace the "
+                          "run: choose a directory outside it")
 
 
 @contextlib.contextmanager

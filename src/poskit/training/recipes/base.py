@@ -12,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from ...config_check import from_known_fields
 from ..config import config_difference
 from ..files import CONFIG_FILE, RESULTS_FILE, RunFileError, read_json
 
@@ -36,8 +35,24 @@ class Loop:
 
 
 class Recipe:
+    """A kind of run. Besides the defaults below, a recipe provides:
+
+        loop() -> Loop                   the loop's settings (called once the model is built)
+        identity() -> dict               task, encoding and seed: what its results and checkpoint record must
+                                         agree on with config.json
+        build_model() -> nn.Module       the run's data and model, seeded here (all randomness flows from the
+                                         config's seed)
+        optimizer(model, rule)           the optimizer over step.decay_groups(model, its weight decay, rule)
+        lr_at(step) -> float             the learning rate of step `step` (0 for the first)
+        next_batch(step, procs)          the step's batch (this rank's rows of it under several processes)
+        data_state() / load_data_state(state)
+                                         the data stream's position, saved in checkpoints (`state_entries`)
+        loss(net, batch, procs)          (the loss to backpropagate, its value as every rank reports it)
+        final_results(trainer) -> dict   the results file's content
+    """
+
     config_type: type
-    name: str  # in errors about its checkpoints: "not a checkpoint written by poskit's <name> trainer"
+    writer: str  # in errors about its checkpoints: "not a checkpoint written by <writer>"
     results_file: str = RESULTS_FILE
     state_entries: dict = {}  # the entries its checkpoints hold besides model, optimizer, step and rng
     resume_free_fields: tuple = ()  # config fields a resume may change without changing the run's numbers
@@ -47,14 +62,6 @@ class Recipe:
         if config is not None and not isinstance(config, self.config_type):
             raise ValueError(f"cfg must be a {self.config_type.__name__}, got {type(config).__name__}")
         self.config = config
-
-    # -- the config and the run it describes
-    def loop(self) -> Loop:
-        raise NotImplementedError
-
-    def identity(self) -> dict:
-        """task, encoding and seed: what results.json and checkpoint.json must agree on with config.json."""
-        raise NotImplementedError
 
     @classmethod
     def load_config(cls, run_dir):
@@ -89,46 +96,23 @@ class Recipe:
         """Checks of the launch (device, processes, optional packages) before anything is built or written; a
         recipe that records the launch in its config (the LM's world_size) does it here."""
 
-    # -- model, optimizer, data
-    def build_model(self) -> torch.nn.Module:
-        """The run's data and its model (seeded here: everything random flows from the config's seed)."""
-        raise NotImplementedError
-
     def model_config(self, model) -> dict:
+        """What the checkpoint's model_config.json records."""
         return model.config.to_dict()
-
-    def optimizer(self, model, rule: str) -> torch.optim.Optimizer:
-        """The optimizer over `model`'s parameters in the groups of `step.decay_groups(model, decay, rule)`."""
-        raise NotImplementedError
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of step `step` (0 for the first)."""
-        raise NotImplementedError
-
-    def next_batch(self, step: int, procs):
-        raise NotImplementedError
-
-    def data_state(self) -> dict:
-        """The position of the training data stream, saved in checkpoints (entries of `state_entries`)."""
-        raise NotImplementedError
-
-    def load_data_state(self, state: dict) -> None:
-        raise NotImplementedError
-
-    # -- loss, evaluation, results
-    def loss(self, net, batch, procs) -> tuple[torch.Tensor, float]:
-        """(the loss to backpropagate, its value as every rank reports it)."""
-        raise NotImplementedError
 
     def evaluate(self, trainer) -> tuple[str, dict] | None:
         """(split, metrics) of the periodic evaluation, or None (nothing to evaluate during training)."""
         return None
 
-    def final_results(self, trainer) -> dict:
-        raise NotImplementedError
-
     def write_outputs(self, run_dir: Path, results: dict) -> None:
         """Files besides the results (written before them, so that finished results imply the outputs)."""
+
+
+def config_dict(cls):
+    """Give config dataclass `cls` the to_dict / from_dict of the trainer's configs (unknown keys refused)."""
+    cls.to_dict = lambda self: dataclasses.asdict(self)
+    cls.from_dict = classmethod(lambda c, d: from_known_fields(c, d, f"{c.__name__} config"))
+    return cls
 
 
 class EpochStream:

@@ -9,7 +9,6 @@ decay 0.01, linear warmup over 10 % of the steps, then linear decay to 0, gradie
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,11 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config_check import from_known_fields
 from ..files import read_metrics
 from ..rng import seed_everything
 from ..step import DECAY_RULE, decay_groups
-from .base import Draws, EpochStream, Loop, Recipe, slices
+from .base import Draws, EpochStream, Loop, Recipe, config_dict, slices
 
 
 class SequenceClassifier(nn.Module):
@@ -43,6 +41,7 @@ class SequenceClassifier(nn.Module):
         return self.classifier(self.drop(pooled))
 
 
+@config_dict
 @dataclass
 class GlueConfig:
     """One fine-tune: the MLM run it starts from, the GLUE task and data, and the optimiser's settings."""
@@ -61,13 +60,6 @@ class GlueConfig:
     batch_size: int = 32
     max_length: int = 128
     max_train_examples: int | None = None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GlueConfig":
-        return from_known_fields(cls, d, "fine-tune config")
 
 
 def _predict(model: SequenceClassifier, split, batch_size: int, regression: bool) -> np.ndarray:

@@ -37,7 +37,7 @@ from ...encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from ...tasks.translation import BOS, EOS, PAD, PairSet
 from ..checkpoint import read_run_state
 from ..checkpoint_store import checkpoint_path, remove_uncommitted_checkpoints, write_checkpoint
-from ..files import LEGACY_CHECKPOINT_FILE, RunFileError, atomic_write_bytes, parse_metrics, read_bytes, remove_stale_temp_files
+from ..files import LEGACY_CHECKPOINT_FILE, atomic_write_bytes, does_not_fit, remove_stale_temp_files
 from ..rng import seed_everything
 from ..step import DECAY_RULE, decay_groups
 from .base import EpochStream, Loop, Recipe
@@ -238,8 +238,7 @@ def convert_legacy_seq2seq_checkpoint(run_dir) -> Path:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise RunFileError(path, f"does not fit the run's model and optimizer ({reason})") from None
+        raise does_not_fit(path, e) from None
     remove_stale_temp_files(run_dir)
     remove_uncommitted_checkpoints(run_dir)
     # the state is written as read (weights, optimizer, RNG), so a resume after the conversion is exact
@@ -322,12 +321,6 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
         raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
     require_scorer()
     return run(Seq2SeqRecipe(cfg, label), run_dir, resume=resume, quiet=quiet, label=label)
-
-
-def read_run_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl ([] before the first checkpoint)."""
-    path = run_dir / METRICS
-    return parse_metrics(path, read_bytes(path)) if path.exists() else []
 
 
 def evaluate_run(model, data, sets, cfg: Seq2SeqConfig) -> dict:

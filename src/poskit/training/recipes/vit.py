@@ -2,20 +2,19 @@
 and a cosine decay to lr / 10, evaluated at the end on larger images (upsampled, and the digit on a canvas)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from ...config_check import from_known_fields
 from ..files import read_metrics
 from ..rng import seed_everything
 from ..step import DECAY_RULE, decay_groups
-from .base import Draws, EpochStream, Loop, Recipe, slices
+from .base import Draws, EpochStream, Loop, Recipe, config_dict, slices
 
 
+@config_dict
 @dataclass
 class ViTConfig:
     """One digits run: the encoding (in `model`), the seed, and the settings every run of a demo shares."""
@@ -26,13 +25,6 @@ class ViTConfig:
     settings: dict = field(default_factory=dict)
     """patch, eval_sizes, canvas_size, dim, depth, heads, epochs, batch_size, lr, weight_decay (DigitsSettings)."""
     task: str = "digits"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ViTConfig":
-        return from_known_fields(cls, d, "digits run config")
 
 
 @torch.no_grad()
