@@ -23,7 +23,7 @@ def write_legacy(run: Path, state: dict) -> None:
 
 def to_legacy(run: Path) -> None:
     """Rewrite a translation run's current checkpoint as the legacy checkpoint.pt."""
-    from poskit.training.seq2seq import read_seq2seq_checkpoint
+    from poskit.training.recipes.seq2seq import read_seq2seq_checkpoint
 
     state, _ = read_seq2seq_checkpoint(run)
     write_legacy(run, state)

@@ -27,6 +27,7 @@ from poskit.training import (
     train,
 )
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
+from poskit.training.run_dir import LOCK_FILE, MARKER_FILE
 
 from checkpoint_helpers import to_legacy
 from thread_helpers import single_thread
@@ -278,7 +279,7 @@ def test_stale_temp_files_are_ignored_then_removed_when_the_run_continues(stoppe
     assert train(None, run, resume=True, quiet=True)["steps"] == 16
     assert not stale.exists() and not uncommitted.exists()
     assert sorted(p.name for p in run.iterdir()) == sorted([CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, CHECKPOINTS_DIR,
-                                                           RESULTS_FILE])
+                                                           RESULTS_FILE, MARKER_FILE, LOCK_FILE])
     assert len(list((run / CHECKPOINTS_DIR).iterdir())) == 1
 
 

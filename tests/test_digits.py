@@ -98,7 +98,9 @@ def test_tiny_run_is_resumable(tmp_path, monkeypatch):
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(demo, "train_one", no_training)
+    from poskit.training.loop import Trainer
+
+    monkeypatch.setattr(Trainer, "run", no_training)  # a finished run returns its result.json
     again = demo.run_digits(settings, tmp_path, quiet=True)
     assert again["encodings"]["rope"]["test@8"] == first["encodings"]["rope"]["test@8"]
     result = tmp_path / "rope" / "seed0" / "result.json"

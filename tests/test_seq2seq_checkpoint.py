@@ -15,8 +15,8 @@ from hypothesis import given, settings, strategies as st
 from poskit.training import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, RunFileError
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 from poskit.training.rng import rng_state
-from poskit.training import seq2seq
-from poskit.training.seq2seq import Seq2SeqConfig, read_seq2seq_checkpoint
+from poskit.training.recipes import seq2seq
+from poskit.training.recipes.seq2seq import Seq2SeqConfig, read_seq2seq_checkpoint
 
 from seq2seq_checkpoint_helpers import write_legacy
 from extras import need
@@ -40,13 +40,22 @@ def _trained_pair(cfg: Seq2SeqConfig, seed: int = 0):
     return model, opt
 
 
+def _save_checkpoint(run: Path, cfg: Seq2SeqConfig, model, opt, step: int, epoch: int, position: int) -> None:
+    """A checkpoint with the entries the translation recipe saves, through the checkpoint store."""
+    from poskit.training.checkpoint_store import write_checkpoint
+
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
+             "position": position, "rng": rng_state(), "config": cfg.to_dict(), "world_size": 1}
+    write_checkpoint(run, state, model.config.to_dict())
+
+
 def _run(tmp_path: Path, legacy: bool = False, **model) -> tuple[Path, Seq2SeqConfig, object, object]:
     cfg = _cfg(**model)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model, opt = _trained_pair(cfg)
-    seq2seq._save_checkpoint(run, cfg, model, opt, 3, 1, 2)
+    _save_checkpoint(run, cfg, model, opt, 3, 1, 2)
     if legacy:
         write_legacy(run, read_seq2seq_checkpoint(run)[0])
     return run, cfg, model, opt

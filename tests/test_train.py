@@ -27,6 +27,7 @@ from poskit.train import (
     set_rng_state,
     train,
 )
+from poskit.training.run_dir import LOCK_FILE, MARKER_FILE
 
 # tiny matrices: one thread is faster, and avoids OpenMP spin-waiting on a busy machine (conftest.py)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -188,7 +189,7 @@ def test_loss_on_last_uses_only_the_final_target(tmp_path):
 
     cfg = tiny(loss_on="last")
     tr = Trainer(cfg, None, quiet=True)
-    batch = tr.task.train_batch(4, torch.Generator().manual_seed(0))
+    batch = tr.recipe.task.train_batch(4, torch.Generator().manual_seed(0))
     assert (batch.target_mask.sum(1) > 1).any()  # flip-flop sequences have several reads
     with torch.no_grad():
         expected = lm_loss(tr.model(batch.inputs), restrict_to_last(batch.targets)).item()
@@ -202,7 +203,7 @@ def test_loss_on_chosen_target_positions(tmp_path):
     from poskit.train import Trainer
 
     tr = Trainer(tiny(loss_on=[0, -1]), None, quiet=True)
-    batch = tr.task.train_batch(8, torch.Generator().manual_seed(0))
+    batch = tr.recipe.task.train_batch(8, torch.Generator().manual_seed(0))
     assert (batch.target_mask.sum(1) > 2).any()  # rows with reads that [0, -1] leaves out
     with torch.no_grad():
         expected = lm_loss(tr.model(batch.inputs), restrict_targets(batch.targets, [0, -1])).item()
@@ -279,7 +280,7 @@ def test_checkpoint_contents_and_no_temp_files(tmp_path):
     assert {"model", "optimizer", "step", "rng", "data_generator", "config", "world_size"} <= set(state)
     assert set(state["rng"]) == {"torch", "numpy", "python"}
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(
-        [CONFIG_FILE, "metrics.jsonl", CHECKPOINT_FILE, CHECKPOINTS_DIR, RESULTS_FILE])
+        [CONFIG_FILE, "metrics.jsonl", CHECKPOINT_FILE, CHECKPOINTS_DIR, RESULTS_FILE, MARKER_FILE, LOCK_FILE])
     assert len(list((tmp_path / "r" / CHECKPOINTS_DIR).iterdir())) == 1  # earlier checkpoints were removed
     model, task, cfg = load_run(tmp_path / "r")
     assert cfg.task == "flip-flop" and not model.training

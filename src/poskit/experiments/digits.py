@@ -6,15 +6,15 @@ unchanged at the centre of a larger blank canvas (the same patch contents, only 
     poskit digits                      # 4 encodings x 3 seeds
     poskit digits --seeds 0 --epochs 5 # a quick look
 
-Each (encoding, seed) run writes <out>/<encoding>/seed<s>/result.json when it finishes; a rerun skips finished
-runs (resumable), so an interrupted demo loses at most the run in progress. Writes <out>/results.json,
+Each (encoding, seed) run is a run directory <out>/<encoding>/seed<s>/ (the Trainer's: checkpoints every epoch,
+result.json when it finishes); a rerun returns finished runs and resumes interrupted ones from their last
+checkpoint. Writes <out>/results.json,
 <out>/results.md (the table) and <out>/digits_vit.png (accuracy vs image size). Needs the `vision` extra
 (scikit-learn) and `experiments` (matplotlib).
 """
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 import time
@@ -22,11 +22,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ..training.files import atomic_write_json, check_writable_dir, read_json
+from ..training.files import atomic_write_json, check_writable_dir, read_results
+from ..training.recipes.vit import ViTConfig, ViTRecipe
+from ..training.run import run as run_training
+from ..training.run_dir import owned
 from ..validate import check_int, check_real
-from ..models.vit import ViT
 from .configs.digits import VIT_ENCODINGS, DigitsSettings
 
 __all__ = ["DigitsSettings", "results_table", "run", "run_digits"]
@@ -55,56 +56,11 @@ def _check(s: DigitsSettings) -> None:
             raise ValueError(f"eval_sizes must be multiples of patch={s.patch}, got {size}")
 
 
-def _lr_at(step: int, total: int, s: DigitsSettings) -> float:
-    warm = max(1, round(0.05 * total))
-    if step < warm:
-        return s.lr * (step + 1) / warm
-    progress = (step - warm) / max(1, total - warm)
-    return s.lr / 10 + (s.lr - s.lr / 10) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@torch.no_grad()
-def accuracy(model: ViT, images: torch.Tensor, labels: torch.Tensor) -> float:
-    model.eval()
-    correct = sum(int((model(images[i:i + 256]).argmax(-1) == labels[i:i + 256]).sum())
-                  for i in range(0, len(images), 256))
-    return correct / len(images)
-
-
-def train_one(encoding: str, seed: int, s: DigitsSettings, data) -> dict:
-    """Train one ViT; returns its accuracies {split@size: value} and the training time."""
-    from ..data.digits import on_canvas, upsample
-
-    torch.manual_seed(seed)
-    model = ViT(encoding=encoding, patch=s.patch, train_size=8, dim=s.dim, depth=s.depth, heads=s.heads)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n != "table"]
-    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n != "table")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay}, {"params": other,
-                                                                                  "weight_decay": 0.0}], lr=s.lr)
-    x, y = data.images["train"], data.labels["train"]
-    g = torch.Generator().manual_seed(seed)
-    per_epoch = math.ceil(len(x) / s.batch_size)
-    total, step, start = s.epochs * per_epoch, 0, time.perf_counter()
-    for _ in range(s.epochs):
-        model.train()
-        order = torch.randperm(len(x), generator=g)
-        for i in range(0, len(x), s.batch_size):
-            idx = order[i:i + s.batch_size]
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(step, total, s)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            step += 1
-    seconds = time.perf_counter() - start
-    result = {"encoding": encoding, "seed": seed, "steps": step, "train_seconds": round(seconds, 1),
-              "final_train_loss": loss.item()}
-    for split in ("validation", "test"):
-        for size in s.eval_sizes:
-            result[f"{split}@{size}"] = accuracy(model, upsample(data.images[split], size), data.labels[split])
-        result[f"{split}@canvas"] = accuracy(model, on_canvas(data.images[split], s.canvas_size), data.labels[split])
-    return result
+def train_one(encoding: str, seed: int, s: DigitsSettings, data, run_dir, quiet: bool = True) -> dict:
+    """Train one ViT in `run_dir` through the Trainer (resumable; a finished run returns its result.json);
+    returns its accuracies {split@size: value}, the training time and the settings."""
+    cfg = ViTConfig(model={"encoding": encoding}, seed=seed, settings=_run_settings(s))
+    return run_training(ViTRecipe(cfg, data), run_dir, resume=True, quiet=quiet, label=f"{encoding} seed {seed}")
 
 
 def _summary(runs: list[dict], key: str) -> dict:
@@ -180,33 +136,39 @@ def run_digits(settings: DigitsSettings, out_dir, *, quiet: bool = False) -> dic
     start = time.perf_counter()
     runs: dict[str, list[dict]] = {}
     todo = [(e, s) for e in settings.encodings for s in settings.seeds]
-    for n, (enc, seed) in enumerate(todo, 1):
-        path = out / enc / f"seed{seed}" / "result.json"
-        if path.exists():
-            result = read_json(path, "a digits run result")
+    with owned(out, "compare", legacy=_legacy_out):
+        for n, (enc, seed) in enumerate(todo, 1):
+            run_dir = out / enc / f"seed{seed}"
+            path = run_dir / ViTRecipe.results_file
+            if path.exists() and {p.name for p in run_dir.iterdir()} == {path.name}:
+                result, state = read_results(path, "a digits run result"), "kept"  # a run of an older version
+            else:
+                finished = path.exists()
+                result = train_one(enc, seed, settings, data, run_dir, quiet=quiet)
+                state = "kept" if finished else f"done ({result['train_seconds']} s)"
             if result.get("settings") != _run_settings(settings):
                 raise ValueError(f"{path} was written with other settings; use another --out")
-            state = "kept"
-        else:
-            result = {**train_one(enc, seed, settings, data), "settings": _run_settings(settings)}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, result)
-            state = f"done ({result['train_seconds']} s)"
-        runs.setdefault(enc, []).append(result)
-        if not quiet:
-            print(f"  [{n}/{len(todo)}] {enc} seed {seed} {state}: test {100 * result['test@8']:.1f} % at 8x8, "
-                  f"{100 * result[f'test@{settings.eval_sizes[-1]}']:.1f} % at {settings.eval_sizes[-1]}x"
-                  f"{settings.eval_sizes[-1]}", file=sys.stderr, flush=True)
-    keys = [f"{split}@{z}" for split in ("validation", "test") for z in (*settings.eval_sizes, "canvas")]
-    results = {"settings": asdict(settings), "wall_seconds": round(time.perf_counter() - start, 1),
-               "encodings": {e: {k: _summary(rs, k) for k in keys} | {"steps": rs[0]["steps"]}
-                             for e, rs in runs.items()}}
-    atomic_write_json(out / "results.json", results)
-    (out / "results.md").write_text(f"# digits ViT\n\n{results_table(results)}\n")
-    plot_results(results, out / "digits_vit.png")
+            runs.setdefault(enc, []).append(result)
+            if not quiet:
+                print(f"  [{n}/{len(todo)}] {enc} seed {seed} {state}: test {100 * result['test@8']:.1f} % at 8x8, "
+                      f"{100 * result[f'test@{settings.eval_sizes[-1]}']:.1f} % at {settings.eval_sizes[-1]}x"
+                      f"{settings.eval_sizes[-1]}", file=sys.stderr, flush=True)
+        keys = [f"{split}@{z}" for split in ("validation", "test") for z in (*settings.eval_sizes, "canvas")]
+        results = {"settings": asdict(settings), "wall_seconds": round(time.perf_counter() - start, 1),
+                   "encodings": {e: {k: _summary(rs, k) for k in keys} | {"steps": rs[0]["steps"]}
+                                 for e, rs in runs.items()}}
+        atomic_write_json(out / "results.json", results)
+        (out / "results.md").write_text(f"# digits ViT\n\n{results_table(results)}\n")
+        plot_results(results, out / "digits_vit.png")
     return results
 
 
 def run(experiment, *, out_dir, quiet: bool = False, **changes) -> dict:
     """The registry's entry (`poskit digits`): run_digits with the experiment's settings, `changes` applied."""
     return run_digits(replace(experiment.settings, **changes), out_dir, quiet=quiet)
+
+
+def _legacy_out(directory: Path) -> bool:
+    """An output directory of an older `poskit digits` (no marker): its tables, plot and encoding folders."""
+    return all(p.name in ("results.json", "results.md", "digits_vit.png") or (p.is_dir() and p.name in VIT_ENCODINGS)
+               for p in directory.iterdir())

@@ -1,11 +1,11 @@
 """Job records and the functions run in worker processes (top-level, so that "spawn" can pickle them by name)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.training import RESULTS_FILE, TrainConfig, load_run, train
+from poskit.training.files import read_results
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,12 @@ def train_job(job: TrainJob) -> TrainOutcome:
     return TrainOutcome(results, sweep, str(job.run_dir))
 
 
+def takes_rope_scaling(model) -> bool:
+    """Whether the test-time rope scalings apply to `model`: its encodings declare an unscaled rotation (the
+    `scaling` option of the rope family is "none"; a model trained with a scaled variant keeps its own)."""
+    return all(getattr(enc, "scaling", None) == "none" for enc in model.encoding_modules())
+
+
 def extrapolation_job(job: ExtrapolationJob) -> dict:
     """Evaluate one trained LM at every window length, as trained and with each test-time rope scaling
     (rope models only). Returns {"run_dir", "encoding", "seed", "context", "steps", "sweeps": {variant: rows}}
@@ -64,12 +70,12 @@ def extrapolation_job(job: ExtrapolationJob) -> dict:
     model, task, cfg = load_run(job.run_dir)
     context = task.max_input_len
     variants: dict = {"as-is": None}
-    if cfg.model.encoding == "rope":
+    if takes_rope_scaling(model):
         variants.update({s: s for s in job.scalings})
     sweeps = {name: evaluate_lengths(model, task, job.lengths, context=context, split=job.split,
                                      n_chars=job.n_chars, last_fraction=job.last_fraction, scaling=scaling)
               for name, scaling in variants.items()}
     results_path = Path(job.run_dir) / RESULTS_FILE
-    steps = json.loads(results_path.read_text())["steps"] if results_path.exists() else None
+    steps = read_results(results_path)["steps"] if results_path.exists() else None
     return {"run_dir": str(job.run_dir), "encoding": cfg.model.encoding, "seed": cfg.seed, "context": context,
             "steps": steps, "sweeps": sweeps}

@@ -2,9 +2,8 @@
 translate the test split with beam search, and report BLEU and chrF (mean and std over seeds), the
 validation/test NLL, and the training-loss curves (the Legendre PE paper's Fig. 4 shape) as a PNG.
 
-Runs are independent single-thread processes (experiments/parallel.py); each is resumable (its directory
-holds a checkpoint), so `--resume` after an interruption continues where the runs stopped and reuses the
-finished ones. Output files: <out>/<encoding>-seed<seed>/ (one run each), results.json, results.md,
+Runs are independent single-thread processes (experiments/parallel.py); each is a run directory of the
+Trainer, so `--resume` after an interruption continues where the runs stopped and reuses the finished ones. Output files: <out>/<encoding>-seed<seed>/ (one run each), results.json, results.md,
 convergence.png.
 """
 from __future__ import annotations
@@ -16,9 +15,9 @@ import time
 from pathlib import Path
 
 from ..encodings.spec import EncodingSpec
-from ..training.files import atomic_write_json, check_writable_dir
-from ..training.seq2seq import (CONFIG, Seq2SeqConfig, load_pairs, read_run_metrics, require_scorer,
-                                train_seq2seq)
+from ..training.files import atomic_write_json, check_writable_dir, read_metrics
+from ..training.recipes.seq2seq import CONFIG, Seq2SeqConfig, load_pairs, require_scorer, train_seq2seq
+from ..training.run_dir import owned
 from .configs import TranslationReproduction
 from .configs.records import derive
 from .outputs import COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT, safe_label
@@ -42,7 +41,7 @@ def _stats(values: list[float]) -> dict:
 
 
 def _curve(run_dir: Path) -> tuple[list[int], list[float]]:
-    records = [r for r in read_run_metrics(run_dir) if "train_loss" in r]
+    records = [r for r in read_metrics(run_dir) if "train_loss" in r]
     return [r["step"] for r in records], [r["train_loss"] for r in records]
 
 
@@ -109,20 +108,25 @@ def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", 
             raise ValueError(f"out already holds runs ({taken[0]} ...): pass --resume to continue them, or choose "
                              "another --out")
     require_scorer()
-    t0 = time.perf_counter()
-    load_pairs(plan[0][2], quiet=quiet)  # build the data cache once, before the workers read it
-    jobs = [(cfg.to_dict(), str(d), quiet, f"{enc} seed {seed}") for enc, seed, cfg, d in runs]
-    if not quiet:
-        print(f"reproduce {name} ({preset}): {len(jobs)} runs, {cfg_line(plan[0][2])}", file=sys.stderr, flush=True)
-    results = run_parallel(_job, jobs, workers=workers, labels=[j[3] for j in jobs], quiet=quiet)
-    wall = time.perf_counter() - t0
-    report = aggregate(name, preset, runs, results, wall)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / RESULTS_JSON, report)
-    (out / RESULTS_MD).write_text(markdown(report))
-    plot_convergence(report, {enc: [_curve(d) for e, _, _, d in runs if e == enc] for enc in report["encodings"]},
-                     out / CONVERGENCE_PNG)
+    with owned(out, "compare", legacy=_legacy_out):
+        t0 = time.perf_counter()
+        load_pairs(plan[0][2], quiet=quiet)  # build the data cache once, before the workers read it
+        jobs = [(cfg.to_dict(), str(d), quiet, f"{enc} seed {seed}") for enc, seed, cfg, d in runs]
+        if not quiet:
+            print(f"reproduce {name} ({preset}): {len(jobs)} runs, {cfg_line(plan[0][2])}", file=sys.stderr, flush=True)
+        results = run_parallel(_job, jobs, workers=workers, labels=[j[3] for j in jobs], quiet=quiet)
+        report = aggregate(name, preset, runs, results, time.perf_counter() - t0)
+        atomic_write_json(out / RESULTS_JSON, report)
+        (out / RESULTS_MD).write_text(markdown(report))
+        plot_convergence(report, {enc: [_curve(d) for e, _, _, d in runs if e == enc] for enc in report["encodings"]},
+                         out / CONVERGENCE_PNG)
     return report
+
+
+def _legacy_out(directory: Path) -> bool:
+    """An output directory of an older `poskit reproduce translation` (no marker): its report files and runs."""
+    return all(p.name in (RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG) or (p.is_dir() and (p / CONFIG).exists())
+               for p in directory.iterdir())
 
 
 def cfg_line(cfg: Seq2SeqConfig) -> str:

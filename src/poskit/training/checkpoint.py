@@ -6,33 +6,36 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from .config import TrainConfig, config_difference
+from .config import config_difference
 from .checkpoint_store import check_entries, read_state
 from .files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, RunFileError, parse_metrics, read_bytes
 from .rng import check_rng_state
 
-# what Trainer.state_dict saves: key -> accepted types
-_ENTRIES = {"model": dict, "optimizer": dict, "step": int, "elapsed": (int, float), "loss_acc": (list, tuple),
-            "rng": dict, "data_generator": torch.Tensor, "config": dict}
+# what every checkpoint's state holds: key -> accepted types (a recipe adds its own: Recipe.state_entries)
+_ENTRIES = {"model": dict, "optimizer": dict, "step": int, "rng": dict}
 _RNG_ENTRIES = ("torch", "numpy", "python")
 
 
-def read_checkpoint(path, device: str = "cpu") -> dict:
+def read_checkpoint(path, device: str = "cpu", recipe=None) -> dict:
     """The state saved in checkpoint `path` (a run's checkpoint.json, or the checkpoint.pt of a run written
-    before it), on `device`; a RunFileError naming the file when one of its files is truncated, zero-filled,
-    corrupt, not a checkpoint or missing one of its entries. Nothing is loaded anywhere."""
+    before it), on `device`, with the entries of `recipe` (a Recipe class or instance; default the language
+    model's); a RunFileError naming the file when one of its files is truncated, zero-filled, corrupt, not a
+    checkpoint or missing one of its entries. Nothing is loaded anywhere."""
+    return read_run_state(path, device, recipe)[0]
+
+
+def read_run_state(path, device: str = "cpu", recipe=None) -> tuple[dict, Path]:
+    """(state, the file its entries came from: training_state.pt or checkpoint.pt), as `read_checkpoint`."""
+    if recipe is None:
+        from .recipes.lm import LMRecipe as recipe
     state, path = read_state(path, device)  # entries of the current format are checked naming training_state.pt
-    return _check_state(path, state)
-
-
-def _check_state(path: Path, state: dict) -> dict:
-    check_entries(path, state, _ENTRIES, "poskit's trainer")
-    if state["step"] < 0 or len(state["loss_acc"]) != 2:
-        raise RunFileError(path, f"has a malformed step or loss_acc (step {state['step']})")
+    entries = {**_ENTRIES, **recipe.state_entries}
+    check_entries(path, state, entries, recipe.writer)
+    negative = [k for k, kind in entries.items() if kind is int and state[k] < 0]
+    if negative or len(state.get("loss_acc", (0, 0))) != 2:
+        raise RunFileError(path, f"has a malformed {negative[0] if negative else 'loss_acc'} (step {state['step']})")
     check_rng_entries(path, state["rng"])
-    return state
+    return state, path
 
 
 def check_rng_entries(path: Path, rng: dict) -> None:
@@ -46,17 +49,21 @@ def check_rng_entries(path: Path, rng: dict) -> None:
         raise RunFileError(path, f"has a malformed RNG state ({e})") from None
 
 
-def checkpoint_config(run_dir, state: dict, saved: TrainConfig) -> TrainConfig:
+def checkpoint_config(run_dir, state: dict, saved, recipe=None):
     """The config the checkpoint was trained with, which config.json (`saved`) must still describe: only a
     larger max_steps (an extension whose first checkpoint is not written yet) may differ. A mismatch (e.g.
     config.json edited from rope to alibi) is refused naming the field, since the weights would otherwise
-    run under the new name."""
+    run under the new name. (A legacy checkpoint without its config: None, nothing to compare.)"""
+    if recipe is None:
+        from .recipes.lm import LMRecipe as recipe
+    if "config" not in state:
+        return None
     run_dir = Path(run_dir)
     try:
-        own = TrainConfig.from_dict(state["config"])
+        own = recipe.config_type.from_dict(state["config"])
     except (ValueError, TypeError) as e:
         raise RunFileError(run_dir / CHECKPOINT_FILE, f"holds an invalid config: {e}") from None
-    difference = config_difference(own, saved)
+    difference = config_difference(own, saved, recipe.resume_free_fields)
     if difference is not None:
         key, theirs, ours = difference
         raise RunFileError(run_dir / CONFIG_FILE,

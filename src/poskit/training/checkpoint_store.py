@@ -79,11 +79,12 @@ def _weights_bytes(weights: dict) -> bytes:
     return save(tensors)
 
 
-def write_checkpoint(run_dir, state: dict, model_config: dict) -> Path:
+def write_checkpoint(run_dir, state: dict, model_config: dict, run: dict | None = None) -> Path:
     """Write `state` (a trainer's state dict: "model" the weights, "step" an int, any other entries
     torch.save-able with weights_only loading) as a checkpoint of `run_dir` and
-    commit it; returns the directory holding its files. Afterwards the previous checkpoint's directory, any
-    uncommitted one and a legacy checkpoint.pt are removed."""
+    commit it; returns the directory holding its files. `run` (task, encoding, seed, code version) goes into
+    the record, where results.json is checked against it cheaply. Afterwards the previous checkpoint's
+    directory, any uncommitted one and a legacy checkpoint.pt are removed."""
     run_dir = Path(run_dir)
     rest = {k: v for k, v in state.items() if k != "model"}
     buffer = io.BytesIO()
@@ -99,7 +100,7 @@ def write_checkpoint(run_dir, state: dict, model_config: dict) -> Path:
     fsync_dir(directory)
     fsync_dir(directory.parent)
     record = {"format": FORMAT, "step": int(state["step"]), "world_size": int(state.get("world_size", 1)),
-              "directory": f"{CHECKPOINTS_DIR}/{name}",
+              "directory": f"{CHECKPOINTS_DIR}/{name}", **({"run": run} if run else {}),
               "files": {file: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                         for file, data in contents.items()}}
     record[RECORD_HASH] = record_hash(record)

@@ -50,7 +50,8 @@ class TrainConfig:
     warmup_fraction: float | None = None
     """If set, the warmup is this fraction of max_steps (overrides warmup_steps)."""
     weight_decay: float = 0.01
-    """AdamW decoupled weight decay, on weight matrices and embeddings (not norms, biases, positional parameters)."""
+    """AdamW decoupled weight decay, on the weight matrices of linear layers (not on norms, biases, embeddings,
+    positional-encoding parameters: training.step.decay_groups)."""
     beta1: float = 0.9
     """AdamW's decay rate of the gradient's running mean, in [0, 1)."""
     beta2: float = 0.98
@@ -194,27 +195,22 @@ def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str 
 
     `requested` = None means "whatever was saved". A time-budget run (train_seconds) planned its max_steps
     from the budget, so a requested config with the same budget takes the saved max_steps and cannot extend."""
-    if requested is None:
-        return saved
-    if saved.train_seconds is not None and requested.train_seconds == saved.train_seconds:
-        requested = dataclasses.replace(requested, max_steps=saved.max_steps)
-    difference = config_difference(saved, requested)
-    if difference is not None:
-        key, a, b = difference
-        raise ValueError(
-            f"--resume continues the run saved in {where}, where {key} is {a}; got {b}. A resumed run "
-            f"keeps its saved config; only max_steps (--steps) may change, and only upwards (to extend the run)")
-    return requested
+    from .recipes.lm import LMRecipe
+
+    return LMRecipe(requested).resume_config(saved, where)
 
 
-def config_difference(old: TrainConfig, new: TrainConfig) -> tuple[str, str, str] | None:
-    """The first field (dotted, with both values as repr) in which `new` differs from `old` other than a
-    larger max_steps (the one change that continues a run: it extends it); None when there is none."""
-    a_fields, b_fields = _flatten(old.to_dict()), _flatten(new.to_dict())
+def config_difference(old, new, free: tuple = RESUME_FREE_FIELDS) -> tuple[str, str, str] | None:
+    """The first field (dotted, with both values as repr) in which config `new` differs from `old` other than
+    a larger max_steps (the one change that continues a run: it extends it) and the `free` fields; None when
+    there is none. Configs are dataclasses with to_dict, or dicts."""
+    a_fields, b_fields = (_flatten(c if isinstance(c, dict) else c.to_dict()) for c in (old, new))
     missing = object()
     for key in sorted(a_fields.keys() | b_fields.keys()):
         a, b = a_fields.get(key, missing), b_fields.get(key, missing)
-        if a == b or (key == "max_steps" and b > a) or key in RESUME_FREE_FIELDS:
+        if a == b or key in free:
+            continue
+        if key == "max_steps" and isinstance(a, int) and isinstance(b, int) and b > a:
             continue
         a, b = ("(not set)" if v is missing else repr(v) for v in (a, b))
         return key, a, b

@@ -32,6 +32,19 @@ class RunFileError(ValueError):
         super().__init__(f"{self.path}: {problem}")
 
 
+def does_not_fit(path, error: Exception, what: str = "the run's model and optimizer") -> RunFileError:
+    """A checkpoint `path` whose state failed to load (`error`) into `what`: a RunFileError naming it."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return RunFileError(path, f"does not fit {what} ({reason})")
+
+
+def code_version() -> str:
+    """poskit's version, recorded in run directories, checkpoints and results."""
+    from .. import __version__
+
+    return __version__
+
+
 def _kill_before_rename_requested(path: Path) -> bool:
     spec = os.environ.get(KILL_BEFORE_RENAME_ENV)
     if not spec:
@@ -152,3 +165,34 @@ def check_writable_dir(path, name: str = "out") -> None:
     if not os.access(probe, os.W_OK | os.X_OK):
         where = "" if probe == path else f" (its nearest existing parent {str(probe)!r} is not)"
         raise ValueError(f"{name} {str(path)!r} is not writable{where}; choose a directory you can write to")
+
+
+# what a run's results must agree on with its config.json and its checkpoint
+IDENTITY = ("task", "encoding", "seed", "poskit_version")
+
+
+def config_identity(config: dict) -> dict:
+    """task, encoding and seed of a run's config.json (every recipe's config keeps the encoding in `model`)."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    return {"task": config.get("task"), "encoding": model.get("encoding"), "seed": config.get("seed")}
+
+
+def read_results(path, what: str = "a run's results") -> dict:
+    """The results file `path` of a run directory, checked: a JSON object holding its run's encoding and seed,
+    whose task, encoding, seed and poskit_version agree with the config.json and checkpoint.json beside it (a
+    results file copied from another run is refused). Every reader of a run's results reads them here; any
+    problem is one RunFileError naming the file."""
+    path = Path(path)
+    results = read_json(path, what)
+    missing = [k for k in ("encoding", "seed") if k not in results]
+    if missing:
+        raise RunFileError(path, f"lacks {missing}: not {what} written by poskit")
+    beside = {CONFIG_FILE: lambda d: config_identity(d), CHECKPOINT_FILE: lambda d: d.get("run") or {}}
+    for name, identity_of in beside.items():
+        if (path.parent / name).exists():
+            expected = identity_of(read_json(path.parent / name, f"the {name} of {what}"))
+            for key in IDENTITY:
+                if expected.get(key) is not None and key in results and results[key] != expected[key]:
+                    raise RunFileError(path, f"{key} is {results[key]!r}, but {name} beside it says "
+                                             f"{expected[key]!r}: these results belong to another run")
+    return results

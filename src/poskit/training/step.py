@@ -1,4 +1,5 @@
-"""The pieces of one training step: schedule, task and model construction, optimizer, loss targets, evaluation."""
+"""One optimizer step of any run (`update`), and the language-model recipe's pieces: schedule, task and model
+construction, optimizer, loss targets, loss, evaluation."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,15 +49,37 @@ def build_model(cfg: TrainConfig, task) -> Transformer:
     return Transformer(model_cfg).to(cfg.device)
 
 
-def make_optimizer(model: Transformer, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; decay on >= 2-d weights except positional-encoding parameters (a decayed PoPE delta or CoPE table
-    would be pulled to zero, i.e. towards "no positional information")."""
-    pos_params = {id(p) for m in model.encoding_modules() for p in m.parameters()}
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (decay if p.dim() >= 2 and id(p) not in pos_params else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+# which rule a checkpoint's optimizer groups follow (saved with it; a checkpoint without it used LEGACY_RULE)
+DECAY_RULE, LEGACY_RULE = "linear-weights", "matrices-and-embeddings"
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str = DECAY_RULE) -> list[dict]:
+    """The optimizer's parameter groups of any model, by one rule: weight decay on the weight matrices of its
+    linear layers, none on norms, biases, embeddings (a tied output matrix is the embedding) and the
+    parameters of positional encodings (PoPE's phase bias, CoPE's and relative PE's tables, learned absolute
+    positions: a decayed one is pulled towards "no positional information"), nor on any other free parameter
+    (a ViT's learned position table). Without weight decay, one group.
+
+    `rule=LEGACY_RULE` gives the language model's groups before this rule (decay on every >= 2-d parameter but
+    an encoding's, embeddings included), with which a run checkpointed then continues exactly."""
+    from poskit.encodings.base import PositionalEncoding
+
+    params = list(model.parameters())
+    encoding = {id(p) for m in model.modules() if isinstance(m, PositionalEncoding) for p in m.parameters()}
+    if rule == LEGACY_RULE:
+        decayed = {id(p) for p in params if p.dim() >= 2} - encoding
+    elif not weight_decay:
+        return [{"params": params}]
+    else:
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        decayed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)} - encoding - embeddings
+    return [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
+            {"params": [p for p in params if id(p) not in decayed], "weight_decay": 0.0}]
+
+
+def make_optimizer(model: Transformer, cfg: TrainConfig, rule: str = DECAY_RULE) -> torch.optim.AdamW:
+    """AdamW with the groups of `decay_groups`."""
+    return torch.optim.AdamW(decay_groups(model, cfg.weight_decay, rule), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 def restrict_targets(targets: torch.Tensor, positions: list[int]) -> torch.Tensor:
@@ -90,38 +113,49 @@ def loss_targets(targets: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     return kept
 
 
-def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig,
-                   step: int, procs: Processes | None = None) -> float:
-    """One training step exactly as the trainer takes it (benchmarks/train_step.py times this same function):
-    the scheduled lr for `step`, the forward pass (under bf16 autocast if asked), the loss on the targets
-    `cfg.loss_on` keeps, backward, global-norm gradient clipping, the AdamW update (encodings that project their parameters
-    into an allowed set do it after the step themselves: encodings/projection.py). Returns the loss.
-    A loss that is not finite raises NonFiniteLossError before any parameter is updated.
-
-    Under several processes (`procs`; `model` wrapped by DDP or FSDP, `batch` this rank's rows) the loss is
-    the mean over the targets of the whole global batch, as one process computes it, and so is the
-    gradient after the wrapper averages it across ranks; every rank returns that same global loss."""
-    lr = lr_at(step, cfg)
+def update(net: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of, lr: float, grad_clip: float,
+           step: int) -> float:
+    """One optimizer step of any run: the learning rate `lr` on every group, `loss_of()` -> (loss to
+    backpropagate, its value), backward, global-norm gradient clipping (0: none) and the update (an encoding
+    that projects its parameters into an allowed set does it after the step itself: encodings/projection.py).
+    A loss that is not finite raises NonFiniteLossError, naming step `step` + 1, before any parameter changes."""
     for g in optimizer.param_groups:
         g["lr"] = lr
-    targets = loss_targets(batch.targets.to(cfg.device), cfg)
-    with _autocast(cfg.bf16, cfg.device):
-        logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
-    if procs is None or not procs.active:
-        loss = lm_loss(logits.float(), targets)
-        value = loss.item()
-    else:
-        loss, value = _global_mean_loss(logits.float(), targets, procs)
+    loss, value = loss_of()
     if not math.isfinite(value):
         # an update with NaN/inf gradients would destroy the weights; stop while they are still the last good ones
         raise NonFiniteLossError(f"training loss is {value} at step {step + 1} (the model's output or the data "
                                  f"is not finite); training stopped before updating the weights")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()  # (an encoding that projects its parameters does so in the optimizer's step hook)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
+    optimizer.step()
     return value
+
+
+def lm_step_loss(model, batch: Batch, cfg: TrainConfig, procs: Processes | None = None) -> tuple[torch.Tensor, float]:
+    """(loss to backpropagate, its value) of a language-model batch: the forward pass (under bf16 autocast if
+    asked) and the loss on the targets `cfg.loss_on` keeps.
+
+    Under several processes (`procs`; `model` wrapped by DDP or FSDP, `batch` this rank's rows) the loss is
+    the mean over the targets of the whole global batch, as one process computes it, and so is the
+    gradient after the wrapper averages it across ranks; every rank returns that same global loss."""
+    targets = loss_targets(batch.targets.to(cfg.device), cfg)
+    with _autocast(cfg.bf16, cfg.device):
+        logits = model(batch.inputs.to(cfg.device))  # (B, T, V)
+    if procs is None or not procs.active:
+        loss = lm_loss(logits.float(), targets)
+        return loss, loss.item()
+    return _global_mean_loss(logits.float(), targets, procs)
+
+
+def optimizer_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig,
+                   step: int, procs: Processes | None = None) -> float:
+    """One language-model training step exactly as the trainer takes it (benchmarks/train_step.py times this
+    same function): `update` with the scheduled lr of `step` and the loss of `lm_step_loss`. Returns the loss."""
+    return update(model, optimizer, lambda: lm_step_loss(model, batch, cfg, procs), lr_at(step, cfg), cfg.grad_clip,
+                  step)
 
 
 def _global_mean_loss(logits: torch.Tensor, targets: torch.Tensor, procs: Processes) -> tuple[torch.Tensor, float]:

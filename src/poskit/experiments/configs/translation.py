@@ -17,7 +17,7 @@ class TranslationReproduction:
     summary: str
     """One line for `poskit list`: what runs and how long it takes."""
     config: dict
-    """Seq2SeqConfig fields (poskit.training.seq2seq); the encoding is set per run."""
+    """Seq2SeqConfig fields (poskit.training.recipes.seq2seq); the encoding is set per run."""
     encodings: str
     """Comma-separated encoding specs."""
     seeds: tuple

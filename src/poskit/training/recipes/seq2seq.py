@@ -1,10 +1,10 @@
-"""Training an `EncoderDecoder` on the German-English pairs, resumably, and scoring it with BLEU and chrF.
+"""The translation recipe: an `EncoderDecoder` on the German-English pairs, scored with BLEU and chrF.
 
 The recipe is the papers' (002 §4.1, after Vaswani et al.): Adam (0.9, 0.98), the learning rate rising
 linearly from 1e-7 to `lr` over `warmup` steps and then falling as 1/sqrt(step), label smoothing 0.1,
 batches of about `batch_tokens` target tokens, beam search with length penalty for the test translations.
 
-One run lives in one directory (the decoder-only trainer's layout):
+One run lives in one directory (the Trainer's layout, run.py):
 
     config.json       the Seq2SeqConfig
     metrics.jsonl     {"step", "train_loss", "lr", "elapsed"} every log_every steps (the convergence curve),
@@ -16,21 +16,15 @@ One run lives in one directory (the decoder-only trainer's layout):
     test.hyp.txt      the test translations, one per line, in corpus order
 
 Resume: the batch order is a function of (seed, epoch), and the checkpoint holds the position in it and the
-RNG states, so a run killed and resumed ends with the numbers of an uninterrupted one; metrics.jsonl is cut
-back to the checkpoint's step. A larger max_steps (and nothing else changed) extends a finished run, again
-exactly: the learning-rate schedule does not depend on max_steps.
-
-Runs written before checkpoint.json hold a single checkpoint.pt; they resume exactly (the next checkpoint is
-written in the current format and checkpoint.pt removed) and `poskit convert-checkpoint RUN` rewrites them.
-Every checkpoint is read and checked in full, and fitted to a fresh model and optimizer, before the run
-directory changes: a bad file is one RunFileError naming it.
+RNG states, so a run killed and resumed ends with the numbers of an uninterrupted one. A larger max_steps (and
+nothing else changed) extends a finished run, again exactly: the learning-rate schedule does not depend on
+max_steps. Runs written before checkpoint.json hold a single checkpoint.pt; they resume exactly and `poskit
+convert-checkpoint RUN` rewrites them.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,23 +32,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..config_check import ConfigError, check_field_types, from_known_fields
-from ..models import EncoderDecoder, EncoderDecoderConfig
-from ..tasks.translation import BOS, EOS, PAD, PairSet
-from .checkpoint import check_rng_entries
-from .checkpoint_store import (check_entries, checkpoint_path, has_checkpoint, read_state,
-                               remove_uncommitted_checkpoints, write_checkpoint)
-from .files import (LEGACY_CHECKPOINT_FILE, RunFileError, atomic_write_bytes, atomic_write_json, parse_metrics,
-                    read_bytes, read_json, remove_stale_temp_files)
-from .rng import rng_state, seed_everything, set_rng_state
+from ...config_check import ConfigError, check_field_types, from_known_fields
+from ...models import EncoderDecoder, EncoderDecoderConfig
+from ...tasks.translation import BOS, EOS, PAD, PairSet
+from ..checkpoint import read_run_state
+from ..checkpoint_store import checkpoint_path, remove_uncommitted_checkpoints, write_checkpoint
+from ..files import LEGACY_CHECKPOINT_FILE, atomic_write_bytes, does_not_fit, remove_stale_temp_files
+from ..rng import seed_everything
+from ..step import DECAY_RULE, decay_groups
+from .base import EpochStream, Loop, Recipe
 
-__all__ = ["DIRECTIONS", "Seq2SeqConfig", "train_seq2seq", "load_pairs", "corpus_scores", "read_seq2seq_checkpoint",
-           "convert_legacy_seq2seq_checkpoint"]
+__all__ = ["DIRECTIONS", "Seq2SeqConfig", "Seq2SeqRecipe", "train_seq2seq", "load_pairs", "corpus_scores",
+           "read_seq2seq_checkpoint", "convert_legacy_seq2seq_checkpoint"]
 
 DIRECTIONS = ("de-en", "en-de")
 CONFIG, METRICS, RESULTS, HYPOTHESES = "config.json", "metrics.jsonl", "results.json", "test.hyp.txt"
-# what a translation checkpoint's state holds (both formats): entry -> accepted types
-_ENTRIES = {"model": dict, "optimizer": dict, "step": int, "epoch": int, "position": int, "rng": dict}
 
 
 @dataclass
@@ -155,7 +147,7 @@ def lr_at(step: int, cfg: Seq2SeqConfig) -> float:
 
 def load_pairs(cfg: Seq2SeqConfig, quiet: bool = True):
     """(data, {split: PairSet}) in the configured direction; training pairs above max_len dropped."""
-    from ..data.translation import load_translation
+    from ...data.translation import load_translation
 
     data = load_translation(cfg.vocab_size, cfg.limit, quiet=quiet)
     src_lang, tgt_lang = cfg.direction.split("-")
@@ -204,7 +196,7 @@ def require_scorer():
     try:
         import sacrebleu
     except ModuleNotFoundError:
-        from ..data.sources.base import CorpusNotPresent
+        from ...data.sources.base import CorpusNotPresent
 
         raise CorpusNotPresent("BLEU and chrF need sacrebleu: pip install -c constraints.txt 'poskit[data]'") from None
     return sacrebleu
@@ -219,38 +211,15 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
-def _save_checkpoint(run_dir: Path, cfg: Seq2SeqConfig, model, opt, step: int, epoch: int, position: int) -> None:
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-             "position": position, "rng": rng_state(), "config": cfg.to_dict(), "world_size": 1}
-    write_checkpoint(run_dir, state, model.config.to_dict())
-
-
 def read_seq2seq_checkpoint(run_dir) -> tuple[dict, Path]:
     """(state, the file to name in errors about it) of a translation run's checkpoint, current or legacy; every
     file and entry checked (a RunFileError naming the file), nothing loaded anywhere."""
-    state, path = read_state(checkpoint_path(run_dir))
-    check_entries(path, state, _ENTRIES, "poskit's translation trainer")
-    if min(state["step"], state["epoch"], state["position"]) < 0:
-        raise RunFileError(path, f"has a negative step, epoch or position ({state['step']}, {state['epoch']}, "
-                                 f"{state['position']})")
-    check_rng_entries(path, state["rng"])
-    return state, path
+    return read_run_state(checkpoint_path(run_dir), "cpu", Seq2SeqRecipe)
 
 
 def _fresh_model(cfg: Seq2SeqConfig):
     model = EncoderDecoder(cfg.model_config())
     return model, torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
-
-
-def _load_into(model, opt, state: dict, path: Path) -> None:
-    """Load a checked state's weights and optimizer; one that does not fit (another model's checkpoint) is a
-    RunFileError naming the file. The caller discards model and optimizer then, so nothing half-loaded lives on."""
-    try:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise RunFileError(path, f"does not fit the run's model and optimizer ({reason})") from None
 
 
 def convert_legacy_seq2seq_checkpoint(run_dir) -> Path:
@@ -261,16 +230,15 @@ def convert_legacy_seq2seq_checkpoint(run_dir) -> Path:
     legacy = run_dir / LEGACY_CHECKPOINT_FILE
     if not legacy.exists():
         raise ValueError(f"run_dir {str(run_dir)!r} has no {LEGACY_CHECKPOINT_FILE} to convert")
-    try:
-        cfg = Seq2SeqConfig.from_dict(read_json(run_dir / CONFIG, "a translation config"))
-    except RunFileError:
-        raise
-    except (ValueError, TypeError) as e:
-        raise RunFileError(run_dir / CONFIG, f"is not a valid translation config: {e}") from None
+    cfg = Seq2SeqRecipe.load_config(run_dir)
     state, path = read_seq2seq_checkpoint(run_dir)
     with torch.random.fork_rng(devices=[]):  # building the check model must not move the caller's RNG
         model, opt = _fresh_model(cfg)
-    _load_into(model, opt, state, path)
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise does_not_fit(path, e) from None
     remove_stale_temp_files(run_dir)
     remove_uncommitted_checkpoints(run_dir)
     # the state is written as read (weights, optimizer, RNG), so a resume after the conversion is exact
@@ -278,115 +246,81 @@ def convert_legacy_seq2seq_checkpoint(run_dir) -> Path:
     return run_dir / "checkpoint.json"
 
 
-def _append_metrics(run_dir: Path, records: list[dict]) -> None:
-    with open(run_dir / METRICS, "a") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+class Seq2SeqRecipe(Recipe):
+    """Adam (0.9, 0.98), the inverse square root schedule, label-smoothed cross-entropy on batches of about
+    batch_tokens target tokens; the validation NLL every eval_every steps; test BLEU and chrF of beam search."""
 
+    config_type = Seq2SeqConfig
+    writer = "poskit's translation trainer"
+    state_entries = {"epoch": int, "position": int}
 
-def _metrics_up_to(run_dir: Path, step: int) -> list[dict]:
-    """The records of metrics.jsonl up to `step` (each line checked): what a resume from that step keeps."""
-    path = run_dir / METRICS
-    return [r for r in parse_metrics(path, read_bytes(path)) if r["step"] <= step] if path.exists() else []
+    def __init__(self, config, label: str = ""):
+        super().__init__(config)
+        self.label = label
+
+    def loop(self) -> Loop:
+        c = self.config
+        return Loop(c.max_steps, c.seed, c.log_every, c.eval_every, c.checkpoint_every, c.clip_norm)
+
+    def identity(self) -> dict:
+        return {"task": "translation", "encoding": self.config.model.get("encoding", "sinusoidal"),
+                "seed": self.config.seed}
+
+    def launch(self, procs) -> None:
+        require_scorer()
+
+    def build_model(self):
+        cfg = self.config
+        self.t_start = time.perf_counter()
+        self.data, self.sets = load_pairs(cfg)
+        self.stream = EpochStream(lambda epoch: self.sets["train"].epoch_batches(cfg.batch_tokens, cfg.seed, epoch))
+        seed_everything(cfg.seed)
+        return EncoderDecoder(cfg.model_config())
+
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        # no weight decay, so one group whatever the rule (as every translation checkpoint holds)
+        return torch.optim.Adam(decay_groups(model, 0.0), lr=self.config.lr, betas=(0.9, 0.98), eps=1e-9)
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step + 1, self.config)  # the schedule counts steps from 1
+
+    def next_batch(self, step: int, procs):
+        return self.sets["train"].batch(self.stream.next())
+
+    def data_state(self) -> dict:
+        return self.stream.state()
+
+    def load_data_state(self, state: dict) -> None:
+        self.stream.load(state)
+
+    def loss(self, net, batch, procs):
+        loss = _loss(net, batch, self.config.label_smoothing)
+        return loss, float(loss.detach())
+
+    def evaluate(self, trainer):
+        return "validation", {"loss": mean_nll(trainer.model, self.sets["validation"])}
+
+    def final_results(self, trainer) -> dict:
+        results = evaluate_run(trainer.model, self.data, self.sets, self.config)
+        self.hypotheses = results.pop("hypotheses")
+        return {**results, "steps": trainer.step, "train_seconds": trainer.elapsed, **self.identity(),
+                "parameters": trainer.model.num_parameters(), "session_seconds": time.perf_counter() - self.t_start}
+
+    def write_outputs(self, run_dir: Path, results: dict) -> None:
+        atomic_write_bytes(run_dir / HYPOTHESES, lambda f: f.write("".join(h + "\n" for h in self.hypotheses).encode()))
 
 
 def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bool = False,
                   label: str = "") -> dict:
-    """Train (or continue, or just return the results of) the run in `run_dir`; returns results.json's dict.
-    An existing run directory must hold the same config (a RunFileError naming config.json otherwise)."""
-    run_dir = Path(run_dir)
+    """Train (or continue, or just return the results of) the translation run in `run_dir` (`run` with the
+    translation recipe); returns results.json's dict. An existing run directory must hold the same config
+    but for a larger max_steps (a RunFileError naming config.json otherwise)."""
+    from ..run import run
+
     if not isinstance(cfg, Seq2SeqConfig):
         raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
     require_scorer()
-    extend = False
-    if (run_dir / CONFIG).exists():
-        saved = read_json(run_dir / CONFIG, "a translation config")
-        new = cfg.to_dict()
-        changed = sorted(k for k in set(saved) | set(new) if saved.get(k) != new.get(k))
-        # a larger max_steps extends a run exactly: the inverse-sqrt schedule does not depend on max_steps
-        extend = changed == ["max_steps"] and isinstance(saved["max_steps"], int) and new["max_steps"] > saved["max_steps"]
-        if changed and not extend:
-            raise RunFileError(run_dir / CONFIG, f"holds another config (fields {changed} differ; only a larger "
-                                                 "max_steps may extend a run); use another output directory")
-        if not resume:
-            raise ValueError(f"run directory {str(run_dir)!r} exists; pass resume to continue it")
-        if (run_dir / RESULTS).exists() and not extend:
-            return read_json(run_dir / RESULTS, "translation results")
-    # the checkpoint is read and checked before anything is built or the run directory changes
-    state, state_path = read_seq2seq_checkpoint(run_dir) if has_checkpoint(run_dir) else (None, None)
-    t_start = time.perf_counter()
-    data, sets = load_pairs(cfg)
-    seed_everything(cfg.seed)
-    model, opt = _fresh_model(cfg)
-    step, epoch, position, elapsed0 = 0, 0, 0, 0.0
-    if state is not None:
-        _load_into(model, opt, state, state_path)
-        step, epoch, position = state["step"], state["epoch"], state["position"]
-        kept = _metrics_up_to(run_dir, step)
-    # from here on the run directory changes
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if extend:  # the old results describe the shorter run
-        (run_dir / RESULTS).unlink(missing_ok=True)
-    atomic_write_json(run_dir / CONFIG, cfg.to_dict())
-    remove_stale_temp_files(run_dir)
-    remove_uncommitted_checkpoints(run_dir)
-    if state is not None:
-        # lines the killed invocation logged after its checkpoint are logged again by this one
-        atomic_write_bytes(run_dir / METRICS, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
-        elapsed0 = next((r["elapsed"] for r in reversed(kept) if "elapsed" in r), 0.0)
-        set_rng_state(state["rng"])  # last, as in an uninterrupted run: nothing above draws random numbers
-    elif (run_dir / METRICS).exists():
-        (run_dir / METRICS).unlink()  # a run killed before its first checkpoint starts afresh
-    model.train()
-    batches = sets["train"].epoch_batches(cfg.batch_tokens, cfg.seed, epoch)
-    t0 = time.perf_counter() - elapsed0
-    pending, losses = [], []
-    while step < cfg.max_steps:
-        if position >= len(batches):
-            epoch, position = epoch + 1, 0
-            batches = sets["train"].epoch_batches(cfg.batch_tokens, cfg.seed, epoch)
-        batch = sets["train"].batch(batches[position])
-        position += 1
-        step += 1
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        loss = _loss(model, batch, cfg.label_smoothing)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss is {float(loss)} at step {step} ({label or run_dir})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if step % cfg.log_every == 0:
-            pending.append({"step": step, "train_loss": sum(losses) / len(losses), "lr": lr_at(step, cfg),
-                            "elapsed": time.perf_counter() - t0})
-            losses = []
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            pending.append({"step": step, "split": "validation", "loss": mean_nll(model, sets["validation"])})
-            if not quiet:
-                print(f"  {label} step {step}/{cfg.max_steps}: validation NLL {pending[-1]['loss']:.3f} "
-                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            _append_metrics(run_dir, pending)  # before the checkpoint: a resume cuts back to its step
-            pending = []
-            _save_checkpoint(run_dir, cfg, model, opt, step, epoch, position)
-    train_seconds = time.perf_counter() - t0
-    results = evaluate_run(model, data, sets, cfg)
-    hyps = results.pop("hypotheses")
-    atomic_write_bytes(run_dir / HYPOTHESES, lambda f: f.write("".join(h + "\n" for h in hyps).encode()))
-    results.update({"steps": step, "train_seconds": train_seconds, "encoding": cfg.model.get("encoding", "sinusoidal"),
-                    "seed": cfg.seed, "parameters": model.num_parameters(),
-                    "session_seconds": time.perf_counter() - t_start})
-    atomic_write_json(run_dir / RESULTS, results)
-    return results
-
-
-def read_run_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl ([] before the first checkpoint)."""
-    path = run_dir / METRICS
-    return parse_metrics(path, read_bytes(path)) if path.exists() else []
+    return run(Seq2SeqRecipe(cfg, label), run_dir, resume=resume, quiet=quiet, label=label)
 
 
 def evaluate_run(model, data, sets, cfg: Seq2SeqConfig) -> dict:
