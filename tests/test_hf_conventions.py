@@ -4,9 +4,11 @@ materialised scores; anything else refused naming the two)."""
 import warnings
 
 import pytest
+
+from extras import need
 import torch
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (for poskit.hf)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from hf_helpers import VOCAB, hf_model  # noqa: E402

@@ -3,9 +3,11 @@ uninitialised memory), initialised weights only when asked for, and save_pretrai
 import json
 
 import pytest
+
+from extras import need
 import torch
 
-pytest.importorskip("transformers", reason="poskit.hf needs the poskit[hf] extra (transformers)")
+need("transformers", "hf", "transformers (for poskit.hf)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 from safetensors.torch import load_file, save_file  # noqa: E402

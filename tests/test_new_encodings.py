@@ -98,7 +98,7 @@ def test_frozen_biases_take_the_generated_block_path_and_equal_the_reference(nam
     monkeypatch.setattr(blocked, "DEFAULT_BLOCK", 4)
     enc = build(name).requires_grad_(False)
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=11, Tk=11)
-    assert route(enc, q, k) == "blocked"
+    assert route(enc, q, k, enable_gqa=True) == "blocked"
     for causal in (True, False):
         got = poskit.attention(q, k, v, enc, is_causal=causal, enable_gqa=True)
         want = poskit.attention(q, k, v, enc, backend="reference", is_causal=causal, enable_gqa=True)

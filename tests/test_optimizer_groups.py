@@ -89,3 +89,17 @@ def test_a_run_checkpointed_under_the_older_rule_continues_exactly_with_it(tmp_p
     assert all(torch.equal(state["model"][k], weights["old"][k]) for k in state["model"])  # bit for bit
     assert state["decay_rule"] == LEGACY_RULE  # and keeps it from then on
     assert json.loads((run / RESULTS_FILE).read_text())["steps"] == 12
+
+
+def test_no_weight_decay_means_none_in_adamw():
+    """weight_decay=0 must reach AdamW, whose own default is 0.01: a parameter with a zero gradient stays put."""
+    from poskit.training import make_optimizer
+
+    model = Transformer(ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, encoding="rope"))
+    opt = make_optimizer(model, TrainConfig(model=model.config, weight_decay=0.0))
+    assert all(g["weight_decay"] == 0.0 for g in opt.param_groups)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import poskit
+from extras import need
 from peer_checks import FLOAT32_RTOL, assert_visible_close, poskit_logits, rand
 
 D, H, T = 16, 2, 24
@@ -25,8 +26,7 @@ D, H, T = 16, 2, 24
 
 # -- xPos: rotary-embedding-torch -----------------------------------------------------------------------------
 def xpos_pair(scale_base=512):
-    ret = pytest.importorskip("rotary_embedding_torch", reason="rotary-embedding-torch is not installed "
-                                                                "(pip install poskit[peers])")
+    ret = need("rotary_embedding_torch", "peers", "rotary-embedding-torch")
     enc = poskit.build_encoding("xpos", head_dim=D, num_heads=H, scale_base=float(scale_base)).double()
     peer = ret.RotaryEmbedding(D, use_xpos=True, xpos_scale_base=scale_base, cache_if_possible=False)
     return enc, peer
@@ -100,8 +100,7 @@ def test_xpos_peer_decode_offset_measures_queries_and_keys_from_different_centre
 
 # -- T5: Hugging Face transformers ------------------------------------------------------------------------------
 def t5_attention(bidirectional, num_buckets=32, max_distance=128):
-    t5 = pytest.importorskip("transformers.models.t5.modeling_t5",
-                             reason="transformers is not installed (pip install poskit[peers])")
+    t5 = need("transformers.models.t5.modeling_t5", "peers", "transformers")
     from transformers import T5Config
 
     config = T5Config(d_model=H * D, d_kv=D, num_heads=H, relative_attention_num_buckets=num_buckets,
@@ -154,8 +153,7 @@ def test_t5_bias_and_attention_equal_hugging_faces_t5attention(bidirectional):
 def test_dynamic_bias_equals_x_transformers(log_distance, depth):
     # the peer makes its distances float32 whatever its weights (`.float()`): compared in float32, both sides
     # with the same weights
-    xt = pytest.importorskip("x_transformers.x_transformers",
-                             reason="x-transformers is not installed (pip install poskit[peers])")
+    xt = need("x_transformers.x_transformers", "peers", "x-transformers")
     torch.manual_seed(0)
     peer = xt.DynamicPositionBias(dim=12, heads=H, depth=depth, log_distance=log_distance)
     enc = poskit.build_encoding("dynamic", head_dim=D, num_heads=H, hidden=12, depth=depth, log_distance=log_distance)
@@ -174,8 +172,7 @@ def test_dynamic_bias_equals_x_transformers(log_distance, depth):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_t5_buckets_equal_x_transformers(causal):
-    xt = pytest.importorskip("x_transformers.x_transformers",
-                             reason="x-transformers is not installed (pip install poskit[peers])")
+    xt = need("x_transformers.x_transformers", "peers", "x-transformers")
     from poskit.encodings.t5 import relative_position_bucket
 
     rel = torch.arange(-700, 701)  # key minus query, as both define it

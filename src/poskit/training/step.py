@@ -69,7 +69,7 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str = DECAY_
     if rule == LEGACY_RULE:
         decayed = {id(p) for p in params if p.dim() >= 2} - encoding
     elif not weight_decay:
-        return [{"params": params}]
+        return [{"params": params, "weight_decay": 0.0}]  # explicit: AdamW's own default is 0.01
     else:
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
         decayed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)} - encoding - embeddings
