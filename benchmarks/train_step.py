@@ -34,7 +34,7 @@ from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
 from poskit.models import Transformer
 from poskit.report import markdown_table
 from poskit.tasks import Batch
-from poskit.train import TrainConfig, make_optimizer, optimizer_step
+from poskit.training import TrainConfig, make_optimizer, optimizer_step
 
 VOCAB = 81  # the Shakespeare task's vocabulary size (80 characters + pad)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from poskit.cli import main
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.models import ModelConfig, Transformer
 from poskit.training import (
     CHECKPOINT_FILE,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.tasks.base import Batch
 from poskit.training import CONFIG_FILE, RESULTS_FILE, TrainConfig, load_run, preflight, read_metrics, train
 from poskit.training.distributed import Processes, check_batch_split, local_rows, processes_from_env

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from poskit.attention.kv_cache import KVCache
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.models import EncoderDecoder, EncoderDecoderConfig
 
 V = 23

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from poskit.experiments.study import StudyBusy, exclusive
-from poskit.file_lock import file_lock
+from poskit.util.file_lock import file_lock
 
 pytest.importorskip("fcntl", reason="file locks need POSIX fcntl")
 
@@ -22,13 +22,13 @@ def test_a_held_lock_refuses_a_non_waiting_second_holder_and_is_free_after_relea
 
 def test_another_process_cannot_take_a_held_lock_and_a_killed_holder_releases_it(tmp_path):
     lock = tmp_path / "x.lock"
-    probe = ("import sys; from poskit.file_lock import file_lock\n"
+    probe = ("import sys; from poskit.util.file_lock import file_lock\n"
              "try:\n    with file_lock(sys.argv[1], wait=False): print('got')\n"
              "except BlockingIOError: print('busy')\n")
     with file_lock(lock):
         assert subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True,
                               check=True).stdout.strip() == "busy"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from poskit.file_lock import file_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from poskit.util.file_lock import file_lock\n"
                                "with file_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
                                str(lock)], stdout=subprocess.PIPE, text=True)
     try:

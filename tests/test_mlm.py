@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from poskit.attention.kv_cache import KVCache
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.models import ModelConfig, Transformer
 from poskit.tasks import IGNORE_INDEX, build_task, lm_loss
 from poskit.tasks.masking import bert_mask

@@ -13,7 +13,7 @@ from poskit.tasks import IGNORE_INDEX, Vocab, build_task
 from poskit.tasks.passkey import KEY_HIGH, KEY_LOW, PasskeyGenerator, check_passkey_fraction
 from poskit.tasks.protocol import Described
 from poskit.tasks.windows import WindowedLM
-from poskit.train import TrainConfig, train
+from poskit.training import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

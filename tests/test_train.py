@@ -1,4 +1,4 @@
-"""poskit.train: schedule, loss restriction, learning, atomic checkpoints and exact resume (also after a kill)."""
+"""poskit.training: schedule, loss restriction, learning, atomic checkpoints and exact resume (also after a kill)."""
 import json
 import math
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from poskit.train import (
+from poskit.training import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -185,7 +185,7 @@ def test_trainer_passes_each_step_to_the_task_so_a_curriculum_advances(tmp_path,
 
 def test_loss_on_last_uses_only_the_final_target(tmp_path):
     from poskit.tasks import lm_loss
-    from poskit.train import Trainer
+    from poskit.training import Trainer
 
     cfg = tiny(loss_on="last")
     tr = Trainer(cfg, None, quiet=True)
@@ -200,7 +200,7 @@ def test_loss_on_last_uses_only_the_final_target(tmp_path):
 
 def test_loss_on_chosen_target_positions(tmp_path):
     from poskit.tasks import lm_loss
-    from poskit.train import Trainer
+    from poskit.training import Trainer
 
     tr = Trainer(tiny(loss_on=[0, -1]), None, quiet=True)
     batch = tr.recipe.task.train_batch(8, torch.Generator().manual_seed(0))
@@ -336,7 +336,7 @@ def test_bf16_autocast_trains(tmp_path):
 
 
 def test_time_budget_stops_training_even_before_max_steps(tmp_path):
-    from poskit.train import Trainer
+    from poskit.training import Trainer
 
     cfg = tiny(train_seconds=0.5, max_steps=10**6, eval_every=10**6, log_every=10**6, checkpoint_every=10**6)
     trainer = Trainer(cfg, tmp_path, quiet=True)
@@ -351,18 +351,18 @@ def test_time_budget_stops_training_even_before_max_steps(tmp_path):
 def test_benchmark_times_the_trainers_own_step(monkeypatch, capsys):
     import importlib.util
 
-    import poskit.train
+    import poskit.training
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    assert bench.optimizer_step is poskit.train.optimizer_step
+    assert bench.optimizer_step is poskit.training.optimizer_step
     seen = []
 
     def counting_step(model, optimizer, batch, cfg, step):
         seen.append((cfg.grad_clip, [g["weight_decay"] for g in optimizer.param_groups]))
-        return poskit.train.optimizer_step(model, optimizer, batch, cfg, step)
+        return poskit.training.optimizer_step(model, optimizer, batch, cfg, step)
 
     monkeypatch.setattr(bench, "optimizer_step", counting_step)
     bench.main(["--quick", "--encodings", "alibi", "--batch-size", "2", "--context", "8"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poskit.validate import check_bool, check_choice, check_int, check_real
+from poskit.util.validate import check_bool, check_choice, check_int, check_real
 
 
 def test_check_int_accepts_and_returns_plain_ints():

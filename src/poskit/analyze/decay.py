@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import poskit
-from poskit.validate import check_int
+from poskit.util.validate import check_int
 
 from .output import checked_out_dir, write_result
 

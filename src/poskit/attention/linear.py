@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..encodings.base import PositionalEncoding
 from ..encodings.registration import warn_if_untrained
-from ..validate import check_bool, check_int, check_real
+from ..util.validate import check_bool, check_int, check_real
 from .inputs import deprecated_causal, prepare, refuse_renamed, repeat_kv
 
 FEATURE_MAPS = {

@@ -114,7 +114,7 @@ def base_config(args, encoding: EncodingSpec | str | None, saved: dict | None = 
     """Task defaults (resuming: the saved config) <- --config file <- flags <- key=value overrides, as a
     validated TrainConfig. `encoding` (the --encoding spec) sets the encoding and merges its options over the
     config's. An error about a field a flag set names the flag, as the user typed it."""
-    from poskit.config_check import ConfigError
+    from poskit.util.config_check import ConfigError
     from poskit.experiments.defaults import task_defaults
     from poskit.experiments.overrides import apply_overrides
     from poskit.tasks import available_tasks

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..durable import fsync_dir, write_synced
-from ..file_lock import file_lock
+from ..util.durable import fsync_dir, write_synced
+from ..util.file_lock import file_lock
 
 __all__ = ["FORMAT_VERSION", "StaleCache", "CachedSplit", "build_lock", "token_dtype", "write_split", "open_split"]
 

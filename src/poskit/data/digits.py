@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..validate import check_int
+from ..util.validate import check_int
 
 SPLITS = ("train", "validation", "test")
 FRACTIONS = (0.6, 0.2, 0.2)  # per class, so every split has every digit in the same proportion

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..durable import fsync_dir, write_synced
+from ..util.durable import fsync_dir, write_synced
 from .cache import StaleCache, build_lock, open_split, write_split
 from .home import data_home
 from .sources import trans
@@ -181,7 +181,7 @@ def load_translation(vocab_size: int = 8000, limit: int | None = None, quiet: bo
     """The split sentence pairs and their subword ids, from the cache when it is valid, else built now.
     vocab_size: the joint BPE vocabulary, special tokens included (>= 300, <= 65536); limit: only the first
     `limit` pairs of the corpus in file order (a small slice for tests, cached separately)."""
-    from ..validate import check_int
+    from ..util.validate import check_int
 
     check_int(vocab_size, "vocab_size", minimum=MIN_VOCAB, maximum=2 ** 16)
     if limit is not None:

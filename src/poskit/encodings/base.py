@@ -20,7 +20,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from ..validate import check_bool, check_int, check_real
+from ..util.validate import check_bool, check_int, check_real
 from .projection import project_after_each_step
 
 KINDS = ("none", "absolute", "qk", "bias", "contextual")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..validate import check_int
+from ..util.validate import check_int
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
 

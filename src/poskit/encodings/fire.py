@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
 from .dynamic import DistanceMLP, heads_first

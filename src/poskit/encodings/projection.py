@@ -50,11 +50,10 @@ def project_parameters_(model: nn.Module) -> int:
     """Call `project_parameters_()` on every PositionalEncoding inside `model` (or on `model` itself when it
     is one); returns how many encodings were visited. Cheap (an in-place clamp of small tensors). Optimizer
     steps already do this for encodings that ask for projection; calling it again changes nothing."""
-    from .base import PositionalEncoding
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    encodings = [m for m in model.modules() if isinstance(m, PositionalEncoding)]
+    # every PositionalEncoding has the method (base: a no-op); read by name so that this module needs no base
+    encodings = [m for m in model.modules() if callable(getattr(m, "project_parameters_", None))]
     for enc in encodings:
         enc.project_parameters_()
     return len(encodings)

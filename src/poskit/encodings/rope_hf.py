@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .base import OPTION_CHECKS
 from .rope_scaling import ROPE_INIT_FUNCTIONS
-from ..validate import check_bool, check_int, check_real
+from ..util.validate import check_bool, check_int, check_real
 
 #: HF's rope_type -> poskit's scaling ("su": Phi-3's first name for longrope). poskit's "ntk" (static NTK-aware)
 #: has no HF rope_type.

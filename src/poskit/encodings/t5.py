@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ..validate import check_int
+from ..util.validate import check_int
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
 

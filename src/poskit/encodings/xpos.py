@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validate import check_real
+from ..util.validate import check_real
 from .angles import AngleTables
 from .base import PositionalEncoding, register
 from .rotary import LAYOUTS, rotate

@@ -3,7 +3,7 @@ greedily after the prompt, exact match, per-digit accuracy and the key's log-pro
 over a grid of prompt lengths and key depths, accuracy per cell (the needle-in-a-haystack heat map of
 :func:`poskit.report.passkey.plot_passkey`).
 
-    >>> from poskit.train import load_run                      # any decoder run on a text LM task
+    >>> from poskit.training import load_run                      # any decoder run on a text LM task
     >>> model, task, cfg = load_run("runs/demo-rope")
     >>> result = passkey_grid(model, task, lengths=[64, 128, 256], depths=[0, 0.25, 0.5, 0.75, 1], trials=20)
     >>> result["accuracy"][1][2]                                # exact-match accuracy at length 128, depth 0.5
@@ -34,7 +34,7 @@ import torch
 from poskit.attention import KVCache
 from poskit.models import Transformer
 from poskit.tasks.passkey import KEY_PREFIX, KEY_SUFFIX, QUESTION, PasskeyGenerator, PasskeyPrompt, corpus_label
-from poskit.validate import check_bool, check_int, check_real
+from poskit.util.validate import check_bool, check_int, check_real
 
 __all__ = ["score_passkeys", "passkey_grid", "summarize_trials"]
 

@@ -118,6 +118,6 @@ def run_compare(base: TrainConfig, encodings: list[EncodingSpec | str], seeds: l
 
     The run of encoding spec `label` and seed s lives in out_dir/<label>/seed<s>; with `resume`, finished runs are
     reused and interrupted ones continue from their checkpoints (their saved configs must match, see
-    `poskit.train.resume_config`). Everything is checked before anything is written (`plan_compare`)."""
+    `poskit.training.resume_config`). Everything is checked before anything is written (`plan_compare`)."""
     plan = plan_compare(base, encodings, seeds, out_dir, workers=workers, resume=resume, split=split)
     return execute_compare(plan, workers=workers, quiet=quiet, title=title)

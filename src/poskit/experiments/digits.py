@@ -27,7 +27,7 @@ from ..training.files import atomic_write_json, check_writable_dir, read_results
 from ..training.recipes.vit import ViTConfig, ViTRecipe
 from ..training.run import run as run_training
 from ..training.run_dir import owned
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from .configs.digits import VIT_ENCODINGS, DigitsSettings
 
 __all__ = ["DigitsSettings", "results_table", "run", "run_digits"]

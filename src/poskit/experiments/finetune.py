@@ -12,7 +12,7 @@ from poskit.tasks.glue import GLUE_TASKS
 from poskit.training import check_writable_dir, load_config
 from poskit.training.recipes.glue import GlueConfig, GlueRecipe, SequenceClassifier
 from poskit.training.run import run
-from poskit.validate import check_choice, check_int, check_real
+from poskit.util.validate import check_choice, check_int, check_real
 
 __all__ = ["SequenceClassifier", "finetune_glue", "FINETUNE_JSON"]
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from poskit.file_lock import file_lock
+from poskit.util.file_lock import file_lock
 from poskit.training import TrainConfig, atomic_write_json
 from poskit.training.files import read_json, read_metrics
 

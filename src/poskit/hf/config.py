@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig
 
 import poskit
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.encodings import DEFAULT_ENCODING, rope_hf
 from poskit.encodings.base import encoding_class
 from poskit.encodings.rotary import RotaryEncoding

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import poskit
 from poskit.attention.reference import softmax_rows
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
 from poskit.models import Transformer
 

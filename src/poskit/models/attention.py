@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..encodings.base import PositionalEncoding, build_encoding, encoding_class
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from ..attention import engine as _engine
 from .batch import positions_for, real_tokens
 

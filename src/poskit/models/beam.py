@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 
 __all__ = ["beam_search", "greedy_search"]
 

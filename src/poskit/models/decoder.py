@@ -23,7 +23,7 @@ from torch import nn
 
 import poskit
 from poskit.attention.kv_cache import KVCache
-from poskit.config_check import ConfigError, check_field_types, from_known_fields
+from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.encodings import DEFAULT_ENCODING
 
 from .batch import ModelBatch, build_batch, real_tokens

@@ -33,7 +33,7 @@ from torch import nn
 import poskit
 from poskit.encodings.base import encoding_class
 from poskit.attention.kv_cache import KVCache
-from poskit.config_check import ConfigError, check_field_types, from_known_fields
+from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 
 from .attention import Attention
 from .batch import ModelBatch, as_batch_positions, positions_for, real_tokens

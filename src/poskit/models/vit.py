@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..encodings.base import available_encodings, build_encoding, encoding_class
-from ..validate import check_int
+from ..util.validate import check_int
 from .block import MLP, Block, SelfAttention, run_block
 
 

@@ -92,7 +92,7 @@ def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None 
 
 def plot_runs(runs: dict[str, list[dict]], path, metric: str = "accuracy", title: str | None = None) -> Path:
     """Training loss (left) and periodic evaluation `metric` (right) against step for single runs, from their
-    metrics logs (`poskit.train.read_metrics`)."""
+    metrics logs (`poskit.training.read_metrics`)."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, log in runs.items():
         loss = [(m["step"], m["train_loss"]) for m in log if "train_loss" in m]

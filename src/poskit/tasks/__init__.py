@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..validate import check_choice
+from ..util.validate import check_choice
 from .data import IGNORE_INDEX, Batch, Example, PackedExamples, Vocab, collate
 from .metrics import Scores, evaluate_batches, lm_loss, score_batch, summarize
 from .protocol import Task

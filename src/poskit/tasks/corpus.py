@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from .data import Vocab
 from .passkey import check_passkey_fraction
 from .protocol import Described

@@ -70,7 +70,7 @@ import string
 
 import numpy as np
 
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from .data import Example, Vocab
 from .synthetic import SyntheticTask
 

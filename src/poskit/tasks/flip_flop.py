@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..validate import check_choice, check_int, check_real
+from ..util.validate import check_choice, check_int, check_real
 from .data import Example, Vocab
 from .synthetic import SyntheticTask
 

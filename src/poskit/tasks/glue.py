@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..validate import check_choice, check_int
+from ..util.validate import check_choice, check_int
 
 __all__ = ["GlueSpec", "GLUE_TASKS", "DEFAULT_GLUE_SOURCE", "EncodedSplit", "load_glue", "encode_split",
            "glue_metrics"]

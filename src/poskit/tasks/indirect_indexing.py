@@ -67,7 +67,7 @@ import string
 
 import numpy as np
 
-from ..validate import check_bool, check_choice, check_int
+from ..util.validate import check_bool, check_choice, check_int
 from .data import Example, Vocab
 from .synthetic import SyntheticTask
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validate import check_real
+from ..util.validate import check_real
 from .data import IGNORE_INDEX, Batch
 
 __all__ = ["bert_mask", "check_mask_probabilities"]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..validate import check_choice
+from ..util.validate import check_choice
 from .data import IGNORE_INDEX, Batch
 
 __all__ = ["Scores", "score_batch", "summarize", "evaluate_batches", "lm_loss"]

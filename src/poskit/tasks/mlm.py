@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..validate import check_int, is_int
+from ..util.validate import check_int, is_int
 from .data import Batch, Vocab
 from .masking import bert_mask, check_mask_probabilities
 from .metrics import evaluate_batches

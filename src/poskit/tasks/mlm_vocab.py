@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import check_int
+from ..util.validate import check_int
 
 __all__ = ["MASK_TOKEN", "MLMVocabulary", "full_vocabulary", "reduced_vocabulary", "BYTE_TOKENS", "MIN_REDUCED"]
 

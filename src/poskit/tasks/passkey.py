@@ -50,7 +50,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..validate import check_bool, check_int, check_real
+from ..util.validate import check_bool, check_int, check_real
 from .data import IGNORE_INDEX, Batch, rng_from_generator
 from .metrics import evaluate_batches
 from .protocol import Described

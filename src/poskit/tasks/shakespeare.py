@@ -39,7 +39,7 @@ import re
 import numpy as np
 import torch
 
-from ..validate import check_bool, check_int, check_real
+from ..util.validate import check_bool, check_int, check_real
 from .data import Vocab
 from .passkey import check_passkey_fraction
 from .protocol import Described

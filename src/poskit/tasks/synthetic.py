@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from ..validate import check_choice, check_int
+from ..util.validate import check_choice, check_int
 from .data import Batch, Example, PackedExamples, Vocab, collate, rng_from_generator
 from .metrics import evaluate_batches
 from .protocol import Described

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..validate import check_int
+from ..util.validate import check_int
 
 __all__ = ["PairBatch", "PairSet", "make_batch"]
 

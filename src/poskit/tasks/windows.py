@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..validate import check_int, check_real
+from ..util.validate import check_int, check_real
 from .data import IGNORE_INDEX, Batch
 from .metrics import evaluate_batches
 from .passkey import mix_passkey_windows

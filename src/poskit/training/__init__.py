@@ -41,7 +41,7 @@ language model's schedule, loss and evaluation), `loop` (Trainer), `tensorboard_
 `run` (run, train, load_run, convert_legacy_checkpoint), `convert` (convert-checkpoint for either kind of
 checkpointed run) and `recipes`.
 """
-from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions, resume_config
+from .config import LOSS_ON_ALLOWED, TrainConfig, loss_positions
 from .files import (
     CHECKPOINT_FILE,
     LEGACY_CHECKPOINT_FILE,
@@ -61,6 +61,7 @@ from .distributed import Processes, processes_from_env
 from .loop import Trainer
 from .rng import rng_state, seed_everything, set_rng_state
 from .recipes import LMRecipe, Recipe
+from .recipes.lm import resume_config
 from .run import convert_legacy_checkpoint, load_run, preflight, run, train
 from .step import (
     NonFiniteLossError,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..durable import fsync_dir, write_synced
+from ..util.durable import fsync_dir, write_synced
 from .files import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, RunFileError, atomic_write_json, read_bytes, read_json
 
 CHECKPOINTS_DIR = "checkpoints"

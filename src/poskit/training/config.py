@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from poskit.config_check import ConfigError, check_field_types, from_known_fields
+from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.models import ModelConfig
 from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
 
@@ -185,19 +185,6 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str = "the run directory") -> TrainConfig:
-    """The config a resumed run continues with. A resumed run keeps its saved config, so that it ends as an
-    uninterrupted run would; the one allowed change is a larger max_steps, which extends the run (the cosine
-    schedule is then recomputed for the new length from the checkpoint on, so the result is not that of a
-    run planned that long from the start). Any other difference raises, naming the field.
-
-    `requested` = None means "whatever was saved". A time-budget run (train_seconds) planned its max_steps
-    from the budget, so a requested config with the same budget takes the saved max_steps and cannot extend."""
-    from .recipes.lm import LMRecipe
-
-    return LMRecipe(requested).resume_config(saved, where)
 
 
 def config_difference(old, new, free: tuple = RESUME_FREE_FIELDS) -> tuple[str, str, str] | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.tasks.base import Batch
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

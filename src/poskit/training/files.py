@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from ..durable import fsync_dir, write_synced
+from ..util.durable import fsync_dir, write_synced
 from .config import TrainConfig
 
 CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.json", "results.json"

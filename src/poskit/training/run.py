@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 from poskit.models import Transformer
 
 from . import run_dir as run_dirs

@@ -25,7 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..file_lock import file_lock
+from ..util.file_lock import file_lock
 from .files import (CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, METRICS_FILE, TEMP_MARK, TEMP_PREFIX,
                     atomic_write_json, code_version)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
 EXTRA_HINT = 'pip install -c constraints.txt -e ".[tensorboard]"'

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...config_check import from_known_fields
+from ...util.config_check import from_known_fields
 from ..config import config_difference
 from ..files import CONFIG_FILE, RESULTS_FILE, RunFileError, read_json
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from poskit.config_check import ConfigError
+from poskit.util.config_check import ConfigError
 
 from ..config import RESUME_FREE_FIELDS, TrainConfig
 from ..distributed import check_batch_split, from_main, local_rows, processes_from_env
@@ -115,3 +115,14 @@ class LMRecipe(Recipe):
                        "parameters": trainer.model.num_parameters(), "world_size": trainer.procs.world_size,
                        "splits": splits}
         return from_main(results, trainer.procs)
+
+
+def resume_config(saved: TrainConfig, requested: TrainConfig | None, where: str = "the run directory") -> TrainConfig:
+    """The config a resumed run continues with. A resumed run keeps its saved config, so that it ends as an
+    uninterrupted run would; the one allowed change is a larger max_steps, which extends the run (the cosine
+    schedule is then recomputed for the new length from the checkpoint on, so the result is not that of a
+    run planned that long from the start). Any other difference raises, naming the field.
+
+    `requested` = None means "whatever was saved". A time-budget run (train_seconds) planned its max_steps
+    from the budget, so a requested config with the same budget takes the saved max_steps and cannot extend."""
+    return LMRecipe(requested).resume_config(saved, where)

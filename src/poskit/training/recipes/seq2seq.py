@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...config_check import ConfigError, check_field_types, from_known_fields
+from ...util.config_check import ConfigError, check_field_types, from_known_fields
 from ...models import EncoderDecoder, EncoderDecoderConfig
 from ...tasks.translation import BOS, EOS, PAD, PairSet
 from ..checkpoint import read_run_state
