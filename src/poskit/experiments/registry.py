@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .configs.ablations import ABLATIONS
 from .configs.code import CODE
+from .configs.context_extension import CONTEXT_EXTENSION
 from .configs.counting import COUNTING
 from .configs.demo import DEMO
 from .configs.digits import DIGITS
@@ -90,6 +91,7 @@ EXPERIMENTS: dict[tuple[str, str], Experiment] = {(e.kind, e.name): e for e in (
     Experiment("code", "reproduction", CODE, _LM, _COMPARE),
     Experiment("text-extrapolation", "reproduction", TEXT_EXTRAPOLATION, _LM, _COMPARE),
     Experiment("ablations", "reproduction", ABLATIONS, _LM, _COMPARE),
+    Experiment("context-extension", "reproduction", CONTEXT_EXTENSION, "poskit.experiments.context_extension:reproduce", _COMPARE),
     # encoder-only pre-training: RoFormer sec. 4.2
     Experiment("mlm", "reproduction", MLM, _LM, _COMPARE),
     # linear attention with and without RoPE: RoFormer sec. 4.4
