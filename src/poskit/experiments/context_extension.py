@@ -469,33 +469,53 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 def markdown(p: Plan, results: dict, plots: list[str]) -> str:
-    """The tables: per setup and scale, perplexity at 64 s by step; at the last step the 1x regression, passkey
-    at 64 s, the effective window, the passkey context and the fine-tuning tokens; the YaRN bands."""
+    """The tables: per setup and scale, perplexity at 64 s by step and, at the last step, the 1x regression,
+    passkey at 64 s, the effective window, the passkey context and the fine-tuning tokens; per setup, perplexity
+    and passkey accuracy at every length at the last step; the YaRN bands."""
     from poskit.report import markdown_table
 
     lines = [f"# context extension ({p.grid.name} grid)\n", f"`{results['command']}`; {results['wall_seconds']:.0f} s. "
              f"Base models: context {p.settings.context}, {p.grid.pretrain_steps} steps. Perplexity per character on "
-             f"the held-out {p.settings.split} split; passkey threshold {p.settings.passkey_threshold}.\n"]
+             f"the held-out {p.settings.split} split; passkey accuracy: exact match, mean over depths "
+             f"{list(p.grid.depths)}, {p.grid.trials} prompts per cell; threshold {p.settings.passkey_threshold} "
+             "(definitions in results.json). Fine-tuning tokens are a fraction of the base model's pre-training "
+             "tokens (PI: about 0.04 % of LLaMA's, YaRN about 0.1 % of Llama 2's).\n"]
     seed, last = p.seeds[0], max(p.steps)
+    lengths = [str(p.settings.context * m) for m in p.grid.lengths]
     for name in p.grid.setups:
+        methods = _methods(p.settings, p.grid, p.settings.setup(name))
         lines.append(f"## {name} (seed {seed})\n")
-        for scale in p.scales:
+        by_length = []
+        for scale in p.scales if len(methods) > 1 else ():
             length = str(p.settings.context * scale)
             headers = ["method"] + [f"ppl@{length} step {s}" for s in p.steps] + [
                 f"last-quarter ppl@{length}", "1x regression", f"passkey@{length}", "effective window",
                 "passkey context", "tokens / pre-training"]
             table = []
-            for method in _methods(p.settings, p.grid, p.settings.setup(name)):
+            for method in methods:
                 rows = {r["step"]: r for r in _series(results, name, seed, method.name, scale)}
                 if not rows:
                     continue
                 end = rows.get(last) or rows[max(rows)]
-                accuracy = next(b["accuracy"] for b in end["passkey"]["by_length"] if str(b["length"]) == length)
+                accuracy = {str(b["length"]): b["accuracy"] for b in end["passkey"]["by_length"]}
                 table.append([method.name] + [_fmt(rows[s]["perplexity"].get(length)) if s in rows else "" for s in
                                               p.steps] + [
-                    _fmt(end["last_perplexity"].get(length)), _fmt(end["regression_1x"], 3), _fmt(accuracy),
+                    _fmt(end["last_perplexity"].get(length)), _fmt(end["regression_1x"], 3), _fmt(accuracy.get(length)),
                     end["effective_window"], end["passkey_context"], f"{100 * end['token_fraction']:.1f} %"])
+                if method.name != "none" or scale == p.scales[0]:
+                    label = method.name if method.name == "none" else f"{method.name} s={scale}"
+                    by_length.append([f"{label} (step {end['step']})"] +
+                                     [_fmt(end["perplexity"].get(n)) for n in lengths] +
+                                     [_fmt(accuracy.get(n)) for n in lengths])
             lines.append(f"s = {scale}:\n\n{markdown_table(headers, table)}\n")
+        if len(methods) == 1:  # the base alone (the control)
+            end = _series(results, name, seed, "none", p.scales[0])[0]
+            accuracy = {str(b["length"]): b["accuracy"] for b in end["passkey"]["by_length"]}
+            by_length.append(["none (step 0)"] + [_fmt(end["perplexity"].get(n)) for n in lengths] +
+                             [_fmt(accuracy.get(n)) for n in lengths])
+        lines.append("Every length, at each method's last step (perplexity, then passkey accuracy):\n\n" +
+                     markdown_table(["model"] + [f"ppl@{n}" for n in lengths] + [f"passkey@{n}" for n in lengths],
+                                    by_length) + "\n")
     lines.append("## YaRN's bands (rotary pairs)\n")
     band_rows = [[name, b["base"], f"{b['beta_fast']:g}/{b['beta_slow']:g}",
                   "/".join(str(b["by_definition"][k]) for k in ("kept", "ramp", "interpolated")),

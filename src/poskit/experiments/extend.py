@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from poskit.models import ModelConfig, Transformer
 from poskit.tasks import task_parameters
 from poskit.training import CONFIG_FILE, TrainConfig, atomic_write_json, check_writable_dir, has_checkpoint, load_run
 from poskit.training import run as run_recipe
+from poskit.training.files import read_json
 from poskit.training.recipes.extend import (LR_RATIO, ExtendConfig, ExtendRecipe, is_extend_run, load_extend_run,
                                             run_provenance)
 from poskit.training.run_dir import check_apart
@@ -98,7 +98,7 @@ def load_decoder(path, *, arg: str = "RUN", device: str = "cpu") -> Decoder:
 def _load_hf_export(path: Path, given: str, arg: str, device: str) -> Decoder:
     from poskit.hf.convert import to_poskit  # the hf extra, only for an exported directory
 
-    info = json.loads((path / HF_RUN_INFO).read_text())
+    info = read_json(path / HF_RUN_INFO, "an export's run record")
     try:
         cfg = TrainConfig.from_dict({**info["train_config"], "device": device})
     except (KeyError, TypeError, ValueError) as e:
@@ -122,7 +122,7 @@ def provenance(decoder: Decoder) -> dict:
         digest = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
         return {"source": "hf", "path": decoder.path, "checkpoint": weights.name, "checkpoint_sha256": digest,
                 "step": None, "context": decoder.context, "config": decoder.config.to_dict(),
-                "exported_from": json.loads((path / HF_RUN_INFO).read_text()).get("run_dir")}
+                "exported_from": read_json(path / HF_RUN_INFO, "an export's run record").get("run_dir")}
     return {**run_provenance(path, decoder.path), "context": decoder.context}
 
 
