@@ -5,6 +5,7 @@ schedule and defaults are the papers'; an HF export is a parent too."""
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,16 @@ def test_an_hf_export_is_a_parent_with_its_weights_hash_as_provenance(rope_run, 
     out = tmp_path / "pk"
     assert main(["passkey", str(export), "--lengths", "1x", "--depths", "0", "--trials", "1", "--out", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["source"] == "hf"
+
+
+def test_an_hf_export_without_the_hf_extra_is_refused_naming_the_argument_and_the_extra(monkeypatch, tmp_path):
+    export = tmp_path / "hf"
+    export.mkdir()
+    (export / "poskit_run.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "poskit.hf.convert", None)  # an import of it raises ImportError
+    with pytest.raises(ValueError, match=r"RUN '.*hf' is an exported Hugging Face directory, which needs the hf "
+                                         r"extra \(pip install"):
+        load_decoder(export)
 
 
 # ------------------------------------------------------------------ passkey command

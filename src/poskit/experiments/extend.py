@@ -96,7 +96,11 @@ def load_decoder(path, *, arg: str = "RUN", device: str = "cpu") -> Decoder:
 
 
 def _load_hf_export(path: Path, given: str, arg: str, device: str) -> Decoder:
-    from poskit.hf.convert import to_poskit  # the hf extra, only for an exported directory
+    try:
+        from poskit.hf.convert import to_poskit  # the hf extra, only for an exported directory
+    except ImportError as e:
+        raise ValueError(f"{arg} {given!r} is an exported Hugging Face directory, which needs the hf extra "
+                         f"(pip install -c constraints.txt -e \".[hf]\"): {e}") from None
 
     info = read_json(path / HF_RUN_INFO, "an export's run record")
     try:
