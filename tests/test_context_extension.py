@@ -127,3 +127,28 @@ def test_a_tiny_run_end_to_end_through_the_registry_and_its_resume(monkeypatch, 
     assert again["rows"] == results["rows"] and {p: p.stat().st_mtime_ns for p in evals} == stamps
     with pytest.raises(ValueError, match="pass --resume to continue it"):
         experiment("context-extension", "reproduction").run(out_dir=out, workers=1, quiet=True, quick=True)
+
+
+def test_the_command_line_runs_the_quick_grid_and_refuses_quick_elsewhere(monkeypatch, tmp_path, capsys):
+    from poskit.cli import main
+    from poskit.experiments import context_extension
+
+    planned = []
+
+    def fake_run_plan(p, **kwargs):  # what would run, without training anything
+        planned.append(p)
+        p.out_dir.mkdir(parents=True)
+        for name in ("results.json", "results.md"):
+            (p.out_dir / name).write_text("{}")
+        return {}
+
+    monkeypatch.setattr(context_extension, "run_plan", fake_run_plan)
+    assert main(["reproduce", "context-extension", "--quick", "--out", str(tmp_path / "q")]) == 0
+    assert main(["reproduce", "context-extension", "--out", str(tmp_path / "d")]) == 0
+    assert [p.grid.name for p in planned] == ["quick", "default"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["reproduce", "flip-flop", "--quick", "--out", str(tmp_path / "f")])
+    err = capsys.readouterr().err
+    assert "--quick applies only to reproductions with a smaller grid (context-extension), not 'flip-flop'" in err
+    assert not (tmp_path / "f").exists()

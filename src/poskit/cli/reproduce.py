@@ -27,6 +27,9 @@ def add_reproduce(sub) -> None:
                         + "; ".join(f"{e.name}: {e.settings.variant_name} from "
                                     f"{','.join(str(v.value) for v in e.settings.variants)}" for e in with_variants)
                         + "; default all)")
+    with_quick = [e.name for e in reproductions if getattr(e.settings, "quick", None) is not None]
+    p.add_argument("--quick", action="store_true",
+                   help=f"the reproduction's smaller grid (reproductions that have one: {', '.join(with_quick)})")
     add_run_flags(p, quiet="no status lines", out="runs/reproduce-<NAME>",
                   resume="reuse finished runs, continue interrupted ones")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.n_layers=4")
@@ -46,11 +49,17 @@ def cmd_reproduce(args) -> int:
                          "--list to list them")
     exp = experiment(args.name, "reproduction", arg="NAME")
     check_positive(args, "steps", "workers")
+    # only a runner with a smaller grid takes `quick`; the others keep the arguments every runner takes
+    quick = {"quick": True} if args.quick else {}
+    if args.quick and getattr(exp.settings, "quick", None) is None:
+        having = [e.name for e in experiments("reproduction") if getattr(e.settings, "quick", None) is not None]
+        raise ValueError(f"--quick applies only to reproductions with a smaller grid ({', '.join(having)}), "
+                         f"not {args.name!r}")
     out = Path(args.out or f"runs/reproduce-{args.name}")
     exp.run(out_dir=out, seeds=parse_ints(args.seeds, "--seeds") if args.seeds else None,
             encodings=EncodingSpec.parse_list(args.encodings, arg="--encodings") if args.encodings else None,
             steps=args.steps, workers=args.workers, resume=args.resume, quiet=args.quiet, overrides=args.overrides,
-            variants=args.variants, preset=args.preset)
+            variants=args.variants, preset=args.preset, **quick)
     print((out / exp.table).read_text())
     print("wrote " + ", ".join(str(out / name) for name in exp.outputs))
     return 0
