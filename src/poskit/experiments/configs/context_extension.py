@@ -21,8 +21,9 @@ Rotations of pair i inside the training context: r_i = 64 theta_i / (2 pi); pair
   fill the kept band (r_0 does not depend on the base); beta_fast must fall below r_0, so this setup scales the
   betas to the context: beta_fast 4 rotations in 64 tokens is a wavelength of 16 tokens (YaRN's 32 in 4096 is 128).
 
-Grids (`DEFAULT`, `QUICK`): sized by the per-step times measured on the 2-core machine (results.json's
-"timings" records those of each run; docs/reproductions.md the wall times).
+Grids (`default`, `quick`): the default is the grid of the PI/YaRN comparison (s = 4, 8, 16; 0-400 steps; four
+setups); from per-step times measured on the shared 2-core machine it takes about 2 h with two workers there, the
+quick one about 20 min (docs/extend.md gives the measurements; results.json's "timings" records each run's own).
 """
 from __future__ import annotations
 
@@ -135,7 +136,8 @@ SETUPS = (
 CONTEXT_EXTENSION = ContextExtension(
     paper="PI (Chen et al. 2023, Tables 3-4) and YaRN (Peng et al. 2023): RoPE extended 4-16x by scaling + fine-tuning",
     summary="RoPE/PoPE Shakespeare LMs (context 64) extended 4-16x by PI, NTK, YaRN, direct fine-tuning, dynamic NTK "
-            "and PoPE, perplexity and passkey at 0-400 steps; --quick: a smaller grid",
+            "and PoPE, perplexity and passkey at 0-400 steps: about 2 h estimated on the loaded 2-core machine; "
+            "--quick: a smaller grid, about 20 min (docs/extend.md)",
     encodings="rope,pope",
     pretrain=PRETRAIN,
     context=64,
