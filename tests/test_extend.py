@@ -112,13 +112,20 @@ def test_each_scaling_extends_a_run_with_its_encoding_provenance_and_exact_resum
     assert all(not torch.equal(a[k], start[k]) for k in a if k.endswith("weight") and "norm" not in k)
 
 
-@pytest.mark.xfail(strict=True, reason="run() claims every run directory as kind 'run'; it must read the recipe's "
-                                       "kind (ExtendRecipe.kind = 'extend'): a change in training/run.py")
 def test_an_extension_directory_is_of_kind_extend(rope_run, tmp_path):
     from poskit.training.run_dir import MARKER_FILE
 
     extend(rope_run, "rope-yarn", CONTEXT, 0, tmp_path / "x", quiet=True, **FAST)
     assert json.loads((tmp_path / "x" / MARKER_FILE).read_text())["kind"] == ExtendRecipe.kind == "extend"
+    # so a training run cannot be resumed in it, nor an extension written into a training run's directory
+    trained = tiny_run(tmp_path / "trained", "rope")
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=r"is a poskit extend directory .*not a run directory"):
+        train(TrainConfig.from_dict(json.loads((trained / "config.json").read_text())), tmp_path / "x", quiet=True,
+              resume=True)
+    with pytest.raises(ValueError, match=r"is a poskit run directory .*not a extend directory"):
+        extend(rope_run, "rope-yarn", CONTEXT, 0, trained, quiet=True, resume=True, **FAST)
+    assert snapshot(tmp_path) == before
 
 
 # ------------------------------------------------------------------ zero-shot

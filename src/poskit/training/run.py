@@ -89,7 +89,7 @@ def run(recipe, run_dir, *, resume: bool = False, stop_after: int | None = None,
     run_dir = Path(run_dir)
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
         raise ValueError(f"stop_after must be a positive int or None, got {stop_after!r}")
-    found = run_dirs.check(run_dir, "run")
+    found = run_dirs.check(run_dir, recipe.kind)
     procs = processes_from_env()
     with contextlib.ExitStack() as held:
         if found != "new" and procs.is_main:
@@ -132,7 +132,7 @@ def run(recipe, run_dir, *, resume: bool = False, stop_after: int | None = None,
                 if any(p.name != run_dirs.LOCK_FILE for p in run_dir.iterdir()):
                     raise run_dirs.RunDirError(f"{run_dir}: was written by another process meanwhile; choose "
                                                "another directory")
-            run_dirs.claim(run_dir, "run")  # the marker (a run written before markers is adopted here)
+            run_dirs.claim(run_dir, recipe.kind)  # the marker (a run written before markers is adopted here)
             remove_stale_temp_files(run_dir)
             remove_uncommitted_checkpoints(run_dir)
             if not resumed or not same:

@@ -54,6 +54,7 @@ class Recipe:
     config_type: type
     writer: str  # in errors about its checkpoints: "not a checkpoint written by <writer>"
     results_file: str = RESULTS_FILE
+    kind: str = "run"  # the kind its run directory's marker records (run_dir.KINDS)
     state_entries: dict = {}  # the entries its checkpoints hold besides model, optimizer, step and rng
     resume_free_fields: tuple = ()  # config fields a resume may change without changing the run's numbers
     device: str = "cpu"
