@@ -1,0 +1,216 @@
+"""`poskit report`: every table in README.md and docs/**/*.md that sits between markers is generated from the
+committed results records under docs/results/ (and the coverage table from report/coverage.py).
+
+Marker syntax (one line each; the generated text goes between them and is replaced on every run):
+
+    <!-- report: NAME table=KIND [option=value ...] -->
+    ...generated...
+    <!-- /report -->
+
+NAME is a directory of docs/results/ (its results.json), or several separated by commas for table=compact,
+or `coverage` for table=coverage. KIND is one of summary, seeds, extrapolation, compact, coverage. Options:
+group=G (one group of a record: a variant such as 3, the demo's lm or diagnostic), metric=M (e.g. loss, nll,
+bleu; default the record's headline metric), split=S (the headline split of a summary), key=K (extrapolation:
+perplexity or last_perplexity), paper=NNN (coverage: one paper's rows).
+
+Every generated table starts with its provenance line (command, code version, date, machine, wall time) and,
+when its record's configuration is not what its command would run today, a visible "stale: ..." label
+(report/staleness.py). A NAME without results yet generates a "pending" line instead of a table. `check`
+regenerates without writing and names every file and table whose text differs, which `poskit report --check`
+and the test suite turn into a failure, and every problem of the coverage data.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import coverage
+from .record import RESULTS_JSON, code_label, read_record
+from .results_tables import (TABLE_KINDS, compact_table, extrapolation_table_of, link, provenance, seeds_table,
+                             summary_table)
+from .staleness import stale_label
+
+RESULTS_DIR = Path("docs") / "results"
+KINDS = (*TABLE_KINDS, "coverage")
+OPTIONS = {"summary": {"group", "metric", "split"}, "seeds": {"group", "metric"}, "extrapolation": {"key"},
+           "compact": set(), "coverage": {"paper"}}
+_OPEN = re.compile(r"<!-- report: (?P<args>.*?) -->")
+_CLOSE = "<!-- /report -->"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class MarkerError(ValueError):
+    """A malformed marker: the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One marked table of a markdown file."""
+
+    file: Path
+    line: int
+    names: tuple
+    kind: str
+    options: dict
+    start: int
+    """Offset of the generated text (just after the opening marker's line)."""
+    end: int
+    """Offset of the closing marker."""
+
+    @property
+    def title(self) -> str:
+        opts = "".join(f" {k}={v}" for k, v in self.options.items())
+        return f"{','.join(self.names)} table={self.kind}{opts}"
+
+
+def markdown_files(root) -> list[Path]:
+    """README.md and every markdown file under docs/ (sorted): the files `poskit report` regenerates."""
+    root = Path(root)
+    files = [root / "README.md"] if (root / "README.md").exists() else []
+    return files + sorted((root / "docs").rglob("*.md")) if (root / "docs").is_dir() else files
+
+
+def parse_blocks(path: Path, text: str) -> list[Block]:
+    blocks, pos = [], 0
+    while True:
+        m = _OPEN.search(text, pos)
+        if m is None:
+            if _CLOSE in text[pos:]:
+                line = text.count("\n", 0, text.index(_CLOSE, pos)) + 1
+                raise MarkerError(f"{path}:{line}: {_CLOSE} without an opening <!-- report: ... --> marker")
+            return blocks
+        line = text.count("\n", 0, m.start()) + 1
+        words = m.group("args").split()
+        if not words or "=" in words[0]:
+            raise MarkerError(f"{path}:{line}: a report marker must start with a results name, e.g. "
+                              "<!-- report: jsb table=summary -->")
+        options = {}
+        for w in words[1:]:
+            key, eq, value = w.partition("=")
+            if not eq or not value or key in options:
+                raise MarkerError(f"{path}:{line}: marker options must be key=value, each once; got {w!r}")
+            options[key] = value
+        kind = options.pop("table", None)
+        if kind not in KINDS:
+            raise MarkerError(f"{path}:{line}: table must be one of {list(KINDS)}, got {kind!r}")
+        unknown = sorted(set(options) - OPTIONS[kind])
+        if unknown:
+            raise MarkerError(f"{path}:{line}: options of table={kind} must be among {sorted(OPTIONS[kind])}, "
+                              f"got {unknown}")
+        names = tuple(words[0].split(","))
+        if any(not _NAME.fullmatch(n) for n in names) or (len(names) > 1 and kind != "compact"):
+            raise MarkerError(f"{path}:{line}: the results name must be a docs/results directory name (several, "
+                              f"comma-separated, only for table=compact), got {words[0]!r}")
+        if kind == "coverage" and names != ("coverage",):
+            raise MarkerError(f"{path}:{line}: table=coverage takes the name coverage, got {words[0]!r}")
+        body = text.index("\n", m.end()) + 1 if "\n" in text[m.end():] else len(text)
+        close = text.find(_CLOSE, m.end())
+        nxt = _OPEN.search(text, m.end())
+        if close < 0 or (nxt is not None and nxt.start() < close):
+            raise MarkerError(f"{path}:{line}: marker {m.group(0)} has no {_CLOSE} before the next marker")
+        blocks.append(Block(path, line, names, kind, options, body, close))
+        pos = close + len(_CLOSE)
+
+
+class Generator:
+    """Makes the text of each block from the records under <root>/docs/results (each read once)."""
+
+    def __init__(self, root, resolve_today):
+        self.root = Path(root)
+        self.resolve_today = resolve_today
+        self._records: dict = {}
+        self.stale: list[tuple[Block, str]] = []
+
+    def results_path(self, name: str) -> Path:
+        return self.root / RESULTS_DIR / name / RESULTS_JSON
+
+    def record(self, name: str):
+        """(record or None when pending, its stale label or None)."""
+        if name not in self._records:
+            path = self.results_path(name)
+            record = read_record(path) if path.exists() else None
+            label = stale_label(record, self.resolve_today) if record is not None else None
+            self._records[name] = (record, label)
+        return self._records[name]
+
+    def evidence(self, md: Path, name: str) -> str:
+        record, label = self.record(name)
+        if record is None:
+            return f"pending (`docs/results/{name}/`)"
+        return (f"[{name}]({link(md, self.results_path(name))}) ({record.date[:10]}, {code_label(record.code)})"
+                + (" **stale**" if label else ""))
+
+    def text(self, block: Block) -> str:
+        if block.kind == "coverage":
+            table = coverage.coverage_table(lambda name: self.evidence(block.file, name), block.options.get("paper"))
+            return f"*Generated by `poskit report` from report/coverage.py and docs/results/.*\n\n{table}\n"
+        if block.kind == "compact":
+            entries = [(n, *self.record(n)) for n in block.names]
+            for n, _, label in entries:
+                if label:
+                    self.stale.append((block, f"{n}: {label}"))
+            return f"*Generated by `poskit report` from docs/results/ (each row's record).*\n\n{compact_table(entries)}\n"
+        name = block.names[0]
+        record, label = self.record(name)
+        if record is None:
+            return f"*pending: no results committed in docs/results/{name}/ yet (`poskit report collect`).*\n"
+        o = block.options
+        try:
+            if block.kind == "summary":
+                table = summary_table(record, group=o.get("group"), metric=o.get("metric"), split=o.get("split"))
+            elif block.kind == "seeds":
+                table = seeds_table(record, group=o.get("group"), metric=o.get("metric"))
+            else:
+                table = extrapolation_table_of(record, key=o.get("key", "perplexity"))
+        except ValueError as e:
+            raise MarkerError(f"{block.file}:{block.line}: {e}") from None
+        lines = [provenance(record, link(block.file, self.results_path(name)))]
+        if label:
+            self.stale.append((block, label))
+            lines.append(f"\n**{label}** (rerun `{record.command}` and `poskit report collect`)")
+        return "\n".join(lines) + f"\n\n{table}\n"
+
+
+@dataclass
+class Outcome:
+    files: dict
+    """{path: new text} of every markdown file with markers."""
+    differing: list
+    """[(path, Block)] whose generated text differs from the file's."""
+    stale: list
+    """[(Block, label)] of stale tables."""
+    coverage_problems: list
+
+
+def regenerate(root, resolve_today) -> Outcome:
+    """Generate every marked table under `root` (nothing is written)."""
+    gen = Generator(root, resolve_today)
+    files, differing = {}, []
+    for path in markdown_files(root):
+        text = path.read_text(encoding="utf-8")
+        blocks = parse_blocks(path, text)
+        if not blocks:
+            continue
+        out, pos = [], 0
+        for b in blocks:
+            new = gen.text(b)
+            if text[b.start:b.end] != new:
+                differing.append((path, b))
+            out += [text[pos:b.start], new]
+            pos = b.end
+        files[path] = "".join(out) + text[pos:]
+    return Outcome(files, differing, gen.stale, coverage.problems())
+
+
+def write(outcome: Outcome) -> list[Path]:
+    """Write the files whose text changed; returns them."""
+    from poskit.training.files import atomic_write_bytes
+
+    changed = []
+    for path, text in outcome.files.items():
+        if path.read_text(encoding="utf-8") != text:
+            data = text.encode("utf-8")
+            atomic_write_bytes(path, lambda f: f.write(data))
+            changed.append(path)
+    return changed
