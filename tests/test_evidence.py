@@ -175,6 +175,13 @@ def test_collect_report_and_check_on_a_readme_with_markers(flip_flop, tmp_path, 
     assert main(["report", "--check", "--root", str(root)]) == 1
 
 
+def test_markers_in_code_blocks_and_sentences_are_examples_not_markers(tmp_path):
+    text = ("Write `<!-- report: NAME table=KIND -->` on a line.\n\n```\n<!-- report: jsb table=summary -->\n"
+            "<!-- /report -->\n```\n")
+    root = _repo(tmp_path, text)
+    assert markers.regenerate(root, resolve_today).files == {}
+
+
 def test_a_table_without_results_yet_says_pending_and_a_compact_table_lists_each(tmp_path):
     root = _repo(tmp_path, "<!-- report: jsb table=summary -->\n<!-- /report -->\n"
                            "<!-- report: jsb,maestro table=compact -->\n<!-- /report -->\n")
@@ -185,7 +192,9 @@ def test_a_table_without_results_yet_says_pending_and_a_compact_table_lists_each
 
 
 @pytest.mark.parametrize("text, message", [
-    ("<!-- report: jsb table=summary -->\n", "has no <!-- /report -->"),
+    ("<!-- report: jsb table=summary -->\n", "has no <!-- /report --> before the end of the file"),
+    ("<!-- report: jsb table=summary -->\n<!-- report: jsb table=seeds -->\n<!-- /report -->\n",
+     "has no <!-- /report --> before the next marker"),
     ("<!-- report: jsb table=pie -->\n<!-- /report -->\n", "table must be one of"),
     ("<!-- report: jsb table=summary colour=red -->\n<!-- /report -->\n", "options of table=summary"),
     ("<!-- report: table=summary -->\n<!-- /report -->\n", "must start with a results name"),
@@ -273,6 +282,9 @@ def test_staleness_compares_only_settings_both_sides_have():
                                               "pope:delta_projection=true, today's default is false",
                                               "variants[0].lr=1, today's default is 2"]
     assert setting_name(("base", "model", "d_model")) == "model.d_model"
+    # a command's default list of encodings that changed is a difference too
+    assert stale_reasons({"encodings": {"rope": {}}}, {"encodings": {"rope": {}, "learned": {}}}) == [
+        'encodings=["rope"], today\'s default is ["rope","learned"]']
 
 
 def test_a_command_that_no_longer_resolves_is_stale(flip_flop):

@@ -84,11 +84,11 @@ ROWS = (
         notes="Its formulas (eq. 2-9) are the `pope` encoding, tested against a float64 reference."),
     Row("000", "Table 1", "the paper's task",
         "Indirect Indexing test accuracy: RoPE 11.16 ± 2.45 %, PoPE 94.82 ± 2.91 % (3 seeds, 8 layers d 512)",
-        "not reproduced (one seed, 2 layers d 64)", "poskit study indirect-indexing; GPU: poskit reproduce "
-        "indirect-indexing --preset paper", "study-indirect-indexing",
+        "not reproduced (one seed, 2 layers d 64)", "poskit study indirect-indexing", "study-indirect-indexing",
         "One seed at 2 layers d 64, 100k steps: RoPE 7.6 %, PoPE 6.4 %, both at the 6.7 % floor of copying the "
         "source for shift 0 (1 query in 31) and guessing otherwise. Never run above 2 layers on the paper's "
-        "shifts; the paper's size is about 67 h per run on one core."),
+        "shifts; the paper's size (`poskit reproduce indirect-indexing --preset paper`) is about 67 h per run on one "
+        "core."),
     Row("000", "Table 1", "small-shift variant",
         "(as above, on a smaller variant: shifts up to 3, 16 letters, strings of 8-16, 4 queries)",
         "reproduced in direction (3 seeds)", "poskit reproduce indirect-indexing", "indirect-indexing",
@@ -152,9 +152,11 @@ ROWS = (
         "8.02 ± 0.08 without delta vs 8.01 ± 0.08; after 400 steps delta is within 0.27 rad of its start. "
         + _STALE),
     Row("000", "Fig. 5", "", "Fig. 3's analysis on the 253M model",
-        "not run (no second model size)", "poskit analyze frequency (on larger runs)", "text-sizes"),
+        "not run (no second model size)", "poskit analyze frequency RUN_rope RUN_pope", "text-sizes",
+        "Would run on the rope and pope runs of a larger size."),
     Row("000", "Fig. 6", "", "Fig. 4's analysis on the 253M model",
-        "not run (no second model size)", "poskit analyze frequency (on larger runs)", "text-sizes"),
+        "not run (no second model size)", "poskit analyze frequency RUN_rope RUN_pope", "text-sizes",
+        "As Fig. 5."),
     # ------------------------------------------------------------------------------------------ 001 article
     Row("001", "Plot: RoPE rotation angles by position", "",
         "High-frequency pairs cycle fast; low-frequency pairs barely move",
@@ -170,9 +172,9 @@ ROWS = (
     Row("001", "Table: comparing position encodings", "",
         "Extrapolation: sinusoidal poor, learned none, RoPE poor without scaling, ALiBi good, linear moderate, "
         "NTK good, YaRN excellent",
-        "measured, one seed", "poskit reproduce text-extrapolation (--encodings sinusoidal,none,alibi,rope,pope "
-        "for the sinusoidal row)", "text-extrapolation",
-        "Partial: at 400 steps, 10x/1x: ALiBi 0.99, YaRN 1.28, NTK 1.50, RoPE 1.72, linear 2.59. The article's "
+        "measured, one seed", "poskit reproduce text-extrapolation --encodings sinusoidal,none,alibi,rope,pope",
+        "text-extrapolation",
+        "The default runs none, alibi, rope, pope; sinusoidal needs --encodings. Partial: at 400 steps, 10x/1x: ALiBi 0.99, YaRN 1.28, NTK 1.50, RoPE 1.72, linear 2.59. The article's "
         "linear and YaRN ratings assume fine-tuning; poskit scales at test time only. Sinusoidal not run. "
         + _STALE),
     # ----------------------------------------------------------------------------------------- 002 RoFormer

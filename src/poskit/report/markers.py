@@ -1,7 +1,8 @@
 """`poskit report`: every table in README.md and docs/**/*.md that sits between markers is generated from the
 committed results records under docs/results/ (and the coverage table from report/coverage.py).
 
-Marker syntax (one line each; the generated text goes between them and is replaced on every run):
+Marker syntax (each marker a line of its own, outside code blocks; the generated text goes between them and is
+replaced on every run):
 
     <!-- report: NAME table=KIND [option=value ...] -->
     ...generated...
@@ -35,7 +36,7 @@ RESULTS_DIR = Path("docs") / "results"
 KINDS = (*TABLE_KINDS, "coverage")
 OPTIONS = {"summary": {"group", "metric", "split"}, "seeds": {"group", "metric"}, "extrapolation": {"key"},
            "compact": set(), "coverage": {"paper"}}
-_OPEN = re.compile(r"<!-- report: (?P<args>.*?) -->")
+_OPEN = re.compile(r"<!-- report: (?P<args>.*?) -->")  # a whole line (parse_blocks)
 _CLOSE = "<!-- /report -->"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -71,46 +72,71 @@ def markdown_files(root) -> list[Path]:
     return files + sorted((root / "docs").rglob("*.md")) if (root / "docs").is_dir() else files
 
 
+def _lines(text: str):
+    """(offset, line) of every line outside fenced code blocks (``` or ~~~): a marker shown in a code block is
+    an example, not a marker."""
+    offset, fence = 0, None
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if fence is None and stripped[:3] in ("```", "~~~"):
+            fence = stripped[:3]
+        elif fence is not None and stripped.startswith(fence):
+            fence = None
+        elif fence is None:
+            yield offset, line
+        offset += len(line)
+
+
 def parse_blocks(path: Path, text: str) -> list[Block]:
-    blocks, pos = [], 0
-    while True:
-        m = _OPEN.search(text, pos)
+    """The marked blocks of `text` (file `path`). A marker is a line of its own, outside code blocks; a marker
+    written inside a sentence or a code block is left alone."""
+    blocks, open_ = [], None
+    for offset, line in _lines(text):
+        number = text.count("\n", 0, offset) + 1
+        stripped = line.strip()
+        if stripped == _CLOSE:
+            if open_ is None:
+                raise MarkerError(f"{path}:{number}: {_CLOSE} without an opening <!-- report: ... --> marker")
+            blocks.append(Block(path, *open_, offset))
+            open_ = None
+            continue
+        m = _OPEN.fullmatch(stripped)
         if m is None:
-            if _CLOSE in text[pos:]:
-                line = text.count("\n", 0, text.index(_CLOSE, pos)) + 1
-                raise MarkerError(f"{path}:{line}: {_CLOSE} without an opening <!-- report: ... --> marker")
-            return blocks
-        line = text.count("\n", 0, m.start()) + 1
-        words = m.group("args").split()
-        if not words or "=" in words[0]:
-            raise MarkerError(f"{path}:{line}: a report marker must start with a results name, e.g. "
-                              "<!-- report: jsb table=summary -->")
-        options = {}
-        for w in words[1:]:
-            key, eq, value = w.partition("=")
-            if not eq or not value or key in options:
-                raise MarkerError(f"{path}:{line}: marker options must be key=value, each once; got {w!r}")
-            options[key] = value
-        kind = options.pop("table", None)
-        if kind not in KINDS:
-            raise MarkerError(f"{path}:{line}: table must be one of {list(KINDS)}, got {kind!r}")
-        unknown = sorted(set(options) - OPTIONS[kind])
-        if unknown:
-            raise MarkerError(f"{path}:{line}: options of table={kind} must be among {sorted(OPTIONS[kind])}, "
-                              f"got {unknown}")
-        names = tuple(words[0].split(","))
-        if any(not _NAME.fullmatch(n) for n in names) or (len(names) > 1 and kind != "compact"):
-            raise MarkerError(f"{path}:{line}: the results name must be a docs/results directory name (several, "
-                              f"comma-separated, only for table=compact), got {words[0]!r}")
-        if kind == "coverage" and names != ("coverage",):
-            raise MarkerError(f"{path}:{line}: table=coverage takes the name coverage, got {words[0]!r}")
-        body = text.index("\n", m.end()) + 1 if "\n" in text[m.end():] else len(text)
-        close = text.find(_CLOSE, m.end())
-        nxt = _OPEN.search(text, m.end())
-        if close < 0 or (nxt is not None and nxt.start() < close):
-            raise MarkerError(f"{path}:{line}: marker {m.group(0)} has no {_CLOSE} before the next marker")
-        blocks.append(Block(path, line, names, kind, options, body, close))
-        pos = close + len(_CLOSE)
+            continue
+        if open_ is not None:
+            raise MarkerError(f"{path}:{open_[0]}: marker has no {_CLOSE} before the next marker")
+        open_ = (number, *_parse_marker(path, number, m.group("args")), offset + len(line))
+    if open_ is not None:
+        raise MarkerError(f"{path}:{open_[0]}: marker has no {_CLOSE} before the end of the file")
+    return blocks
+
+
+def _parse_marker(path: Path, line: int, args: str) -> tuple:
+    """(names, kind, options) of a marker's text, checked."""
+    words = args.split()
+    if not words or "=" in words[0]:
+        raise MarkerError(f"{path}:{line}: a report marker must start with a results name, e.g. "
+                          "<!-- report: jsb table=summary -->")
+    options = {}
+    for w in words[1:]:
+        key, eq, value = w.partition("=")
+        if not eq or not value or key in options:
+            raise MarkerError(f"{path}:{line}: marker options must be key=value, each once; got {w!r}")
+        options[key] = value
+    kind = options.pop("table", None)
+    if kind not in KINDS:
+        raise MarkerError(f"{path}:{line}: table must be one of {list(KINDS)}, got {kind!r}")
+    unknown = sorted(set(options) - OPTIONS[kind])
+    if unknown:
+        raise MarkerError(f"{path}:{line}: options of table={kind} must be among {sorted(OPTIONS[kind])}, "
+                          f"got {unknown}")
+    names = tuple(words[0].split(","))
+    if any(not _NAME.fullmatch(n) for n in names) or (len(names) > 1 and kind != "compact"):
+        raise MarkerError(f"{path}:{line}: the results name must be a docs/results directory name (several, "
+                          f"comma-separated, only for table=compact), got {words[0]!r}")
+    if kind == "coverage" and names != ("coverage",):
+        raise MarkerError(f"{path}:{line}: table=coverage takes the name coverage, got {words[0]!r}")
+    return names, kind, options
 
 
 class Generator:

@@ -17,9 +17,13 @@ from .record import _json_safe
 
 def differences(recorded, today, path: tuple = ()) -> list[tuple[tuple, object, object]]:
     """(path, recorded value, today's value) for every leaf that both have and that differs; lists of the same
-    length are compared item by item (a variant's config), others as a whole."""
+    length are compared item by item (a variant's config), others as a whole; the list of encodings (the keys
+    of an "encodings" mapping) is compared as a value too."""
     if isinstance(recorded, dict) and isinstance(today, dict):
         out = []
+        # which encodings a command runs is a setting of its own (a reproduction's default list may change)
+        if path[-1:] == ("encodings",) and list(recorded) != list(today):
+            out.append((path, list(recorded), list(today)))
         for key in recorded:
             if key in today:
                 out += differences(recorded[key], today[key], path + (key,))
