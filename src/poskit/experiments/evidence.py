@@ -148,6 +148,8 @@ ANALYSES = {
                                  "note": "the text's '> 0.999', even between positions 2 and 299"},)},
     "frequency": {"paper": "PoPE paper, Figs. 3-6 (frequency usage of queries and keys; figures, no numbers)",
                   "numbers": ()},
+    "phase-bias": {"paper": "PoPE paper, the phase bias delta clamped to [-2 pi, 0] (a diagnostic of poskit's "
+                            "phase-bias rules; no paper numbers)", "numbers": ()},
 }
 
 
@@ -292,6 +294,15 @@ def analysis_record(name: str, out_dir, arguments: dict, result: dict, started: 
             # the run named by its last two directories (rope/seed0, lm/pope): no machine path
             groups[""][f"{r['encoding']} ({'/'.join(Path(r['run_dir']).parts[-2:])})"] = entry(values)
         metric = "L0_q_high_quarter_share"
+    elif name == "phase-bias":
+        key = result["metric"]
+        for label, runs in result["groups"].items():
+            # each run's last evaluation, named by its last two directories (pope/seed0): no machine path
+            groups[""][label] = [{"seed": r["seed"], "run": "/".join(Path(r["run_dir"]).parts[-2:]),
+                                  "steps": r["steps"][-1], "train_seconds": None,
+                                  "splits": {"analysis": {k: r[k][-1] for k in (key, "delta_at_zero", "delta_mean")
+                                                          if r[k][-1] is not None}}} for r in runs]
+        metric = key
     else:
         raise ValueError(f"analysis must be one of {sorted(ANALYSES)}, got {name!r}")
     info = ANALYSES[name]
