@@ -182,13 +182,14 @@ def test_markers_in_code_blocks_and_sentences_are_examples_not_markers(tmp_path)
     assert markers.regenerate(root, resolve_today).files == {}
 
 
-def test_a_table_without_results_yet_says_pending_and_a_compact_table_lists_each(tmp_path):
+def test_a_table_without_results_says_not_backed_and_a_compact_table_lists_each(tmp_path):
     root = _repo(tmp_path, "<!-- report: jsb table=summary -->\n<!-- /report -->\n"
                            "<!-- report: jsb,maestro table=compact -->\n<!-- /report -->\n")
     outcome = markers.regenerate(root, resolve_today)
     text = outcome.files[root / "README.md"]
-    assert "*pending: no results committed in docs/results/jsb/ yet" in text
-    assert "| jsb | — | — | pending: no results committed yet |" in text and "| maestro |" in text
+    assert "**Not backed by a results file:** docs/results/jsb/ holds no results.json" in text
+    assert "`poskit report collect runs/jsb --name jsb`" in text and "| jsb |" not in text.split("| reproduction |")[0]
+    assert "| jsb | — | — | not backed: no results file committed |" in text and "| maestro |" in text
 
 
 @pytest.mark.parametrize("text, message", [
@@ -313,7 +314,7 @@ def test_coverage_problems_name_a_missing_item_a_foreign_row_and_a_bad_status():
     assert any("status 'reproduced' is not one of the allowed forms" in p for p in found)
 
 
-def test_the_coverage_table_says_pending_for_evidence_not_committed_yet(tmp_path):
+def test_the_coverage_table_says_not_backed_for_evidence_not_committed(tmp_path):
     root = _repo(tmp_path)
     (root / "docs" / "reproductions.md").write_text("<!-- report: coverage table=coverage -->\n<!-- /report -->\n")
     _fake_jsb(root, delta_projection=False)
@@ -323,7 +324,7 @@ def test_the_coverage_table_says_pending_for_evidence_not_committed_yet(tmp_path
     jsb = next(line for line in rows if "| Table 2, JSB |" in line)
     assert "[jsb](results/jsb/results.json) (2026-11-23, 0.1.0 (0000000))" in jsb
     maestro = next(line for line in rows if "| Table 2, MAESTRO |" in line)
-    assert "pending (`docs/results/maestro/`)" in maestro
+    assert "not backed (no `docs/results/maestro/`)" in maestro
 
 
 # ------------------------------------------------------------------------------- compare directories owned

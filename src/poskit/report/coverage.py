@@ -5,7 +5,7 @@
 numbered ones: its plot and three tables are named by what they show). `ROWS` gives one row per claim of an
 item (an item may have several parts, e.g. Table 2's JSB and MAESTRO columns), with a status from `STATUSES`,
 the command that runs it, the name of its committed results under docs/results/ (the evidence; a name that is
-not there yet shows as "pending") and notes on how the set-up differs. `problems()` is what `poskit report
+not there yet shows as "not backed") and notes on how the set-up differs. `problems()` is what `poskit report
 --check` verifies: a row for every item, no row for an item a paper does not have, a known status.
 
 A status says no more than the numbers show: "reproduced in direction (N seeds)" only where every seed of one
@@ -15,7 +15,7 @@ spread, the reports conflict or the metric cannot test the claim at its level; "
 measurement shows no effect or the opposite; "not run (why)" otherwise; "reproduced (deterministic)" for an
 analysis or test without training. The numbers behind the statuses of trained rows were measured on earlier
 code (docs/reproductions.md says when); until their results are committed the evidence column says
-"pending".
+"not backed".
 """
 from __future__ import annotations
 
@@ -356,7 +356,7 @@ def problems(rows=ROWS, items=ITEMS) -> list[str]:
 
 def coverage_table(evidence, paper: str | None = None) -> str:
     """The coverage table (markdown); `evidence(name)` gives the evidence cell of a docs/results name (a link
-    with its date, "pending" when the name has no results yet). `paper`: only that paper's rows."""
+    with its date, "not backed" when the name has no results yet). `paper`: only that paper's rows."""
     from .tables import markdown_table
 
     if paper is not None and paper not in PAPERS:

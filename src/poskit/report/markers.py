@@ -16,7 +16,7 @@ perplexity or last_perplexity), paper=NNN (coverage: one paper's rows).
 
 Every generated table starts with its provenance line (command, code version, date, machine, wall time) and,
 when its record's configuration is not what its command would run today, a visible "stale: ..." label
-(report/staleness.py). A NAME without results yet generates a "pending" line instead of a table. `check`
+(report/staleness.py). A NAME without results generates a "not backed" line instead of a table (`not_backed`). `check`
 regenerates without writing and names every file and table whose text differs, which `poskit report --check`
 and the test suite turn into a failure, and every problem of the coverage data.
 """
@@ -139,6 +139,15 @@ def _parse_marker(path: Path, line: int, args: str) -> tuple:
     return names, kind, options
 
 
+def not_backed(name: str) -> str:
+    """The text of a marked table whose results are not committed: it says so instead of inventing a table, and
+    warns that any table typed by hand right after it is not checked against anything."""
+    return (f"**Not backed by a results file:** docs/results/{name}/ holds no results.json, so nothing is "
+            "generated here, and a table typed below this line is not checked by `poskit report --check` and "
+            f"may predate today's code. To back it, run the command with `--out runs/{name}`, then "
+            f"`poskit report collect runs/{name} --name {name}` and `poskit report`.\n")
+
+
 class Generator:
     """Makes the text of each block from the records under <root>/docs/results (each read once)."""
 
@@ -152,7 +161,7 @@ class Generator:
         return self.root / RESULTS_DIR / name / RESULTS_JSON
 
     def record(self, name: str):
-        """(record or None when pending, its stale label or None)."""
+        """(record or None when not backed, its stale label or None)."""
         if name not in self._records:
             path = self.results_path(name)
             record = read_record(path) if path.exists() else None
@@ -163,7 +172,7 @@ class Generator:
     def evidence(self, md: Path, name: str) -> str:
         record, label = self.record(name)
         if record is None:
-            return f"pending (`docs/results/{name}/`)"
+            return f"not backed (no `docs/results/{name}/`)"
         return (f"[{name}]({link(md, self.results_path(name))}) ({record.date[:10]}, {code_label(record.code)})"
                 + (" **stale**" if label else ""))
 
@@ -180,7 +189,7 @@ class Generator:
         name = block.names[0]
         record, label = self.record(name)
         if record is None:
-            return f"*pending: no results committed in docs/results/{name}/ yet (`poskit report collect`).*\n"
+            return not_backed(name)
         o = block.options
         try:
             if block.kind == "summary":

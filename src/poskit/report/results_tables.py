@@ -177,7 +177,7 @@ def extrapolation_table_of(record: ResultsRecord, *, key: str = "perplexity") ->
 
 def compact_row(name: str, record: ResultsRecord | None, stale: str | None) -> list[str]:
     if record is None:
-        return [name, "—", "—", "pending: no results committed yet", "—", "—"]
+        return [name, "—", "—", "not backed: no results file committed", "—", "—"]
     metric, split = record.measurements["metric"], record.measurements["split"]
     parts = []
     for gname, labels in record.measurements["groups"].items():
@@ -192,7 +192,7 @@ def compact_row(name: str, record: ResultsRecord | None, stale: str | None) -> l
 
 
 def compact_table(entries: list[tuple[str, ResultsRecord | None, str | None]]) -> str:
-    """One row per (name, record or None when pending, stale label or None)."""
+    """One row per (name, record or None when not backed, stale label or None)."""
     return markdown_table(["reproduction", "paper", "headline", "result (mean ± std over seeds)", "seeds",
                            "measured"], [compact_row(*e) for e in entries])
 
