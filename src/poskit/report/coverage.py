@@ -282,15 +282,15 @@ ROWS = (
     Row("004", "Table 5 left", "CoPE vs relative",
         "Wikitext-103 test perplexity: CoPE 23.46 < relative 23.81 < absolute 24.87",
         "measured, one seed", "poskit reproduce text-cope", "text-cope",
-        "Docs' table (150 steps): 11.17 vs 13.19 perplexity per byte. README's 400-step, 2-seed numbers have no "
-        "per-seed values or results file. " + _STALE),
+        "The 150-step, one-seed table: 11.17 vs 13.19 perplexity per byte. The default's 400-step, 2-seed numbers "
+        "were quoted once without per-seed values and never written into the docs. " + _STALE),
     Row("004", "Table 5 left", "absolute, CoPE + relative", "absolute 24.87; CoPE + relative 23.23",
         "not run (absolute not run yet; CoPE + relative not implemented)",
         "poskit reproduce text-cope --encodings learned,cope:p_max=64,relative:max_distance=256", "text-cope"),
     Row("004", "Table 5 right", "CoPE vs RoPE", "Code test perplexity: CoPE 3.9 < RoPE 4.1 < absolute 4.7",
         "measured, inconclusive (the two reports conflict)", "poskit reproduce code", "code",
-        "Docs, 150 steps, 1 seed: CoPE 8.84 vs RoPE 8.37 (RoPE ahead); README, 400 steps: CoPE 1.5982 vs RoPE "
-        "1.6798 ± 0.0053 NLL (CoPE ahead), without a CoPE spread or results file. " + _STALE),
+        "150 steps, 1 seed: CoPE 8.84 vs RoPE 8.37 perplexity (RoPE ahead); an earlier summary of the 400-step "
+        "default: CoPE 1.5982 vs RoPE 1.6798 ± 0.0053 NLL (CoPE ahead), without a CoPE spread or results file. " + _STALE),
     Row("004", "Table 5 right", "absolute, CoPE + RoPE", "absolute 4.7; CoPE + RoPE 4.0",
         "not run (absolute not run yet; CoPE + RoPE not implemented)",
         "poskit reproduce code --encodings learned,rope,cope:p_max=64", "code"),
