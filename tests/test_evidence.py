@@ -398,7 +398,26 @@ def test_an_analysis_writes_a_record(tmp_path):
     assert "mean_abs_corr_high" in record.measurements["groups"][""]["sinusoidal"][0]["splits"]["analysis"]
     assert record.resolved["encodings"]["sinusoidal"]["name"] == "sinusoidal" and record.resolved["dim"] == 16
     assert absolute_paths(record.to_dict()) == [] and stale_label(record, resolve_today) is None
-    root = _repo(tmp_path, "<!-- report: analyze-correlation table=summary -->\n<!-- /report -->\n")
+    root = _repo(tmp_path, "<!-- report: analyze-correlation table=summary -->\n<!-- /report -->\n"
+                           "<!-- report: analyze-correlation table=values -->\n<!-- /report -->\n")
     main_collect(out, root)
-    assert "| sinusoidal | 1 |" in markers.regenerate(root, resolve_today).files[root / "README.md"]
+    text = markers.regenerate(root, resolve_today).files[root / "README.md"]
+    assert "| sinusoidal | 1 |" in text
+    # table=values: every value an analysis recorded, one column each, as the record holds it
+    values = record.measurements["groups"][""]["legendre"][0]["splits"]["analysis"]
+    header = next(line for line in text.splitlines() if line.startswith("| encoding | mean_abs_corr_all"))
+    assert header == "| encoding | " + " | ".join(values) + " |"
+    row = next(line for line in text.splitlines() if line.startswith("| legendre | ") and "±" not in line
+               and line.count("|") == len(values) + 2)
+    assert row == "| legendre | " + " | ".join(f"{v:.4g}" for v in values.values()) + " |"
     shutil.rmtree(root)
+
+
+def test_a_values_table_refuses_an_unknown_split(tmp_path):
+    out = tmp_path / "corr"
+    assert main(["analyze", "correlation", "--dim", "16", "--positions", "24", "--high-from", "8", "--anchors", "1,5",
+                 "--quiet", "--out", str(out)]) == 0
+    root = _repo(tmp_path, "<!-- report: analyze-correlation table=values split=test -->\n<!-- /report -->\n")
+    main_collect(out, root)
+    with pytest.raises(markers.MarkerError, match="README.md:1: split must be one of \\['analysis'\\]"):
+        markers.regenerate(root, resolve_today)

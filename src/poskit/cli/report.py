@@ -10,7 +10,7 @@ def add_report(sub) -> None:
         "report", help="regenerate the tables of README.md and docs/ from docs/results/ (--check: verify them)",
         description="Every table between <!-- report: NAME table=KIND --> and <!-- /report --> markers in "
                     "README.md and docs/**/*.md is generated from docs/results/NAME/results.json (KIND: summary, "
-                    "seeds, extrapolation, compact, coverage). A table whose configuration differs from what its "
+                    "seeds, values, extrapolation, compact, coverage). A table whose configuration differs from what its "
                     "command runs today is labelled stale. `poskit report collect OUT_DIR` copies an "
                     "experiment's results.json and plots to docs/results/NAME/.")
     p.add_argument("--check", action="store_true",

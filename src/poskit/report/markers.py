@@ -9,9 +9,9 @@ replaced on every run):
     <!-- /report -->
 
 NAME is a directory of docs/results/ (its results.json), or several separated by commas for table=compact,
-or `coverage` for table=coverage. KIND is one of summary, seeds, extrapolation, compact, coverage. Options:
+or `coverage` for table=coverage. KIND is one of summary, seeds, values, extrapolation, compact, coverage. Options:
 group=G (one group of a record: a variant such as 3, the demo's lm or diagnostic), metric=M (e.g. loss, nll,
-bleu; default the record's headline metric), split=S (the headline split of a summary), key=K (extrapolation:
+bleu; default the record's headline metric), split=S (the headline split of a summary; the split a values table shows), key=K (extrapolation:
 perplexity or last_perplexity), paper=NNN (coverage: one paper's rows).
 
 Every generated table starts with its provenance line (command, code version, date, machine, wall time) and,
@@ -29,13 +29,13 @@ from pathlib import Path
 from . import coverage
 from .record import RESULTS_JSON, code_label, read_record
 from .results_tables import (TABLE_KINDS, compact_table, extrapolation_table_of, link, provenance, seeds_table,
-                             summary_table)
+                             summary_table, values_table)
 from .staleness import stale_label
 
 RESULTS_DIR = Path("docs") / "results"
 KINDS = (*TABLE_KINDS, "coverage")
-OPTIONS = {"summary": {"group", "metric", "split"}, "seeds": {"group", "metric"}, "extrapolation": {"key"},
-           "compact": set(), "coverage": {"paper"}}
+OPTIONS = {"summary": {"group", "metric", "split"}, "seeds": {"group", "metric"}, "values": {"group", "split"},
+           "extrapolation": {"key"}, "compact": set(), "coverage": {"paper"}}
 _OPEN = re.compile(r"<!-- report: (?P<args>.*?) -->")  # a whole line (parse_blocks)
 _CLOSE = "<!-- /report -->"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -196,6 +196,8 @@ class Generator:
                 table = summary_table(record, group=o.get("group"), metric=o.get("metric"), split=o.get("split"))
             elif block.kind == "seeds":
                 table = seeds_table(record, group=o.get("group"), metric=o.get("metric"))
+            elif block.kind == "values":
+                table = values_table(record, group=o.get("group"), split=o.get("split"))
             else:
                 table = extrapolation_table_of(record, key=o.get("key", "perplexity"))
         except ValueError as e:

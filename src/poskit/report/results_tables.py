@@ -4,6 +4,8 @@ and docs/ between markers (report/markers.py):
     summary        one row per encoding (and group): mean ± std over seeds of the metric on every split, the
                    headline split's per-seed values, the steps, and the paper's numbers beside them
     seeds          one row per run: encoding, seed, steps, training time and the metric on every split
+    values         one row per encoding (and group), one column per value of one split: every number an
+                   analysis recorded (mean ± std when several runs share a row)
     extrapolation  one row per model, one column per evaluation length (the record's extrapolation sweep)
     compact        one row per record (README's list of reproductions): headline split and metric, each
                    encoding's mean ± std, seeds, when and on which code it was measured
@@ -20,7 +22,7 @@ from .aggregate import mean_std
 from .record import ResultsRecord, code_label
 from .tables import markdown_table
 
-TABLE_KINDS = ("summary", "seeds", "extrapolation", "compact")
+TABLE_KINDS = ("summary", "seeds", "values", "extrapolation", "compact")
 
 
 def fmt(metric: str, value) -> str:
@@ -157,6 +159,28 @@ def seeds_table(record: ResultsRecord, *, group: str | None = None, metric: str 
                                                              "—" if secs is None else f"{secs:.0f}"]
                             + [fmt(metric, r["splits"].get(s, {}).get(metric)) for s in splits])
     return markdown_table(headers, rows)
+
+
+def values_table(record: ResultsRecord, *, group: str | None = None, split: str | None = None) -> str:
+    """One row per (group,) encoding, one column per value recorded on `split` (default: the headline split):
+    an analysis keeps several numbers per encoding where a training run keeps one metric per split."""
+    split = split or record.measurements["split"]
+    groups = _groups(record, group)
+    held = {s for g in groups.values() for runs in g.values() for r in runs for s in r["splits"]}
+    if split not in held:
+        raise ValueError(f"split must be one of {sorted(held)} for {record.name}, got {split!r}")
+    several = len(groups) > 1 or (group is None and next(iter(groups), "") != "")
+    keys = []
+    for g in groups.values():
+        for runs in g.values():
+            for r in runs:
+                keys += [k for k in r["splits"].get(split, {}) if k not in keys]
+    rows = []
+    for gname, labels in groups.items():
+        for label, runs in labels.items():
+            rows.append(([gname] if several else []) + [label]
+                        + [_pm(k, [r["splits"].get(split, {}).get(k) for r in runs]) for k in keys])
+    return markdown_table((["group"] if several else []) + ["encoding"] + keys, rows)
 
 
 def extrapolation_table_of(record: ResultsRecord, *, key: str = "perplexity") -> str:
