@@ -115,6 +115,8 @@ def _phase_bias(args, out: Path, names: list[str]) -> tuple:
     for label, runs in result["groups"].items() if not args.quiet else ():
         last = ", ".join(f"{r[args.metric][-1]:.3f} (delta at 0: {r['delta_at_zero'][-1]:.2f})" for r in runs)
         print(f"{label}: final {args.metric} per run {last}")
-    print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}")
+    if not args.quiet:
+        print(phase_bias.summary_table(result), end="")
+    print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}, {out / phase_bias.PHASE_BIAS_MD}")
     return result, {"runs": list(args.runs), "metric": args.metric}, \
-        [phase_bias.PHASE_BIAS_JSON, phase_bias.PHASE_BIAS_PNG]
+        [phase_bias.PHASE_BIAS_JSON, phase_bias.PHASE_BIAS_PNG, phase_bias.PHASE_BIAS_MD]

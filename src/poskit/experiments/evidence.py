@@ -301,7 +301,10 @@ def analysis_record(name: str, out_dir, arguments: dict, result: dict, started: 
             groups[""][label] = [{"seed": r["seed"], "run": "/".join(Path(r["run_dir"]).parts[-2:]),
                                   "steps": r["steps"][-1], "train_seconds": None,
                                   "splits": {"analysis": {k: r[k][-1] for k in (key, "delta_at_zero", "delta_mean")
-                                                          if r[k][-1] is not None}}} for r in runs]
+                                                          if r[k][-1] is not None},
+                                             # the finished run's held-out result (its results.json)
+                                             **{split: {key: v} for split, v in r.get("final", {}).items()}}}
+                                 for r in runs]
         metric = key
     else:
         raise ValueError(f"analysis must be one of {sorted(ANALYSES)}, got {name!r}")
