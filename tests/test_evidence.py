@@ -413,6 +413,16 @@ def test_an_analysis_writes_a_record(tmp_path):
     shutil.rmtree(root)
 
 
+def test_collect_suggests_the_values_table_for_an_analysis(tmp_path, capsys):
+    out = tmp_path / "corr"
+    assert main(["analyze", "correlation", "--dim", "16", "--positions", "24", "--high-from", "8", "--anchors", "1,5",
+                 "--quiet", "--out", str(out)]) == 0
+    root = _repo(tmp_path)
+    capsys.readouterr()
+    assert main(["report", "collect", str(out), "--root", str(root)]) == 0
+    assert "<!-- report: analyze-correlation table=values -->" in capsys.readouterr().out
+
+
 def test_a_values_table_refuses_an_unknown_split(tmp_path):
     out = tmp_path / "corr"
     assert main(["analyze", "correlation", "--dim", "16", "--positions", "24", "--high-from", "8", "--anchors", "1,5",

@@ -36,7 +36,11 @@ def cmd_report(args) -> int:
         dest, written = collect(args.out_dir, root, args.name)
         for path in written:
             print(f"wrote {path}")
-        print(f"put a table in README.md or docs/*.md with <!-- report: {dest.name} table=summary --> ... "
+        from poskit.report.record import RESULTS_JSON, read_record
+
+        # an analysis keeps several numbers per encoding: the values table shows them all
+        kind = "values" if read_record(dest / RESULTS_JSON).kind == "analysis" else "summary"
+        print(f"put a table in README.md or docs/*.md with <!-- report: {dest.name} table={kind} --> ... "
               "<!-- /report --> and run `poskit report`")
         return 0
     from poskit.experiments.evidence import resolve_today
