@@ -31,10 +31,11 @@ from poskit.training import TrainConfig, atomic_write_json
 from poskit.training.files import read_json, read_metrics
 from poskit.training.run_dir import RunDirError, check, owned
 
+from poskit.report.study import OUTCOME_FILE, outcome, validation_curve
+
 from .configs.records import StopRule, Study, StudyRun
 from .outputs import is_legacy_study
 
-OUTCOME_FILE = "study.json"
 SPEC_FILE = "study_spec.json"
 LOG_DIR = "logs"
 _REPORT_ONLY = ("wait for it or stop it first (`poskit study NAME --report-only` writes the report and plots "
@@ -56,19 +57,6 @@ def exclusive(lock_path: Path, what: str):
         except BlockingIOError:  # (only the acquisition: an error of the locked work is not "busy")
             raise StudyBusy(f"{what} is already running in another process (lock {lock_path}); {_REPORT_ONLY}") from None
         yield
-
-
-def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
-    """[(step, accuracy)] of a run's periodic evaluations."""
-    if not (Path(run_dir) / "metrics.jsonl").exists():
-        return []
-    return [(m["step"], m["accuracy"]) for m in read_metrics(run_dir)
-            if m.get("split") == split and "accuracy" in m]
-
-
-def outcome(run_dir) -> dict | None:
-    path = Path(run_dir) / OUTCOME_FILE
-    return read_json(path, "a study run's outcome") if path.exists() else None
 
 
 def advance(study: Study, run: StudyRun, out_dir, quiet: bool = True) -> dict:
