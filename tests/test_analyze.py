@@ -275,6 +275,17 @@ def test_phase_bias_analysis_reads_the_trainers_statistics(tmp_path, capsys):
     assert f"| pope | 1 | {100 * clamp['final']['test']:.2f} |" in table
     assert "| pope:delta_projection=true | 1 |" in table
 
+    # the results record: each run's last evaluation beside where its phase bias ended, no machine path
+    from poskit.report.record import absolute_paths, read_record
+
+    record = read_record(tmp_path / "out" / "results.json")
+    assert (record.kind, record.name, record.measurements["metric"]) == ("analysis", "phase-bias", "accuracy")
+    run = record.measurements["groups"][""]["pope"][0]
+    assert run["steps"] == 6 and run["splits"]["analysis"]["accuracy"] == clamp["accuracy"][-1]
+    assert run["splits"]["analysis"]["delta_at_zero"] == clamp["delta_at_zero"][-1]
+    assert run["splits"]["test"]["accuracy"] == clamp["final"]["test"]  # the held-out result beside them
+    assert absolute_paths(record.to_dict()) == []
+
 
 def test_phase_bias_summary_over_seeds():
     from poskit.analyze import phase_bias
