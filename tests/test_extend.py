@@ -120,10 +120,10 @@ def test_an_extension_directory_is_of_kind_extend(rope_run, tmp_path):
     # so a training run cannot be resumed in it, nor an extension written into a training run's directory
     trained = tiny_run(tmp_path / "trained", "rope")
     before = snapshot(tmp_path)
-    with pytest.raises(ValueError, match=r"is a poskit extend directory .*not a run directory"):
+    with pytest.raises(ValueError, match=r"is a poskit directory of kind .extend. .*not of kind .run."):
         train(TrainConfig.from_dict(json.loads((trained / "config.json").read_text())), tmp_path / "x", quiet=True,
               resume=True)
-    with pytest.raises(ValueError, match=r"is a poskit run directory .*not a extend directory"):
+    with pytest.raises(ValueError, match=r"is a poskit directory of kind .run. .*not of kind .extend."):
         extend(rope_run, "rope-yarn", CONTEXT, 0, trained, quiet=True, resume=True, **FAST)
     assert snapshot(tmp_path) == before
 

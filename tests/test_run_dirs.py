@@ -69,7 +69,7 @@ def _bad_marker(d: Path) -> None:
 NEW_RUN_CASES = [
     ("a project folder", _project, "is not empty and was not written by poskit (it holds checkpoints/, notes.md, "
                                    "results.json)"),
-    ("a compare output directory", _compare_out, f"is a poskit compare directory ({MARKER_FILE}), not a run directory"),
+    ("a compare output directory", _compare_out, f"is a poskit directory of kind 'compare' ({MARKER_FILE}), not of kind 'run'"),
     ("a directory with one stray file", lambda d: (d.mkdir(), (d / "x.txt").write_text("x")),
      "is not empty and was not written by poskit (it holds x.txt)"),
     ("a marker that is not one", _bad_marker, f"{MARKER_FILE}: is not a poskit directory marker"),
@@ -165,7 +165,7 @@ def test_other_commands_cannot_claim_a_run_and_a_run_cannot_claim_theirs(kind, f
     run = tmp_path / "run"
     shutil.copytree(finished["rope"], run)
     before = snapshot(run)
-    with pytest.raises(RunDirError, match=f"is a poskit run directory .* not a {kind} directory"):
+    with pytest.raises(RunDirError, match=f"is a poskit directory of kind .run. .* not of kind .{kind}."):
         claim(run, kind)
     other = claim(tmp_path / kind, kind)
     assert check(other, kind) == "own" and json.loads((other / MARKER_FILE).read_text())["kind"] == kind

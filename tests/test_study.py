@@ -280,7 +280,7 @@ def test_a_study_refuses_a_directory_that_is_not_a_study_directory_byte_for_byte
     project.mkdir()
     (project / "notes.md").write_text("# mine\n")
     compare = claim(tmp_path / "cmp", "compare")
-    for directory, message in ((project, "was not written by poskit"), (compare, "not a study directory")):
+    for directory, message in ((project, "was not written by poskit"), (compare, "not of kind 'study'")):
         before = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))}
         with pytest.raises(RunDirError, match=message):
             run_study(study, directory, workers=1, nice=0, poll_seconds=0.1)

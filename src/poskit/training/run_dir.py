@@ -68,8 +68,8 @@ def check(directory, kind: str, legacy=None) -> str:
     if marker.exists():
         found = read_marker(marker)
         if found != kind:
-            raise RunDirError(f"{directory}: is a poskit {found} directory ({MARKER_FILE}), not a {kind} directory; "
-                              "choose another directory")
+            raise RunDirError(f"{directory}: is a poskit directory of kind {found!r} ({MARKER_FILE}), not of kind "
+                              f"{kind!r}; choose another directory")
         return "own"
     if not any(p.name != LOCK_FILE for p in directory.iterdir()):
         return "new"
