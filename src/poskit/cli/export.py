@@ -34,7 +34,8 @@ def add_export(sub) -> None:
                                    "See docs/hf.md.")
     p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
-    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds an earlier export (a directory poskit did not "
+                   "write as an export is never replaced)")
     add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_export)
 
