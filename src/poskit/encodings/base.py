@@ -248,6 +248,18 @@ class PositionalEncoding(nn.Module):
         """Whether the optimizer-step hook calls `project_parameters_` now (default: the class defines one)."""
         return type(self).project_parameters_ is not PositionalEncoding.project_parameters_
 
+    @property
+    def test_time_scalings(self) -> tuple[str, ...]:
+        """The context-extension variants (encodings/rope_scaling.py) this encoding can be swapped for at test
+        time by `with_scaling`, in a model trained without one (`poskit extrapolate --rope-scaling`). Default:
+        none; plain RoPE declares every scaling."""
+        return ()
+
+    def with_scaling(self, scaling: str, **options) -> "PositionalEncoding":
+        """This encoding with the test-time variant `scaling` (one of `test_time_scalings`) and that variant's
+        `options`, its own options kept. Default: a ValueError, as the encoding declares none."""
+        raise ValueError(f"encoding {self.name or type(self).__name__!r} takes no test-time scaling, got {scaling!r}")
+
     @classmethod
     def required_options(cls, options: dict) -> tuple[str, ...]:
         """Options without a default (no paper gives one, e.g. the scale factor of a context extension), given
