@@ -496,3 +496,12 @@ def test_the_memory_estimate_is_a_lower_bound_that_passes_ordinary_runs(monkeypa
         config_module.check_fits_memory(TrainConfig.from_dict(dict(TINY, batch_size=8)), vocab_size=8, tokens=4096)
     monkeypatch.setattr(config_module, "memory_of", lambda device: None)  # a platform that does not say
     config_module.check_fits_memory(TrainConfig.from_dict(dict(TINY, batch_size=10**12)), vocab_size=8, tokens=16)
+
+
+@pytest.mark.parametrize("seed", [2**63, -1])
+def test_a_translation_config_checks_its_seed_by_the_same_rule(seed):
+    from poskit.training.recipes.seq2seq import Seq2SeqConfig
+
+    with pytest.raises(ConfigError, match=r"^seed must be an integer in \[0, 9223372036854775807\]"):
+        Seq2SeqConfig(seed=seed)
+    assert Seq2SeqConfig(seed=2**63 - 1).seed == 2**63 - 1

@@ -118,9 +118,7 @@ class TrainConfig:
         if not self.model.causal and trains_on_next_tokens(self.task):
             raise ConfigError("model.causal", f"true for task {self.task!r} (it trains on next tokens: a bidirectional "
                               "model sees in its input the token it is asked to predict)", self.model.causal)
-        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ConfigError("seed", f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (the range every random "
-                              "generator of a run takes)", self.seed)
+        check_seed(self.seed)
         loss_positions(self.loss_on)  # validates
         for name in ("batch_size", "max_steps", "eval_every", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -173,6 +171,13 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         return from_known_fields(cls, d, "train config")
+
+
+def check_seed(seed: int) -> None:
+    """Refuse a seed outside SEED_RANGE (a ConfigError naming seed), before it reaches a generator."""
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError("seed", f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (the range every random "
+                          "generator of a run takes)", seed)
 
 
 def trains_on_next_tokens(task: str) -> bool:
