@@ -28,6 +28,7 @@ from poskit.training import (
 )
 from poskit.training.checkpoint_store import MODEL_CONFIG_FILE, STATE_FILE, WEIGHTS_FILE
 from poskit.training.run_dir import LOCK_FILE, MARKER_FILE
+from poskit.util.config_check import ConfigError
 
 from checkpoint_helpers import to_legacy
 from thread_helpers import single_thread
@@ -321,6 +322,34 @@ CLI_CASES = [
      "encoding option pope:phase_bias must be true or false"),
     ("unbalanced list in a spec", ["compare", "--task", "flip-flop", "--encodings", "cope-alibi:slopes=[0.5,0.25",
                                    "--steps", "2", "--out", "{tmp}/c", "--quiet"], "unbalanced brackets"),
+    # options that contradict the task, sizes beyond memory, seeds beyond the generators: refused before any file
+    ("bidirectional model on a next-token corpus", ["train", "--task", "shakespeare", "--encoding", "rope", "--steps",
+                                                    "2", "--quiet", "--run-dir", "{tmp}/nc", "model.causal=false"],
+     "model.causal must be true for task 'shakespeare' (it trains on next tokens"),
+    ("bidirectional model on a next-token synthetic task", ["train", "--task", "flip-flop", "--encoding", "rope",
+                                                            "--steps", "2", "--quiet", "--run-dir", "{tmp}/nc",
+                                                            "model.causal=false"],
+     "model.causal must be true for task 'flip-flop' (it trains on next tokens"),
+    ("bidirectional models in a compare", ["compare", "--task", "counting", "--encodings", "rope", "--seeds", "0",
+                                           "--steps", "2", "--out", "{tmp}/c", "--quiet", "model.causal=false"],
+     "model.causal must be true for task 'counting'"),
+    ("batch beyond memory", ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--quiet",
+                             "--batch-size", "99999999999", "--run-dir", "{tmp}/big"],
+     "batch_size must be a batch that fits in memory: a training step on 99,999,999,999 examples"),
+    ("model beyond memory", ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--quiet",
+                             "--run-dir", "{tmp}/big", "model.d_model=1048576", "model.n_heads=2"],
+     "model must be a model that fits in memory"),
+    ("seed beyond the generators", ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--quiet",
+                                    "--seed", "99999999999999999999", "--run-dir", "{tmp}/s"],
+     "--seed (seed) must be an integer in [0, 9223372036854775807]"),
+    ("negative seed", ["train", "--task", "flip-flop", "--encoding", "rope", "--steps", "2", "--quiet",
+                       "--seed", "-1", "--run-dir", "{tmp}/s"], "--seed (seed) must be an integer in [0, "),
+    ("seed beyond the generators in a compare", ["compare", "--task", "flip-flop", "--encodings", "rope", "--seeds",
+                                                 "0,99999999999999999999", "--steps", "2", "--out", "{tmp}/c",
+                                                 "--quiet"], "seed must be an integer in [0, 9223372036854775807]"),
+    ("duplicated spec key", ["train", "--task", "flip-flop", "--encoding", "rope:base=100:base=200", "--steps", "2",
+                             "--quiet", "--run-dir", "{tmp}/d"],
+     "--encoding: encoding option rope:base must be given once, got ['100', '200']"),
 ]
 
 
@@ -431,3 +460,48 @@ def test_a_damaged_rng_state_is_refused_while_reading_the_checkpoint(stopped_run
     with pytest.raises(RunFileError, match=r"checkpoint\.pt: has a malformed RNG state \("):
         train(None, run, resume=True, quiet=True)
     assert snapshot(run) == before
+
+
+# -- config sense checks (the library's side of the CLI cases above) ---------------------------------------------
+
+@pytest.mark.parametrize("task", ["shakespeare", "flip-flop", "selective-copy", "indirect-indexing", "counting",
+                                  "lm-wiki", "passkey"])
+def test_a_bidirectional_model_is_refused_on_a_next_token_task(task):
+    with pytest.raises(ConfigError, match=rf"^model\.causal must be true for task '{task}' \(it trains on next "):
+        TrainConfig.from_dict({"task": task, "model": {"causal": False}})
+
+
+@pytest.mark.parametrize("task", ["mlm", "mlm-wiki"])
+def test_a_bidirectional_model_is_taken_where_the_task_declares_one(task):
+    assert TrainConfig.from_dict({"task": task, "model": {"causal": False}}).model.causal is False
+
+
+@pytest.mark.parametrize("seed, ok", [(0, True), (2**63 - 1, True), (2**63, False), (10**20, False), (-1, False)])
+def test_seeds_are_checked_against_the_generators_range(seed, ok):
+    if ok:
+        assert TrainConfig.from_dict({"seed": seed}).seed == seed
+    else:
+        with pytest.raises(ConfigError, match=r"^seed must be an integer in \[0, 9223372036854775807\]"):
+            TrainConfig.from_dict({"seed": seed})
+
+
+def test_the_memory_estimate_is_a_lower_bound_that_passes_ordinary_runs(monkeypatch):
+    from poskit.training import config as config_module
+
+    cfg = TrainConfig.from_dict(TINY)
+    config_module.check_fits_memory(cfg, vocab_size=8, tokens=16)  # a tiny run fits
+    monkeypatch.setattr(config_module, "memory_of", lambda device: 2**20)  # a machine of 1 MiB
+    with pytest.raises(ConfigError, match=r"^batch_size must be a batch that fits in memory: .* needs at least "
+                                          r"[0-9.]+ GiB, this machine has 0\.0 GiB, got 8$"):
+        config_module.check_fits_memory(TrainConfig.from_dict(dict(TINY, batch_size=8)), vocab_size=8, tokens=4096)
+    monkeypatch.setattr(config_module, "memory_of", lambda device: None)  # a platform that does not say
+    config_module.check_fits_memory(TrainConfig.from_dict(dict(TINY, batch_size=10**12)), vocab_size=8, tokens=16)
+
+
+@pytest.mark.parametrize("seed", [2**63, -1])
+def test_a_translation_config_checks_its_seed_by_the_same_rule(seed):
+    from poskit.training.recipes.seq2seq import Seq2SeqConfig
+
+    with pytest.raises(ConfigError, match=r"^seed must be an integer in \[0, 9223372036854775807\]"):
+        Seq2SeqConfig(seed=seed)
+    assert Seq2SeqConfig(seed=2**63 - 1).seed == 2**63 - 1

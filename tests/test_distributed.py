@@ -168,3 +168,73 @@ def test_a_one_process_run_records_world_size_one(tmp_path):
     train(cfg, tmp_path / "r", quiet=True)
     assert json.loads((tmp_path / "r" / CONFIG_FILE).read_text())["world_size"] == 1
     assert json.loads((tmp_path / "r" / RESULTS_FILE).read_text())["world_size"] == 1
+
+
+# -- a rank that dies: the others stop with one line naming themselves and what to do
+
+GLOO_PEER_GONE = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                  "[127.0.0.1]:21930: Connection reset by peer. This is typically caused by a remote worker hanging "
+                  "or bugs in the application. Check the logs of the remote worker before reporting an error.")
+
+
+def test_a_collective_whose_peer_is_gone_is_one_line_naming_the_rank():
+    from poskit.training.distributed import PeerLost, peers_watched
+
+    with pytest.raises(PeerLost, match=r"^rank 1 of 2: lost contact with another process of this run \(connection "
+                                       r"reset by peer\): it stopped or was killed.*launch the run again with "
+                                       r"--resume") as e:
+        with peers_watched(Processes(1, 2, 1)):
+            raise RuntimeError(GLOO_PEER_GONE)
+    assert "\n" not in str(e.value) and isinstance(e.value, OSError)  # the CLI's one-line errors
+
+
+@pytest.mark.parametrize("procs, error", [
+    (Processes(0, 2, 0), RuntimeError("mat1 and mat2 shapes cannot be multiplied")),  # not a lost peer
+    (Processes(0, 2, 0), ValueError("Connection reset by peer")),  # not a backend's error
+    (Processes(), RuntimeError(GLOO_PEER_GONE)),  # one process: no peers to lose
+])
+def test_other_errors_pass_unchanged(procs, error):
+    from poskit.training.distributed import peers_watched
+
+    with pytest.raises(type(error)) as e:
+        with peers_watched(procs):
+            raise error
+    assert e.value is error
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_other_with_one_line(tmp_path):
+    """Two ranks launched by hand (torchrun would stop the survivor itself): rank 1 is killed mid-run, and rank 0
+    ends at once with one line naming itself and --resume, not a gloo traceback or a hang."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "r"
+    argv = [sys.executable, "-m", "poskit.cli", "train", *[a if a != "30" else "100000" for a in ARGS],
+            "--run-dir", str(run)]
+    base = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 240
+        while not [m for m in (read_metrics(run) if (run / "metrics.jsonl").exists() else []) if "train_loss" in m]:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in ranks), \
+                [p.communicate() for p in ranks if p.poll() is not None]
+            time.sleep(0.5)
+        ranks[1].send_signal(signal.SIGKILL)
+        _, err = ranks[0].communicate(timeout=120)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ranks[0].returncode == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("poskit train: error: rank 0 of 2: lost contact with another "
+                                                   "process of this run ("), err[-3000:]
+    assert "--resume" in lines[0]

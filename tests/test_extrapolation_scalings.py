@@ -50,3 +50,34 @@ def test_llama3_and_longrope_options():
     # the plain variants get no options of others
     assert options_at("linear", 2.0, 64, 16, 10000.0) == {"factor": 2.0}
     assert options_at("yarn", 2.0, 64, 16, 10000.0) == {"factor": 2.0, "original_max_positions": 64}
+
+
+# -- dispatch on what the encoding declares, not on its name -------------------------------------------------------
+
+def test_an_encoding_registered_under_another_name_that_declares_the_scalings_is_scaled():
+    from poskit.encodings.base import register, unregister
+    from poskit.encodings.rotary import RotaryEncoding
+
+    class MyRope(RotaryEncoding):
+        """A user's RoPE registered under its own name."""
+
+    register("my-rope-for-scaling", scaling="none")(MyRope)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(vocab_size=11, d_model=32, n_layers=1, n_heads=4,
+                                        encoding="my-rope-for-scaling")).eval()
+        assert "yarn" in model.blocks[0].attn.encoding.test_time_scalings
+        scaled = with_rope_scaling(model, "yarn", factor=4.0, original_max_positions=16)
+        assert scaled.blocks[0].attn.encoding.scaling == "yarn" and scaled.blocks[0].attn.encoding.factor == 4.0
+    finally:
+        unregister("my-rope-for-scaling")
+
+
+@pytest.mark.parametrize("encoding, options", [("alibi", {}), ("pope", {}), ("rope-linear", {"factor": 2.0})])
+def test_an_encoding_that_declares_no_test_time_scaling_is_refused_naming_it(encoding, options):
+    model = Transformer(ModelConfig(vocab_size=11, d_model=32, n_layers=1, n_heads=4, encoding=encoding,
+                                    encoding_options=options))
+    assert model.blocks[0].attn.encoding.test_time_scalings == ()
+    with pytest.raises(ValueError, match=rf"^test-time rope scaling 'ntk' needs a model whose encoding takes it "
+                                         rf"\(plain rope\); encoding {encoding!r} takes none$"):
+        with_rope_scaling(model, "ntk", factor=2.0, original_max_positions=16)

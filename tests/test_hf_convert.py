@@ -1,6 +1,7 @@
 """`poskit export RUN --hf DIR` and back: the exported directory loads in transformers and in poskit with the
 run's logits; bad input is refused naming the argument."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from poskit.cli import main  # noqa: E402
 from poskit.hf import PoskitForCausalLM, to_poskit  # noqa: E402
 from poskit.training import TrainConfig  # noqa: E402
 from poskit.training.run import load_run, train  # noqa: E402
+from poskit.training.run_dir import LOCK_FILE, MARKER_FILE  # noqa: E402
 from thread_helpers import single_thread  # noqa: E402
 
 
@@ -48,16 +50,49 @@ def test_export_then_load_in_transformers_and_poskit_gives_the_run_logits(run_di
     assert info["train_config"]["model"] == cfg.model.to_dict()
 
 
-def test_export_refuses_a_non_empty_directory_and_leaves_it(run_dir, tmp_path):
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_refuses_a_non_empty_directory_it_did_not_write_and_leaves_it(run_dir, tmp_path, overwrite, capsys):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(SystemExit) as e:
-        main(["export", str(run_dir), "--hf", str(out)])
+        main(["export", str(run_dir), "--hf", str(out), *(["--overwrite"] if overwrite else [])])
     assert e.value.code == 2
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"poskit export: error: --hf {out}: is not empty and was not written by poskit (it holds "
+                          "keep.txt)"), err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_overwrite_replaces_an_earlier_export_only(run_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--hf", str(out), "--quiet"]) == 0
+    assert json.loads((out / MARKER_FILE).read_text())["kind"] == "export"
+    (out / "notes.txt").write_text("a file the user added to the export")
+    with pytest.raises(SystemExit):  # an export is not replaced without --overwrite
+        main(["export", str(run_dir), "--hf", str(out), "--quiet"])
+    assert "--overwrite" in capsys.readouterr().err
     assert main(["export", str(run_dir), "--hf", str(out), "--overwrite", "--quiet"]) == 0
-    assert (out / "model.safetensors").is_file() and not (out / "keep.txt").exists()
+    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+    assert not (out / LOCK_FILE).exists() and not [p for p in tmp_path.iterdir() if p.name != "hf"]
+
+
+def test_overwrite_adopts_an_export_written_before_markers(run_dir, tmp_path):
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--hf", str(out), "--quiet"]) == 0
+    (out / MARKER_FILE).unlink()
+    assert main(["export", str(run_dir), "--hf", str(out), "--overwrite", "--quiet"]) == 0
+    assert json.loads((out / MARKER_FILE).read_text())["kind"] == "export"
+
+
+def test_export_never_replaces_another_poskit_directory(run_dir, tmp_path, capsys):
+    other = tmp_path / "other-run"
+    shutil.copytree(run_dir, other)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit):
+        main(["export", str(run_dir), "--hf", str(other), "--overwrite", "--quiet"])
+    assert "is a poskit run directory" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
 
 
 def test_export_of_a_directory_without_a_run_names_it(tmp_path, capsys):

@@ -42,7 +42,8 @@ def add_export(sub) -> None:
                    help="poskit: PoskitForCausalLM, any encoding (default); llama: transformers' own "
                         "LlamaForCausalLM, for runs whose architecture is Llama's (refused naming the first "
                         "model field that is not)")
-    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds an earlier export (a directory poskit did not "
+                   "write as an export is never replaced)")
     add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_export)
 

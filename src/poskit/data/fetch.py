@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .home import fetched_dir
+from .home import fetched_dir, writable_dir
 
 __all__ = ["Artifact", "ARTIFACTS", "FetchError", "fetch", "fetch_command"]
 
@@ -126,6 +126,7 @@ def fetch(name: str, run: Runner = subprocess.run, force: bool = False) -> list[
         existing = sorted(p for p in files.rglob("*") if p.is_file())
         if existing:
             return existing
+    writable_dir(target)  # an unusable data home is named before anything is downloaded
     download = target / "download"
     if download.exists():
         shutil.rmtree(download)

@@ -1,8 +1,7 @@
 """The rows of ``poskit data list``: each corpus, whether it is present, its size in tokens and its source."""
 from __future__ import annotations
 
-import json
-
+from .cache import StaleCache, read_manifest
 from .corpora import CORPORA
 from .fetch import ARTIFACTS
 from .home import cache_dir
@@ -15,9 +14,8 @@ def _cached_tokens(name: str, tokenizer: str) -> int | None:
     """Tokens of the full cache if one was built (read from its manifests, not verified here)."""
     directory = cache_dir(name, tokenizer) / "all"
     try:
-        return sum(json.loads((directory / f"{s}.json").read_text())["n_tokens"]
-                   for s in ("train", "validation", "test"))
-    except (OSError, ValueError, KeyError):
+        return sum(read_manifest(directory / f"{s}.json")["n_tokens"] for s in ("train", "validation", "test"))
+    except StaleCache:  # none built, or one the next load rebuilds
         return None
 
 

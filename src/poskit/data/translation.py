@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..util.durable import fsync_dir, write_synced
-from .cache import StaleCache, build_lock, open_split, write_split
+from .cache import StaleCache, build_lock, open_split, read_manifest, write_split
 from .home import data_home
 from .sources import trans
 from .sources.base import CorpusNotPresent
@@ -223,9 +223,9 @@ def translation_row(vocab_size: int = 8000) -> dict:
     except CorpusNotPresent:
         present = "no: poskit data fetch translation"
     try:
-        manifests = [json.loads((_directory(vocab_size, None) / f"{s}.en.json").read_text()) for s in SPLITS]
+        manifests = [read_manifest(_directory(vocab_size, None) / f"{s}.en.json") for s in SPLITS]
         pairs = f"{sum(len(m['documents']) for m in manifests):,} pairs (cached)"
-    except (OSError, ValueError, KeyError):
+    except StaleCache:  # none built, or one the next load rebuilds
         pairs = f"~{APPROX_PAIRS:,} pairs"
     return {"name": "translation", "present": present, "tokens": pairs, "tokenizer": f"bpe-{vocab_size}",
             "source": "Debian trans-de-en: /usr/share/trans/de-en example sentences (German :: English)"}

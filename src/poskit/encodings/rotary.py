@@ -13,7 +13,7 @@ from . import rope_hf
 from . import rope_scaling as variants  # the module; `rope_scaling` is also HF's option name
 from .angles import AngleTables
 from .axial import axial_cos_sin, axial_frequencies, check_axial_dims
-from .base import PositionalEncoding, register
+from .base import PositionalEncoding, build_encoding, register
 
 LAYOUTS = ("interleaved", "half")
 SCALINGS = tuple(variants.ROPE_INIT_FUNCTIONS)  # ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
@@ -295,6 +295,22 @@ class RotaryEncoding(PositionalEncoding):
         else:
             x0, x1 = x[..., : rd // 2], x[..., rd // 2: rd]
         return torch.sqrt(x0 * x0 + x1 * x1)
+
+    @property
+    def test_time_scalings(self) -> tuple[str, ...]:
+        # a scaling stretches the one 1-d context of a model trained unscaled: not a scaled one, not axial positions
+        if self.scaling != "none" or self.axial_dims is not None:
+            return ()
+        return tuple(s for s in SCALINGS if s != "none")
+
+    def with_scaling(self, scaling: str, **options) -> "RotaryEncoding":
+        """The registered RoPE variant `scaling` with `options` and this encoding's base, layout and rotary_dim,
+        on its device (a test-time swap: evaluate/extrapolation.py)."""
+        if scaling not in self.test_time_scalings:
+            return super().with_scaling(scaling, **options)
+        return build_encoding(rope_hf.encoding_name(scaling), head_dim=self.head_dim, num_heads=self.num_heads,
+                              base=self.base, layout=self.layout, rotary_dim=self.rotary_dim,
+                              **options).to(self.inv_freq.device)
 
     def extra_repr(self) -> str:
         return (

@@ -13,7 +13,6 @@ import re
 import torch
 import torch.nn.functional as F
 
-import poskit
 from poskit.encodings import rope_scaling
 from poskit.encodings.rope_hf import encoding_name
 from poskit.models import Transformer
@@ -71,19 +70,19 @@ def scaling_options(scaling: str, factor: float, original_max_positions: int, ro
 
 def with_rope_scaling(model: Transformer, scaling: str, factor: float, original_max_positions: int) -> Transformer:
     """A copy of a RoPE model whose attention layers use the test-time variant `scaling` (see ROPE_SCALINGS and
-    scaling_options) at max(1, factor)."""
+    scaling_options) at max(1, factor). Which models take it is what their encodings declare
+    (`test_time_scalings`: plain RoPE, whatever name it is registered under)."""
     if scaling not in ROPE_SCALINGS:
         raise ValueError(f"scaling must be one of {list(ROPE_SCALINGS)}, got {scaling!r}")
-    if model.config.encoding != "rope":
-        raise ValueError(f"test-time rope scaling needs a model trained with encoding 'rope', got {model.config.encoding!r}")
+    for block in model.blocks:
+        if scaling not in block.attn.encoding.test_time_scalings:
+            raise ValueError(f"test-time rope scaling {scaling!r} needs a model whose encoding takes it (plain rope); "
+                             f"encoding {block.attn.encoding.name or model.config.encoding!r} takes none")
     model = copy.deepcopy(model)
     for block in model.blocks:
         old = block.attn.encoding
         options = scaling_options(scaling, max(1.0, float(factor)), original_max_positions, old.rotary_dim, old.base)
-        block.attn.encoding = poskit.build_encoding(
-            ROPE_SCALINGS[scaling], head_dim=old.head_dim, num_heads=old.num_heads, base=old.base, layout=old.layout,
-            rotary_dim=old.rotary_dim, **options,
-        ).to(next(model.parameters()).device)
+        block.attn.encoding = old.with_scaling(scaling, **options).to(next(model.parameters()).device)
     return model
 
 

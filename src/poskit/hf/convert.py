@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from poskit.models import Transformer
+from poskit.training import run_dir as run_dirs
 
 from .config import PoskitConfig
 from .model import PoskitForCausalLM
@@ -59,12 +60,14 @@ def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = 
     """Write the trained run `run_dir` (a `poskit train` directory) as a Hugging Face directory: config.json
     (with `poskit_fingerprint`, what the run was trained as: a config edited later to another architecture or
     encoding is refused on load), model.safetensors, generation_config.json, poskit_run.json (the run's config,
-    task and vocabulary) and the auto-class module (PoskitConfig.save_pretrained).
+    task and vocabulary), the auto-class module (PoskitConfig.save_pretrained) and poskit's marker of an export
+    directory (training.run_dir).
 
     Everything is checked before anything is written: `directory` may not be the run, inside it or above it
-    (`overwrite` included), must be a directory path that can be created and written, and an existing non-empty
-    one is refused unless `overwrite`. The directory is written under a temporary name beside it and renamed
-    when complete, so it never holds half an export. progress: transformers' progress bar while writing."""
+    (`overwrite` included), must be a directory path that can be created and written, and must be absent, empty
+    or an earlier export; an earlier export is replaced only with `overwrite`, and a directory poskit did not
+    write (or wrote as something else) never is. The directory is written under a temporary name beside it and
+    renamed when complete, so it never holds half an export. progress: transformers' progress bar while writing."""
     from poskit.training.run import load_run
 
     directory = Path(directory)
@@ -72,6 +75,14 @@ def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = 
     model, task, cfg = load_run(run_dir)  # checks every run file, naming the bad one
     hf = from_poskit(model, max_position_embeddings=task.max_input_len, pad_token_id=task.vocab.pad_id)
     hf.config.poskit_fingerprint = hf.config.fingerprint()
+    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress)
+
+
+def write_export(run_dir, directory: Path, hf, task, cfg, *, overwrite: bool, progress: bool) -> Path:
+    """Write the transformers model `hf` of run `run_dir` (its task and config beside it in poskit_run.json) as
+    the export directory `directory`, whatever its format (poskit's own or a native one): staged under a
+    temporary name, marked as poskit's export, then renamed; an existing destination is locked and checked
+    again (`_check_destination`) while it is replaced. The caller checked the destination before loading."""
     info = {"run_dir": str(Path(run_dir).resolve()), "task": task.name, "task_params": _jsonable(task.params),
             "vocab": {"tokens": list(task.vocab.tokens), "sep": task.vocab.sep, "pad_id": task.vocab.pad_id},
             "train_config": _jsonable(cfg.to_dict() if hasattr(cfg, "to_dict") else {})}
@@ -81,12 +92,17 @@ def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = 
     except OSError as e:  # the staging path is ours, not the user's: name what they gave
         raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
     try:
+        run_dirs.claim(staging, "export")
         with _progress_bars(progress):
             hf.save_pretrained(staging)
         (staging / RUN_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
+        # an existing destination is locked while it is replaced, and checked again under the lock: another
+        # export may have written it since the first check
+        with run_dirs.locked(directory) if directory.is_dir() else contextlib.nullcontext():
+            _check_destination(Path(run_dir), directory, overwrite)
+            if directory.is_dir():  # empty, or an earlier export with `overwrite`
+                shutil.rmtree(directory)
+            os.replace(staging, directory)
     except OSError as e:
         raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
     finally:
@@ -95,16 +111,17 @@ def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = 
     return directory
 
 
-def _check_destination(run_dir: Path, directory: Path, overwrite: bool) -> None:
-    """Refuse, before anything is written, a destination that would replace or mix with the run or cannot be a
-    writable directory; each error names --hf."""
-    run, dest = run_dir.resolve(), directory.resolve()
-    where = ("is the run itself" if dest == run else "is inside the run" if run in dest.parents
-             else "is above the run" if dest in run.parents else None)
-    if where is not None:
-        raise ValueError(f"--hf directory {str(directory)!r} {where} {str(run_dir)!r} (an export there"
-                         f"{' with --overwrite' if overwrite else ''} would mix with or replace the run's files); "
-                         "choose a directory outside the run")
+def is_legacy_export(directory: Path) -> bool:
+    """An export written before directories carried poskit's marker: a config.json beside poskit_run.json."""
+    return (directory / "config.json").is_file() and (directory / RUN_INFO_FILE).is_file()
+
+
+def _check_destination(run_dir: Path, directory: Path, overwrite: bool) -> str:
+    """Refuse, before anything is written, a destination that would replace or mix with the run, cannot be a
+    writable directory, or holds anything but an earlier export (that only with `overwrite`); each error names
+    --hf. Returns run_dir.check's verdict: "new", "own" or "legacy"."""
+    run_dirs.check_apart(directory, run_dir, "--hf")
+    dest = directory.resolve()
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"--hf directory {str(directory)!r} is a file; choose a directory path")
     existing = next(p for p in (dest, *dest.parents) if p.exists())
@@ -114,8 +131,14 @@ def _check_destination(run_dir: Path, directory: Path, overwrite: bool) -> None:
     if not os.access(existing if existing != dest else dest.parent, os.W_OK | os.X_OK):
         raise ValueError(f"--hf directory {str(directory)!r} cannot be written: no write permission in "
                          f"{str(existing if existing != dest else dest.parent)!r}")
-    if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise ValueError(f"--hf directory {str(directory)!r} exists and is not empty; choose another (or overwrite)")
+    try:
+        state = run_dirs.check(directory, "export", legacy=is_legacy_export)
+    except run_dirs.RunDirError as e:
+        raise ValueError(f"--hf {e}") from None
+    if state != "new" and not overwrite:
+        raise ValueError(f"--hf directory {str(directory)!r} holds an earlier export; choose another directory "
+                         "(or --overwrite to replace it)")
+    return state
 
 
 @contextlib.contextmanager

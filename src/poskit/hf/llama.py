@@ -32,10 +32,7 @@ a cached generation of those two variants past original_max_positions can differ
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -229,7 +226,7 @@ def export_llama(run_dir, directory, *, overwrite: bool = False, progress: bool 
     model.<field> Llama cannot express). Written under a temporary name beside `directory`, renamed when whole."""
     from poskit.training.run import load_run
 
-    from .convert import RUN_INFO_FILE, _check_destination, _jsonable, _progress_bars
+    from .convert import _check_destination, write_export
 
     directory = Path(directory)
     _check_destination(Path(run_dir), directory, overwrite)
@@ -244,27 +241,7 @@ def export_llama(run_dir, directory, *, overwrite: bool = False, progress: bool 
         hf = to_llama(model, **kwargs)
     except ConfigError as e:
         raise e.renamed(f"model.{e.field}") from None
-    info = {"run_dir": str(Path(run_dir).resolve()), "task": task.name, "task_params": _jsonable(task.params),
-            "vocab": {"tokens": list(task.vocab.tokens), "sep": task.vocab.sep, "pad_id": task.vocab.pad_id},
-            "train_config": _jsonable(cfg.to_dict() if hasattr(cfg, "to_dict") else {})}
-    try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    except OSError as e:  # the staging path is ours, not the user's: name what they gave
-        raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
-    try:
-        with _progress_bars(progress):
-            hf.save_pretrained(staging)
-        (staging / RUN_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    except OSError as e:
-        raise ValueError(f"--hf directory {str(directory)!r} cannot be written: {e.strerror or e}") from None
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress)
 
 
 # -- import ------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import poskit
 from poskit.attention.kv_cache import KVCache
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.encodings import DEFAULT_ENCODING
+from poskit.encodings.spec import EncodingSpec
 
 from .batch import ModelBatch, build_batch, real_tokens
 from .block import MLP, Block, RMSNorm, SelfAttention, run_block
@@ -82,8 +83,7 @@ class ModelConfig:
                 raise ConfigError(name, "a positive int", getattr(self, name))
         if self.mlp not in MLP_KINDS:
             raise ConfigError("mlp", f"one of {list(MLP_KINDS)}", self.mlp)
-        if self.encoding not in poskit.available_encodings():
-            raise ConfigError("encoding", f"one of {poskit.available_encodings()}", self.encoding)
+        self.encoding_options = self.encoding_spec.options  # checked and typed (bool words become bools)
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ConfigError("d_model", f"divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
@@ -107,6 +107,11 @@ class ModelConfig:
         if self.attention == "linear" and _layer_encoding(self).linear_form is None:
             raise ConfigError("encoding", "an encoding that declares a linear_form with attention='linear' (rope "
                               "family but rope-dynamic, pope with softplus, none, absolute ones)", self.encoding)
+
+    @property
+    def encoding_spec(self) -> EncodingSpec:
+        """The encoding and its options as one EncodingSpec; a bad one is a ConfigError naming the field."""
+        return EncodingSpec.from_config(self.encoding, self.encoding_options, fields=("encoding", "encoding_options"))
 
     @property
     def kv_heads(self) -> int:
@@ -138,8 +143,7 @@ def _layer_encoding(cfg: ModelConfig):
 
     The probe is built (not only looked up by kind) for every layer: building an encoding with trainable
     parameters draws from the random generator, and models seeded as before must initialise as before."""
-    probe = poskit.build_encoding(cfg.encoding, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model,
-                                  **cfg.encoding_options)
+    probe = cfg.encoding_spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
     if probe.kind == "absolute":
         return poskit.build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
     return probe
@@ -168,8 +172,7 @@ class Transformer(nn.Module):
             raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        enc = poskit.build_encoding(cfg.encoding, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model,
-                                    **cfg.encoding_options)
+        enc = cfg.encoding_spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
         # absolute encodings live once, at the embeddings; others live inside each attention layer
         self.abs_encoding = enc if enc.kind == "absolute" else None
         self.drop = nn.Dropout(cfg.dropout)

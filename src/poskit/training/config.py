@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.models import ModelConfig
-from poskit.tasks import PRESETS, available_tasks, task_parameters, task_split_names
+from poskit.tasks import PRESETS, available_tasks, task_model_defaults, task_parameters, task_split_names
 
 PARALLEL_MODES = ("ddp", "fsdp")
 # fields a resumed run may change freely: how many processes train it and whether TensorBoard also logs
@@ -18,6 +19,10 @@ RESUME_FREE_FIELDS = ("world_size", "tensorboard", "compile")
 
 # loss_on's forms, in the words of its error message
 LOSS_ON_ALLOWED = '"task", "last" or a non-empty list of distinct target indices such as [-1] or [0, -2]'
+
+# the seeds every generator of a run takes: torch's manual_seed stops at 2**64 - 1 and the run's data generator
+# is seeded with seed + 1_000_003 (recipes/lm.py), so the signed 64-bit range is the one that is always safe
+SEED_RANGE = (0, 2**63 - 1)
 
 
 @dataclass
@@ -110,6 +115,10 @@ class TrainConfig:
             if key not in allowed_options:
                 raise ConfigError(f"task_options.{key}", f"a parameter of task {self.task!r}: one of {allowed_options}",
                                   self.task_options[key])
+        if not self.model.causal and trains_on_next_tokens(self.task):
+            raise ConfigError("model.causal", f"true for task {self.task!r} (it trains on next tokens: a bidirectional "
+                              "model sees in its input the token it is asked to predict)", self.model.causal)
+        check_seed(self.seed)
         loss_positions(self.loss_on)  # validates
         for name in ("batch_size", "max_steps", "eval_every", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -162,6 +171,66 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         return from_known_fields(cls, d, "train config")
+
+
+def check_seed(seed: int) -> None:
+    """Refuse a seed outside SEED_RANGE (a ConfigError naming seed), before it reaches a generator."""
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError("seed", f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (the range every random "
+                          "generator of a run takes)", seed)
+
+
+def trains_on_next_tokens(task: str) -> bool:
+    """Whether `task` trains its model on next tokens (each target is the input token after it), which a
+    bidirectional model would see in its input. A task made for a bidirectional model says so in its model
+    defaults (causal False: masked-language modelling); every other registered task is trained on next tokens."""
+    return task_model_defaults(task).get("causal", True) is not False
+
+
+def check_fits_memory(cfg: TrainConfig, vocab_size: int, tokens: int, processes: int = 1) -> None:
+    """Refuse, before anything is allocated, a run whose training step could not fit in the memory of the
+    machine (or of the GPU it trains on): a ConfigError naming batch_size or the model, with the estimate.
+
+    The estimate is a lower bound, so that a run that fits is never refused: the model's parameters with their
+    gradients and AdamW's two moments (4 x 4 bytes each), and per token of this process's share of the batch
+    (`tokens` per example) its input and target ids (2 x 8 bytes), its logits (vocab_size floats) and one
+    residual stream of d_model floats per layer kept for the backward pass."""
+    from poskit.models import Transformer
+
+    available = memory_of(cfg.device)
+    if available is None:
+        return
+    with torch.device("meta"):  # the model's size without memory or random draws
+        parameters = Transformer(dataclasses.replace(cfg.model, vocab_size=vocab_size)).num_parameters()
+    width = 2 if cfg.bf16 else 4
+    model_bytes = 16 * parameters
+    rows = -(-cfg.batch_size // processes)
+    batch_bytes = rows * tokens * (16 + width * (vocab_size + cfg.model.d_model * cfg.model.n_layers))
+    where = "this GPU" if torch.device(cfg.device).type == "cuda" else "this machine"
+    if model_bytes > available:
+        raise ConfigError("model", f"a model that fits in memory: {parameters:,} parameters need at least "
+                          f"{_gib(model_bytes)} for weights, gradients and AdamW's state, {where} has "
+                          f"{_gib(available)}", f"d_model={cfg.model.d_model}, n_layers={cfg.model.n_layers}")
+    if model_bytes + batch_bytes > available:
+        per = f" per process ({rows} rows of {processes})" if processes > 1 else ""
+        raise ConfigError("batch_size", f"a batch that fits in memory: a training step on {rows:,} examples of "
+                          f"{tokens} tokens{per} with this model ({parameters:,} parameters) needs at least "
+                          f"{_gib(model_bytes + batch_bytes)}, {where} has {_gib(available)}", cfg.batch_size)
+
+
+def memory_of(device: str) -> int | None:
+    """Bytes of memory of `device`: the GPU's for a CUDA device, else the machine's physical memory (None where
+    the platform does not say)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def loss_positions(loss_on) -> list[int] | None:

@@ -17,7 +17,9 @@ rank, so a run resumed with a different number of processes continues the very s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +98,34 @@ def start_processes(device: str) -> Processes:
 def _stop() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class PeerLost(ConnectionError):
+    """Another process of a multi-process run stopped (it failed or was killed), so this one cannot go on: the
+    message names this rank, what the backend saw, and how to continue (an OSError: the command line prints
+    it as one line)."""
+
+
+# what the backends say when the other end of a collective went away (gloo's TCP pairs, NCCL's remote errors)
+_PEER_GONE = re.compile(r"connection (?:reset|closed) by peer|broken pipe|connection refused|socket closed|"
+                        r"remote (?:process|peer|end)|ncclRemoteError|communicator was aborted", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def peers_watched(procs: Processes):
+    """Turn a collective that fails because another rank is gone into a PeerLost naming this rank and what to
+    do, instead of the backend's traceback (gloo's names a source file and a socket). Errors of any other kind,
+    and every error of a one-process run, pass unchanged."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.distributed's DistError is one
+        found = _PEER_GONE.search(str(e)) if procs.active else None
+        if found is None:
+            raise
+        raise PeerLost(f"rank {procs.rank} of {procs.world_size}: lost contact with another process of this run "
+                       f"({found.group(0).lower()}): it stopped or was killed, and its own output says why; this "
+                       "process stops too. The last checkpoint is intact: launch the run again with --resume to "
+                       "continue from it") from e
 
 
 def check_batch_split(batch_size: int, procs: Processes) -> None:

@@ -21,7 +21,7 @@ from .checkpoint_store import (
     write_checkpoint,
 )
 from .config import TrainConfig
-from .distributed import Processes, barrier, processes_from_env, start_processes
+from .distributed import Processes, barrier, peers_watched, processes_from_env, start_processes
 from .files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -115,6 +115,7 @@ def run(recipe, run_dir, *, resume: bool = False, stop_after: int | None = None,
             check_writable_dir(run_dir, "run_dir")
         recipe.launch(procs)
         procs = start_processes(recipe.device)
+        held.enter_context(peers_watched(procs))  # a rank that dies is named on the others, not a backend traceback
         trainer = Trainer(recipe, run_dir, quiet=quiet, procs=procs, label=label)  # the one build of the model
         if resumed:
             trainer.restore(state, ckpt)

@@ -8,7 +8,7 @@ import torch
 
 from poskit.util.config_check import ConfigError
 
-from ..config import RESUME_FREE_FIELDS, TrainConfig
+from ..config import RESUME_FREE_FIELDS, TrainConfig, check_fits_memory
 from ..distributed import check_batch_split, from_main, local_rows, processes_from_env
 from ..files import read_metrics
 from ..step import (DECAY_RULE, build_model, build_task_for, evaluate, lm_step_loss, loss_targets, lr_at,
@@ -59,6 +59,9 @@ class LMRecipe(Recipe):
         # the task's splits are built (and cached for the run) so that a task option's value or an example
         # space too small for disjoint splits is refused here, and loss_on must keep targets of its batches
         task = build_task_for(cfg)
+        # sizes beyond memory are refused before the first batch (or the model) is allocated
+        example = task.train_batch(1, torch.Generator().manual_seed(0), step=0)
+        check_fits_memory(cfg, len(task.vocab), example.inputs.shape[1], procs.world_size)
         for split in task.split_names:
             task.split(split)
         loss_targets(task.train_batch(cfg.batch_size, torch.Generator().manual_seed(0), step=0).targets, cfg)

@@ -36,6 +36,7 @@ from ...util.config_check import ConfigError, check_field_types, from_known_fiel
 from ...models import EncoderDecoder, EncoderDecoderConfig
 from ...tasks.translation import BOS, EOS, PAD, PairSet
 from ..checkpoint import read_run_state
+from ..config import check_seed
 from ..checkpoint_store import checkpoint_path, remove_uncommitted_checkpoints, write_checkpoint
 from ..files import LEGACY_CHECKPOINT_FILE, atomic_write_bytes, does_not_fit, remove_stale_temp_files
 from ..rng import seed_everything
@@ -95,6 +96,7 @@ class Seq2SeqConfig:
 
     def __post_init__(self):
         check_field_types(self)
+        check_seed(self.seed)
         if self.direction not in DIRECTIONS:
             raise ConfigError("direction", f"one of {list(DIRECTIONS)}", self.direction)
         for name in ("max_steps", "batch_tokens", "max_len", "log_every", "eval_every", "checkpoint_every",
