@@ -338,7 +338,7 @@ def test_compare_refuses_a_directory_it_does_not_own_and_changes_nothing(tmp_pat
     (project / "notes.md").write_text("# mine\n")
     study = claim(tmp_path / "study", "study")
     for directory, message in ((project, "is not empty and was not written by poskit"),
-                               (study, "is a poskit study directory")):
+                               (study, "is a poskit directory of kind 'study'")):
         before = snapshot(directory)
         with pytest.raises(SystemExit):
             main(["reproduce", "flip-flop", "--out", str(directory), "--seeds", "0", "--encodings", "rope", *TINY])

@@ -91,7 +91,7 @@ def test_export_never_replaces_another_poskit_directory(run_dir, tmp_path, capsy
     before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
     with pytest.raises(SystemExit):
         main(["export", str(run_dir), "--hf", str(other), "--overwrite", "--quiet"])
-    assert "is a poskit run directory" in capsys.readouterr().err
+    assert "is a poskit directory of kind 'run'" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
 
 

@@ -253,7 +253,7 @@ def test_export_llama_refuses_a_run_llama_cannot_express_in_one_line_writing_not
 
 
 def test_export_llama_keeps_export_s_destination_guards(runs, capsys):
-    with pytest.raises(ValueError, match="--hf directory .* is inside the run"):
+    with pytest.raises(ValueError, match="--hf .* is inside the run directory"):
         export_llama(runs["llama"], runs["llama"] / "hf")
     assert not (runs["llama"] / "hf").exists()
 
