@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-import poskit
 from poskit.attention.kv_cache import KVCache
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
-from poskit.encodings import DEFAULT_ENCODING
+from poskit.encodings import DEFAULT_ENCODING, build_encoding
 from poskit.encodings.spec import EncodingSpec
 
 from .batch import ModelBatch, build_batch, real_tokens
@@ -145,7 +144,7 @@ def _layer_encoding(cfg: ModelConfig):
     parameters draws from the random generator, and models seeded as before must initialise as before."""
     probe = cfg.encoding_spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
     if probe.kind == "absolute":
-        return poskit.build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
+        return build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
     return probe
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-import poskit
 from poskit.encodings.base import encoding_class
+from poskit.encodings import build_encoding
 from poskit.encodings.spec import EncodingSpec
 from poskit.attention.kv_cache import KVCache
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
@@ -161,7 +161,7 @@ def decoder_block(cfg: EncoderDecoderConfig, probe, layer_idx: int) -> Block:
                               layer_idx=layer_idx, **spec.options)
     cross = (spec.build(head_dim=cfg.head_dim, num_heads=cfg.n_heads)
              if cfg.cross_attention_positions == "aligned" else
-             poskit.build_encoding("none", head_dim=cfg.head_dim, num_heads=cfg.n_heads))
+             build_encoding("none", head_dim=cfg.head_dim, num_heads=cfg.n_heads))
     return Block(attn=self_attn, cross_attn=Attention(cfg.d_model, cfg.n_heads, encoding=cross, bias=True),
                  mlp=MLP(cfg.d_model, cfg.d_ff, "relu", bias=True), norm1=_norm(cfg), norm_cross=_norm(cfg),
                  norm2=_norm(cfg), pre_norm=cfg.norm == "pre", dropout=cfg.dropout,
