@@ -179,15 +179,18 @@ def _kernel_args(bias_values, form, offset, scale):
 
 
 def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=None, causal: bool = False,
-                        key_padding_mask=None, bias: KernelBias | None = None, block_q: int = BLOCK_Q,
-                        block_k: int = BLOCK_K) -> torch.Tensor:
+                        key_padding_mask=None, bias: KernelBias | None = None, block_q: int | None = None,
+                        block_k: int | None = None) -> torch.Tensor:
     """softmax(scale q k^T + bias, causal by position, key padding) @ v through the compiled kernel.
 
     q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), Hkv dividing H (query head h reads kv head
     h // (H // Hkv)), any E and Dv, fp32 or bf16. Positions (1|B, T) int tensors (needed when causal or with a
     bias); key_padding_mask (B, Tk) bool, True = real key; bias: a KernelBias (encodings/kernel_bias.py). A
-    query that sees no key outputs zeros. Callers check `available()` first.
+    query that sees no key outputs zeros. block_q, block_k: the tile (default BLOCK_Q x BLOCK_K, read at call
+    time). Callers check `available()` first.
     """
+    block_q = BLOCK_Q if block_q is None else block_q
+    block_k = BLOCK_K if block_k is None else block_k
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")

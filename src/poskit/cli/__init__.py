@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import analyze, data, demo, digits, export, finetune, reproduce, train
+from . import analyze, data, demo, digits, export, finetune, kernel, reproduce, train
 from .common import base_config as _base_config  # the name the training tests build configs with
 
 __all__ = ["build_parser", "main"]
@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 # the sub-commands, in the order `poskit --help` lists them
 _SUBCOMMANDS = (train.add_train, train.add_compare, train.add_extrapolate, demo.add_demo, reproduce.add_reproduce,
                 reproduce.add_study, export.add_convert_checkpoint, analyze.add_analyze, finetune.add_finetune_glue,
-                digits.add_digits, reproduce.add_list, data.add_data, export.add_export)
+                digits.add_digits, reproduce.add_list, data.add_data, export.add_export, kernel.add_kernel)
 
 
 def build_parser() -> argparse.ArgumentParser:
