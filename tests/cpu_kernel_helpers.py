@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from poskit.attention import cpu_flash
+from poskit.attention import cpu_flash, kernel_build
 
 
 def kernel_available() -> bool:
@@ -20,8 +20,12 @@ def kernel_available() -> bool:
 
 def require_kernel() -> None:
     if not kernel_available():
-        pytest.skip("the compiled CPU attention kernel cannot be built here (no C++ compiler?): "
-                    "`poskit kernel info` says why")
+        try:
+            kernel_build.load()
+            why = "it does not load"
+        except kernel_build.KernelUnavailable as err:
+            why = str(err)
+        pytest.skip(f"the compiled CPU attention kernel cannot be had here: {why}")
 
 
 def kernel_off(monkeypatch) -> None:
