@@ -385,4 +385,4 @@ def test_list_and_reproduce_list_read_one_registry(capsys):
 def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "study", "convert-checkpoint",
-                                "analyze", "finetune-glue", "digits", "list", "data", "export"}
+                                "analyze", "finetune-glue", "digits", "list", "data", "export", "kernel"}
