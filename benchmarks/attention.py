@@ -2,10 +2,12 @@
 
     python benchmarks/attention.py                       # the full grid (B=8, H=8, d=64, T 256/1024/4096)
     python benchmarks/attention.py --quick                # every row once at a small size (about a minute)
-    python benchmarks/attention.py --T 1024,4096 --modes fwdbwd --encodings rope,pope --cpu-kernel --skip-decode
-                                                          # PoPE with the compiled CPU kernel (POSKIT_CPU_KERNEL=1)
+    python benchmarks/attention.py --shapes 1x4096,8x1024 --modes fwdbwd --encodings rope,pope,alibi \
+        --without-kernel --skip-peers --skip-decode        # the compiled CPU kernel (the default) against the
+                                                          # paths without it (POSKIT_CPU_KERNEL=0), per shape
 
-Prints markdown tables; ratios are against RoPE + SDPA measured in the same process, same T/dtype/mode:
+Prints the machine (CPU model, the instruction set the kernel targets, torch, date) and markdown tables; ratios
+are against RoPE + SDPA measured in the same process, same B/T/dtype/mode:
 `ratio` for the time, `mem_ratio` for the peak memory (every row reports its peak, `peak_MB`: the
 allocator's high-water mark during one call above what was allocated before it). Each row names the path
 poskit takes ([blocked-contextual] for CoPE on CPU, [blocked-bias] for the relative encodings). Only
@@ -18,6 +20,7 @@ import argparse
 import math
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -124,12 +127,15 @@ def rope_sdpa_baseline(enc):
     return fn
 
 
-class _CpuKernelOn:
-    """POSKIT_CPU_KERNEL=1 for the duration of one call (the engine reads the switch at every call)."""
+class _CpuKernel:
+    """POSKIT_CPU_KERNEL set to `value` for the duration of one call (the engine reads the switch at every call)."""
+
+    def __init__(self, value: str):
+        self.value = value
 
     def __enter__(self):
         self.saved = os.environ.get(cpu_flash.ENV_SWITCH)
-        os.environ[cpu_flash.ENV_SWITCH] = "1"
+        os.environ[cpu_flash.ENV_SWITCH] = self.value
 
     def __exit__(self, *exc):
         if self.saved is None:
@@ -138,12 +144,23 @@ class _CpuKernelOn:
             os.environ[cpu_flash.ENV_SWITCH] = self.saved
 
 
-def pope_cpu_kernel(enc):
-    """poskit.attention with the opt-in compiled CPU kernel switched on (attention/cpu_flash.py)."""
+def without_kernel(enc):
+    """poskit.attention with the compiled CPU kernel switched off (POSKIT_CPU_KERNEL=0): the path a machine without
+    a compiler takes."""
     def fn(q, k, v):
-        with _CpuKernelOn():
+        with _CpuKernel("0"):
             return poskit.attention(q, k, v, enc, is_causal=True)
     return fn
+
+
+def machine() -> str:
+    """One line naming what the numbers were measured on."""
+    from poskit.attention import kernel_build
+    from poskit.cli.kernel import cpu_model
+
+    return (f"{cpu_model()}, {os.cpu_count()} CPUs, instruction set {kernel_build.isa_level()}, torch "
+            f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+            f"{os.getloadavg()[0]:.1f} at the start")
 
 
 PEERS = ("pope: padded-v SDPA", "pope: PoPE-pytorch style", "pope: naive complex")
@@ -154,11 +171,11 @@ def est_reference_gb(B, H, T):
 
 
 def bench_grid(args):
-    B, H, D = args.B, args.H, args.D
+    H, D = args.H, args.D
     rows, peers = [], []  # peers: poskit's pope against the other PoPE implementations, same inputs
     names = poskit.available_encodings() if args.encodings == "all" else args.encodings.split(",")
     baseline = "RoPE+SDPA (baseline)"
-    for T in args.T:
+    for B, T in args.shapes:
         for dname in args.dtypes:
             dtype = DTYPES[dname]
             for mode in args.modes:
@@ -176,12 +193,12 @@ def bench_grid(args):
                     # only the reference path is O(T^2) in memory (the blocked paths keep one query block's logits)
                     heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy))
-                if "pope" in names and args.cpu_kernel:
-                    pope = build("pope", H, D, dtype)
-                    with _CpuKernelOn():
-                        path = route(pope, q, k)
-                    cases.append((f"pope, POSKIT_CPU_KERNEL=1 [{path}]", pope_cpu_kernel(pope), False))
-                if "pope" in names:
+                    if args.without_kernel and path == "cpu-flash":
+                        with _CpuKernel("0"):
+                            off = route(enc, q, k)
+                        heavy = off == "reference" and est_reference_gb(B, H, T) > args.max_gb
+                        cases.append((f"{name}, POSKIT_CPU_KERNEL=0 [{off}]", without_kernel(enc), heavy))
+                if "pope" in names and not args.skip_peers:
                     pope = build("pope", H, D, dtype)
                     cases += [
                         ("pope: padded-v SDPA", pope_padded_sdpa(pope), False),
@@ -193,17 +210,17 @@ def bench_grid(args):
                 peaks = {label: allocator_peak_bytes(run) / 2**20 for label, run in runs.items()}
                 for label, fn, heavy in cases:
                     if heavy:
-                        rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)",
+                        rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)",
                                          peak_MB=f"~{est_reference_gb(B, H, T) * 1024:.0f} (estimated)"))
                         continue
-                    rows.append(dict(T=T, dtype=dname, mode=mode, path=label, ms=f"{times[label]:.1f}",
+                    rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms=f"{times[label]:.1f}",
                                      ratio=f"{times[label] / times[baseline]:.2f}", peak_MB=f"{peaks[label]:.0f}",
                                      mem_ratio=f"{peaks[label] / max(peaks[baseline], 1e-9):.2f}"))
                     print(rows[-1], file=sys.stderr, flush=True)
                 pope_ms = next((ms for label, ms in times.items() if label.startswith("pope [")), None)
                 for label in PEERS:
                     if pope_ms is not None and label in times:
-                        peers.append(dict(T=T, dtype=dname, mode=mode, peer=label, peer_ms=f"{times[label]:.1f}",
+                        peers.append(dict(B=B, T=T, dtype=dname, mode=mode, peer=label, peer_ms=f"{times[label]:.1f}",
                                           pope_ms=f"{pope_ms:.1f}", speedup=f"{times[label] / pope_ms:.2f}x"))
     return rows, peers
 
@@ -267,12 +284,25 @@ def bench_decode(args):
     return rows
 
 
+def shapes(text: str) -> list[tuple[int, int]]:
+    """"1x4096,8x1024" -> [(1, 4096), (8, 1024)]."""
+    try:
+        pairs = [tuple(int(n) for n in part.lower().split("x")) for part in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"--shapes takes BxT pairs like 1x4096,8x1024, got {text!r}")
+    return pairs
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--B", type=int, default=8)
     p.add_argument("--H", type=int, default=8)
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--T", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096])
+    p.add_argument("--shapes", type=shapes, default=None,
+                   help="BxT pairs, comma-separated (1x4096,8x1024): the grid's shapes instead of --B times --T")
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--modes", type=lambda s: s.split(","), default=["fwd", "fwdbwd"])
     p.add_argument("--encodings", default="all", help="comma-separated names or 'all'")
@@ -281,9 +311,12 @@ def main(argv=None):
     p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
     p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--without-kernel", action="store_true",
+                   help="beside each row on the compiled CPU kernel (the default path where it serves), the same "
+                        "encoding with it switched off (POSKIT_CPU_KERNEL=0: the path without a compiler)")
     p.add_argument("--cpu-kernel", action="store_true",
-                   help="add a pope row with the opt-in compiled CPU kernel switched on (POSKIT_CPU_KERNEL=1; "
-                        "compiled on first use, about a minute; the row shows the path taken)")
+                   help="no effect (the compiled CPU kernel is the default now); accepted so older commands run")
+    p.add_argument("--skip-peers", action="store_true", help="no rows of other PoPE implementations")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--quick", action="store_true",
@@ -291,19 +324,22 @@ def main(argv=None):
                         "(overrides --B, --T, --dtypes, --repeats and the decode lengths/dtypes)")
     args = p.parse_args(argv)
     if args.quick:
-        args.B, args.T, args.dtypes, args.repeats = 2, [256], ["fp32"], 1
+        args.B, args.T, args.shapes, args.dtypes, args.repeats = 2, [256], None, ["fp32"], 1
         args.decode_lengths, args.decode_dtypes = [256], ["fp32"]
+    if args.shapes is None:
+        args.shapes = [(args.B, T) for T in args.T]
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# attention benchmark: B={args.B} H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "
+    print(f"# attention benchmark on {machine()}\n")
+    print(f"# shapes (B, T) {args.shapes}, H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; medians of {args.repeats} interleaved rounds; glibc keeps freed memory (benchmarks/_harness.py)\n")
     if not args.skip_grid:
         rows, peers = bench_grid(args)
-        print(table(rows, ["T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]))
+        print(table(rows, ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]))
         print()
         if peers:
             print("## pope: poskit's path against other PoPE implementations (speedup = their time / poskit's)\n")
-            print(table(peers, ["T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]))
+            print(table(peers, ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]))
             print()
     if not args.skip_decode:
         print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")

@@ -11,6 +11,7 @@ import poskit
 from poskit.attention.engine import cached_attention, route
 from poskit.attention.kv_cache import KVCache
 from poskit.attention.linear import linear_attention
+from cpu_kernel_helpers import kernel_off
 
 
 def rope_axial_logits(q, k, qp, kp, dims, base, scale):
@@ -126,7 +127,8 @@ def test_fast_paths_equal_reference(name, Tq):
         assert torch.allclose(fast, ref, atol=1e-5)
 
 
-def test_pope_gradients_on_the_blocked_path_match_the_reference():
+def test_pope_gradients_on_the_blocked_path_match_the_reference(monkeypatch):
+    kernel_off(monkeypatch)  # (the kernel with axial PoPE: test_cpu_flash.py)
     enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, axial_dims=[4, 4], delta_init="uniform")
     pos = grid(2, 3)  # axial positions: attention() needs them, and so does route()
     assert route(enc, torch.zeros(1, 2, 6, 8), q_positions=pos, k_positions=pos) == "blocked"

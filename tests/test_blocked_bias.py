@@ -13,6 +13,7 @@ from poskit.attention.engine import route
 from poskit.attention.inputs import prepare
 from poskit.encodings import base
 from grad_helpers import call_with_params
+from cpu_kernel_helpers import kernel_off, set_kernel
 
 
 
@@ -109,11 +110,13 @@ def test_any_learned_bias_encoding_routes_to_the_blocked_path_with_its_gradient(
 
 
 @pytest.mark.parametrize("name", ["relative", "relative-capped"])
-def test_no_tensor_of_size_t_by_t_forward_and_backward(name):
+@pytest.mark.parametrize("kernel", [False, True], ids=["blocked", "cpu-kernel"])
+def test_no_tensor_of_size_t_by_t_forward_and_backward(name, kernel, monkeypatch):
     B, H, T, D = 1, 2, 512, 8
     enc = poskit.build_encoding(name, head_dim=D, num_heads=H, max_distance=T if name == "relative" else 64)
     q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
-    assert route(enc, q, k) == "blocked-bias"
+    path = set_kernel(monkeypatch, kernel) or "blocked-bias"
+    assert route(enc, q, k) == path
     with _LargestOutput() as mode:
         attend(q, k, v, enc).sum().backward()
     assert enc.embeddings.grad is not None and enc.embeddings.grad.abs().sum() > 0

@@ -394,4 +394,4 @@ def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "study", "convert-checkpoint",
                                 "analyze", "finetune-glue", "digits", "list", "data", "export", "report", "extend",
-                                "passkey"}
+                                "passkey", "kernel"}

@@ -1,10 +1,25 @@
-"""The opt-in compiled CPU kernel (attention/cpu_flash.py + .cpp) against the float64 formula, forward and backward,
-and its switch: off by default, a clear error for a bad switch value, the usual path when it cannot be built.
+"""The compiled CPU attention kernel (attention/cpu_flash.py + .cpp, built by attention/kernel_build.py).
 
-Tests that compile the kernel are marked slow and skip (with the reason) where no compiler or ninja exists."""
-import math
-import shutil
+- Its switch (POSKIT_CPU_KERNEL: on unless "0") and its build: a cache keyed by source, torch, compiler and
+  instruction set; a machine without a compiler keeps the usual paths with one warning (faked here).
+- Its numbers: the kernel called directly against a float64 formula written out here (property test over shapes,
+  grouped kv heads, tiles, positions, masks and both bias forms), and every encoding it serves through
+  poskit.attention against the float64 reference path, values and gradients (q, k, v and the encoding's
+  parameters: the bias table's gradient), with causal and key padding masks, grouped kv heads, odd lengths,
+  Tq != Tk, decode against a KV cache, bf16.
+- Its routes: what takes it by default, what keeps its path (general masks, float64, NaN, FIRE past its
+  threshold, equal-width q/k, contextual encodings), and plan()'s reason.
+
+Tests that need the library skip with the reason where it cannot be built; the library is compiled once per
+machine (a disk cache), so only the first session on a machine pays for the build (the `kernel` fixture).
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,35 +27,58 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import poskit
-from poskit.attention import cpu_flash
+from cpu_kernel_helpers import require_kernel
+from poskit.attention import KVCache, cached_attention, cpu_flash, kernel_build, plan
 from poskit.attention.engine import route
-from poskit.attention.sdpa import BLOCKED_MAX_KEYS
+from poskit.encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span
+from poskit.encodings.registration import UntrainedEncodingWarning
+
+SRC = Path(poskit.__file__).resolve().parents[1]
+# every encoding the kernel serves by default, with options that make each one's bias interesting at small sizes
+SERVED = {
+    "pope": dict(delta_init="uniform"),
+    "alibi": {},
+    "t5": dict(num_buckets=8, max_distance=20),
+    "t5-causal": dict(num_buckets=8, max_distance=20, bidirectional=False),
+    "kerple-log": {},
+    "kerple-power": {},
+    "dynamic": dict(hidden=8),
+    "fire": dict(threshold_init=64.0),
+    "relative": dict(max_distance=80, init_std=0.5),
+    "relative-capped": dict(max_distance=5, init_std=0.5),
+}
 
 
-def reference(q, k, v, scale, q_positions, k_positions, causal):
-    """softmax(scale q k^T masked by position) v in float64, written out; rows that see no key are zeros."""
-    q, k, v = q.double(), k.double(), v.double()
-    logits = scale * torch.einsum("bhte,bhse->bhts", q, k)
-    visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
-    if causal:
-        visible = k_positions[0][None, :] <= q_positions[0][:, None]
-    logits = logits.masked_fill(~visible, float("-inf"))
-    weights = torch.exp(logits - logits.amax(-1, keepdim=True))
-    weights = weights / weights.sum(-1, keepdim=True)
-    weights = torch.where(visible.any(-1, keepdim=True), weights, 0.0)
-    return weights @ v
+def build(label, D=8, H=4):
+    name = "t5" if label == "t5-causal" else label
+    return poskit.build_encoding(name, head_dim=D, num_heads=H, **SERVED[label])
 
 
-# --- the switch (no compiler needed) --------------------------------------------------------------------
-@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("0", False), ("", False), ("off", False)])
+@pytest.fixture(scope="session")
+def kernel():
+    """The library, built (or found in the cache) once per test session; skips where it cannot be built."""
+    require_kernel()
+    return cpu_flash.kernel()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_untrained():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UntrainedEncodingWarning)
+        yield
+
+
+# --- the switch and the build (no compiler needed) --------------------------------------------------------
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("", True), ("0", False), ("off", False)])
 def test_switch_values(monkeypatch, value, expected):
     monkeypatch.setenv(cpu_flash.ENV_SWITCH, value)
     assert cpu_flash.enabled() is expected
 
 
-def test_switch_unset_is_off(monkeypatch):
+def test_switch_unset_is_on(monkeypatch):
+    """The kernel is the default CPU path: only POSKIT_CPU_KERNEL=0 turns it off."""
     monkeypatch.delenv(cpu_flash.ENV_SWITCH, raising=False)
-    assert cpu_flash.enabled() is False
+    assert cpu_flash.enabled() is True
 
 
 def test_bad_switch_value_names_the_variable(monkeypatch):
@@ -49,142 +87,412 @@ def test_bad_switch_value_names_the_variable(monkeypatch):
         cpu_flash.enabled()
 
 
-def test_unbuildable_kernel_keeps_the_usual_path(monkeypatch):
-    """No compiler (simulated: the build raises): one warning, and attention runs and agrees with the reference."""
-    import torch.utils.cpp_extension as ext
+def test_switched_off_routes_as_without_the_kernel(monkeypatch):
+    monkeypatch.setenv(cpu_flash.ENV_SWITCH, "0")
+    q = torch.randn(1, 2, 70, 8)
+    assert route(build("pope", H=2), q) == "blocked"
+    assert route(build("alibi", H=2), q) == "blocked"
+    assert route(build("relative", H=2), q) == "blocked-bias"
 
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
-    monkeypatch.setattr(ext, "load", no_compiler)
+def test_the_cache_key_follows_source_torch_compiler_and_instruction_set(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernel_build, "compiler_version", lambda compiler: "c++ 1.0")
+    key = kernel_build.build_key("c++")
+    here = kernel_build.key_directory(key)
+    assert here.parent == tmp_path and here.name.startswith(f"cpu_flash-{key['isa'].lower()}-")
+    for field, other in (("torch", "0.0"), ("compiler", "c++ 2.0"), ("isa", "AVX512"), ("source_sha256", "0" * 64)):
+        assert kernel_build.key_directory({**key, field: other}) != here, field
+    assert key["isa"] in ("AVX512", "AVX2", "DEFAULT")
+    # a portable instruction-set level, never -march=native (a library built on one CPU runs on its peers)
+    assert not any("native" in flag for flag in key["flags"])
+
+
+def test_the_cache_directory_follows_its_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path / "k"))
+    assert kernel_build.cache_root() == tmp_path / "k"
+    monkeypatch.delenv(kernel_build.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernel_build.cache_root() == tmp_path / "poskit" / "kernels"
+
+
+def test_no_compiler_is_one_line_and_builds_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert kernel_build.find_compiler() is None
+    with pytest.raises(kernel_build.KernelUnavailable, match=r"no C\+\+ compiler found \(looked for \$CXX="):
+        kernel_build.build()
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_missing_prebuilt_library_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernel_build.PREBUILT_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(kernel_build.KernelUnavailable, match="POSKIT_CPU_KERNEL_LIB names .*missing.so"):
+        kernel_build.load()
+
+
+def test_without_a_compiler_attention_keeps_its_paths_with_one_warning(tmp_path):
+    """A fresh process on a machine without a compiler (faked: $CXX names no program, an empty kernel cache):
+    one one-line RuntimeWarning, the usual paths, the reference's numbers, for every call of the process."""
+    code = (
+        "import warnings, torch, poskit\n"
+        "from poskit.attention.engine import route\n"
+        "warnings.simplefilter('always')\n"
+        "enc = poskit.build_encoding('alibi', head_dim=8, num_heads=2)\n"
+        "q, k, v = (torch.randn(1, 2, 70, 8) for _ in range(3))\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    paths = {route(enc, q, k) for _ in range(3)}\n"
+        "    outs = [poskit.attention(q, k, v, enc, is_causal=True) for _ in range(2)]\n"
+        "want = poskit.attention(q, k, v, enc, is_causal=True, backend='reference')\n"
+        "torch.testing.assert_close(outs[0], want)\n"
+        "import json\n"
+        "print(json.dumps([sorted(paths), [[w.category.__name__, str(w.message)] for w in seen]]))\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), kernel_build.CACHE_ENV: str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop(cpu_flash.ENV_SWITCH, None)
+    env.pop(kernel_build.PREBUILT_ENV, None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    paths, seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert paths == ["blocked"] and len(seen) == 1 and seen[0][0] == "RuntimeWarning", run.stdout
+    assert "compiled CPU attention kernel is unavailable (no C++ compiler found" in seen[0][1]
+    assert "\n" not in seen[0][1] and "compiling" not in run.stderr  # one line, and nothing was compiled
+
+
+def test_an_unbuildable_kernel_warns_once_in_process(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernel_build, "find_compiler", lambda: None)
+    monkeypatch.delenv(kernel_build.PREBUILT_ENV, raising=False)
+    monkeypatch.delenv(cpu_flash.ENV_SWITCH, raising=False)
     cpu_flash.kernel.cache_clear()
     try:
-        enc = poskit.build_encoding("pope", head_dim=8, num_heads=2)
+        enc = build("pope", H=2)
         q, k, v = (torch.randn(1, 2, 80, 8) for _ in range(3))
-        with pytest.warns(RuntimeWarning, match="could not be built.*Ninja is required"):
-            assert route(enc, q, k) != "cpu-flash"
+        with pytest.warns(RuntimeWarning, match="unavailable .no C.. compiler found"):
+            assert route(enc, q, k) == "blocked"
         with warnings.catch_warnings():
-            warnings.simplefilter("error", RuntimeWarning)  # the build failure is warned once per process, not per call
+            warnings.simplefilter("error", RuntimeWarning)  # warned once per process, not per call
             got = poskit.attention(q, k, v, enc, is_causal=True)
-        want = poskit.attention(q, k, v, enc, is_causal=True, backend="reference")
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, poskit.attention(q, k, v, enc, is_causal=True, backend="reference"))
     finally:
-        cpu_flash.kernel.cache_clear()  # the next test builds for real (or finds no compiler itself)
+        cpu_flash.kernel.cache_clear()  # the next test finds the real library again
 
 
-def test_off_by_default_routes_as_before(monkeypatch):
-    monkeypatch.delenv(cpu_flash.ENV_SWITCH, raising=False)
-    enc = poskit.build_encoding("pope", head_dim=8, num_heads=2)
-    q = torch.randn(1, 2, BLOCKED_MAX_KEYS + 1, 8)
-    assert route(enc, q, q) == "sdpa"  # padded SDPA beyond the blocked path's key limit, as before
-    assert route(enc, q[:, :, :BLOCKED_MAX_KEYS], q[:, :, :BLOCKED_MAX_KEYS]) == "blocked"  # and the blocked path up to it
+def test_the_cli_builds_and_reports(kernel, capsys):
+    from poskit.cli import main
+
+    assert main(["kernel", "build"]) == 0
+    assert "ready: " in capsys.readouterr().out
+    assert main(["kernel", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "isa:" in out and "compiler:" in out and "library:" in out and "not built" not in out
 
 
-# --- the compiled kernel ---------------------------------------------------------------------------------
-def _require_kernel():
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("no C++ compiler: the compiled CPU kernel cannot be built (the usual paths are tested elsewhere)")
-    from torch.utils.cpp_extension import is_ninja_available
+def test_the_cli_without_a_compiler_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    from poskit.cli import main
 
-    if not is_ninja_available():
-        pytest.skip("ninja is not installed: torch.utils.cpp_extension cannot build the compiled CPU kernel")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if not cpu_flash.available():
-            pytest.skip("the compiled CPU kernel did not build here (e.g. a torch without MKL); see its warning")
+    monkeypatch.setattr(kernel_build, "find_compiler", lambda: None)
+    with pytest.raises(SystemExit) as exit_:
+        main(["kernel", "build"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot build the CPU attention kernel: no C++ compiler found" in err
 
 
-def _inputs(B, H, Tq, Tk, E, Dv, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
-    k = torch.randn(B, H, Tk, E, generator=g).to(dtype).requires_grad_()
-    v = torch.randn(B, H, Tk, Dv, generator=g).to(dtype).requires_grad_()
-    return q, k, v
+# --- the declarations ---------------------------------------------------------------------------------------
+def test_each_bias_encoding_declares_the_bias_it_computes():
+    """A declared table equals the encoding's own bias on every pair (so the kernel adds the same numbers)."""
+    qp, kp = torch.arange(30, 45)[None], torch.arange(40)[None]
+    q = torch.randn(1, 4, 15, 8)
+    for label in ("t5", "t5-causal", "kerple-log", "kerple-power", "dynamic", "fire", "alibi"):
+        enc = build(label)
+        found = cpu_flash.as_table(declared(enc, qp, kp), qp, kp)
+        lo = found.offset
+        d = qp[0][:, None] - kp[0][None, :]
+        table_bias = found.values[:, d - lo]  # (H, Tq, Tk)
+        # (the same elementwise ops: equal up to the last bit of a vectorised pow or log on another shape)
+        torch.testing.assert_close(table_bias, enc.bias(q, qp, kp, 0.3)[0].expand_as(table_bias), atol=0, rtol=3e-7,
+                                   msg=lambda m: f"{label}: {m}")
 
 
-def _check(q, k, v, scale, qp, kp, causal, block_q, block_k, seed, atol):
+def test_declarations_that_decline():
+    fire = build("fire")  # threshold 64: past it the normaliser depends on the query
+    assert declared(fire, torch.arange(64)[None], torch.arange(64)[None]) is not None
+    assert declared(fire, torch.arange(66)[None], torch.arange(66)[None]) is None
+    assert declared(poskit.build_encoding("cope", head_dim=8, num_heads=4), torch.arange(4)[None],
+                    torch.arange(4)[None]) is None  # no declaration: the default
+    far = torch.tensor([[0, MAX_TABLE_DISTANCES * 2]])
+    assert distance_span(far, far) is None and declared(build("t5"), far, far) is None
+
+    class Reshaped(type(build("alibi"))):  # redefines the bias below the class that declared it
+        def bias(self, q, q_positions, k_positions, scale):
+            return 2 * super().bias(q, q_positions, k_positions, scale)
+
+    assert declared(Reshaped(head_dim=8, num_heads=4), torch.arange(4)[None], torch.arange(4)[None]) is None
+
+
+# --- the kernel against a float64 formula ----------------------------------------------------------------------
+def formula(q, k, v, scale, qp, kp, causal, pad, bias):
+    """softmax(scale q k^T + bias, masked) v in float64, written out; rows that see no key are zeros."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    logits = scale * q @ k.transpose(-1, -2)
+    B, H, Tq, Tk = logits.shape
+    visible = torch.ones(B, 1, Tq, Tk, dtype=torch.bool)
+    if causal:
+        visible = visible & (kp[:, None, None, :] <= qp[:, None, :, None])
+    if pad is not None:
+        visible = visible & pad[:, None, None, :]
+    if bias is not None:
+        d = (qp[:, :, None] - kp[:, None, :]).expand(B, Tq, Tk)  # (B, Tq, Tk)
+        if bias.form == "distance_table":
+            logits = logits + bias.values.double()[:, d - bias.offset].permute(1, 0, 2, 3)
+        else:
+            M = bias.offset
+            e = bias.values.double()[d.clamp(-M, M) + M]  # (B, Tq, Tk, E)
+            logits = logits + scale * torch.einsum("bhte,btse->bhts", q, e)
+    logits = logits.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(logits, -1).nan_to_num(0.0)
+    return torch.where(visible.any(-1, keepdim=True), weights, 0.0) @ v
+
+
+@st.composite
+def problems(draw):
+    B, Hkv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    H = Hkv * draw(st.integers(1, 3))
+    Tq, Tk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    E, Dv = draw(st.sampled_from([4, 8, 12])), draw(st.sampled_from([4, 8, 12]))
+    causal = draw(st.booleans())
+    gaps = draw(st.booleans())  # positions with gaps: the kernel's general (not consecutive) key path
+    per_batch = draw(st.booleans())
+    rows = B if per_batch else 1
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    step = (lambda n: torch.randint(1, 3, (rows, n), generator=g).cumsum(1)) if gaps else (
+        lambda n: torch.arange(n).expand(rows, n) + 1)
+    kp = step(Tk) + draw(st.integers(-3, 3))
+    qp = step(Tq) + draw(st.integers(-10, 40))
+    pad = None
+    if draw(st.booleans()):
+        pad = torch.rand(B, Tk, generator=g) > 0.3
+    form = draw(st.sampled_from([None, "distance_table", "offset_embeddings"]))
+    bias = None
+    if form == "distance_table":
+        lo, hi = distance_span(qp, kp)
+        bias = KernelBias(form, torch.randn(H, hi - lo + 1, generator=g).requires_grad_(), lo)
+    elif form == "offset_embeddings":
+        M = draw(st.integers(0, 12))
+        bias = KernelBias(form, torch.randn(2 * M + 1, E, generator=g).requires_grad_(), M)
+    q = torch.randn(B, H, Tq, E, generator=g).requires_grad_()
+    k = torch.randn(B, Hkv, Tk, E, generator=g).requires_grad_()
+    v = torch.randn(B, Hkv, Tk, Dv, generator=g).requires_grad_()
+    blocks = (draw(st.integers(1, 17)), draw(st.integers(1, 17)))
+    return q, k, v, draw(st.floats(0.1, 1.0)), qp, kp, causal, pad, bias, blocks
+
+
+def check_against_formula(q, k, v, scale, qp, kp, causal, pad, bias, blocks, atol=2e-5):
     got = cpu_flash.cpu_flash_attention(q, k, v, scale=scale, q_positions=qp, k_positions=kp, causal=causal,
-                                        block_q=block_q, block_k=block_k)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want = reference(q64, k64, v64, scale, qp, kp, causal)
+                                        key_padding_mask=pad, bias=bias, block_q=blocks[0], block_k=blocks[1])
+    leaves = [q, k, v] + ([bias.values] if bias is not None else [])
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    bias64 = None if bias is None else bias._replace(values=leaves64[3])
+    want = formula(*leaves64[:3], scale, qp, kp, causal, pad, bias64)
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
-    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    grads = torch.autograd.grad(got, (q, k, v), w.to(got.dtype))
-    wants = torch.autograd.grad(want, (q64, k64, v64), w)
-    for name, g, r in zip("qkv", grads, wants):
-        torch.testing.assert_close(g.double(), r, atol=atol * max(1.0, r.abs().max().item()), rtol=0,
-                                   msg=lambda m: f"gradient of {name}: {m}")
-
-
-@pytest.mark.slow
-@settings(max_examples=40, deadline=None)
-@given(B=st.integers(1, 2), H=st.integers(1, 3), Tk=st.integers(1, 150), n_q=st.integers(1, 150),
-       E=st.sampled_from([8, 16, 24, 40]), Dv=st.sampled_from([4, 8, 20]), causal=st.booleans(),
-       block_q=st.integers(1, 70), block_k=st.integers(1, 70), offset=st.integers(-20, 20),
-       scale=st.floats(0.05, 1.0), seed=st.integers(0, 2**16))
-def test_fp32_equals_float64_formula(B, H, Tk, n_q, E, Dv, causal, block_q, block_k, offset, scale, seed):
-    """Ragged T (not a multiple of either tile), Tq != Tk, q/k wider or narrower than v, queries placed anywhere
-    relative to the keys (a negative offset leaves early queries seeing no key: zeros, zero gradients)."""
-    _require_kernel()
-    q, k, v = _inputs(B, H, n_q, Tk, E, Dv, torch.float32, seed)
-    qp, kp = (torch.arange(n_q) + Tk - n_q + offset)[None], torch.arange(Tk)[None]
-    _check(q, k, v, scale, qp, kp, causal, block_q, block_k, seed, atol=2e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("causal", [True, False])
-def test_bf16_close_to_float64_formula(causal):
-    """bf16 in, fp32 accumulation: within a few bf16 roundings of the exact result, on a long ragged sequence
-    (several tiles each way, the default tile sizes)."""
-    _require_kernel()
-    T = 2 * cpu_flash.BLOCK_K + 37
-    q, k, v = _inputs(1, 2, T, T, 32, 16, torch.bfloat16, 0)
-    pos = torch.arange(T)[None]
-    _check(q, k, v, 1 / math.sqrt(16), pos, pos, causal, cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K, 1, atol=4e-2)
-
-
-@pytest.mark.slow
-def test_engine_routes_pope_through_the_kernel(monkeypatch):
-    """poskit.attention with the switch on: PoPE (qk_width 2) takes the kernel beyond the blocked path's key limit,
-    grouped kv heads included, and agrees with the reference path in float64 (encoding included), values and
-    gradients."""
-    _require_kernel()
-    dtype = torch.float32
-    monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
-    T, H, Hkv, D = BLOCKED_MAX_KEYS + 5, 2, 1, 8
-    enc = poskit.build_encoding("pope", head_dim=D, num_heads=H)
-    g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, H, T, D, generator=g).to(dtype).requires_grad_()
-    k, v = (torch.randn(1, Hkv, T, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
-    assert route(enc.to(dtype), q, k, enable_gqa=True) == "cpu-flash"
-    got = poskit.attention(q, k, v, enc.to(dtype), is_causal=True, enable_gqa=True)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want = poskit.attention(*leaves, enc.double(), is_causal=True, enable_gqa=True, backend="reference")
-    atol = 2e-5
-    torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
-    w = torch.randn(want.shape, dtype=torch.float64, generator=g)
-    for name, a, b in zip("qkv", torch.autograd.grad(got, (q, k, v), w.to(dtype)), torch.autograd.grad(want, leaves, w)):
-        assert b.abs().max() > 0
+    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    grads = torch.autograd.grad(got, leaves, w.to(got.dtype))
+    wants = torch.autograd.grad(want, leaves64, w, allow_unused=True)
+    for name, a, b in zip(("q", "k", "v", "bias"), grads, wants):
+        b = torch.zeros_like(a, dtype=torch.float64) if b is None else b
         torch.testing.assert_close(a.double(), b, atol=atol * max(1.0, b.abs().max().item()), rtol=0,
                                    msg=lambda m: f"gradient of {name}: {m}")
 
 
+@settings(max_examples=30, deadline=None)
+@given(problem=problems())
+def test_the_kernel_equals_the_float64_formula(kernel, problem):
+    """Tiles of 1-17 queries/keys (ragged everywhere), Tq != Tk, q/k wider or narrower than v, grouped kv heads,
+    causal by position with queries anywhere against the keys (early ones may see no key: zeros), positions with
+    gaps or per batch row, key padding, and both bias forms with their gradients."""
+    check_against_formula(*problem)
+
+
 @pytest.mark.slow
-def test_engine_keeps_other_paths_for_what_the_kernel_does_not_serve(monkeypatch):
-    """One query (decode), an encoding with qk_width 1, bf16, a padding mask: routed as without the switch."""
-    _require_kernel()
-    monkeypatch.setenv(cpu_flash.ENV_SWITCH, "1")
-    pope, rope = (poskit.build_encoding(n, head_dim=8, num_heads=2) for n in ("pope", "rope"))
-    long = torch.randn(1, 2, BLOCKED_MAX_KEYS + 1, 8)
-    assert route(pope, long, long) == "cpu-flash"
-    assert route(pope, long[:, :, :64], long[:, :, :64]) == "cpu-flash"  # training sizes too
-    assert route(pope, long[:, :, :1], long) == "blocked"  # one query: the decode path
-    assert route(rope, long, long) == "sdpa"
-    assert route(pope.to(torch.bfloat16), long.bfloat16(), long.bfloat16()) == "sdpa"  # bf16: padded SDPA there
-    q, k, v = (torch.randn(1, 2, 70, 8) for _ in range(3))
-    pad = torch.ones(1, 1, 1, 70, dtype=torch.bool)
-    pad[..., :3] = False
-    got = poskit.attention(q, k, v, pope, is_causal=True, attn_mask=pad)  # a padding mask: the blocked path
-    torch.testing.assert_close(got, poskit.attention(q, k, v, pope, is_causal=True, attn_mask=pad, backend="reference"))
-    assert route(pope.to(torch.bfloat16), long.bfloat16(), long.bfloat16()) == "sdpa"  # bf16: padded SDPA there
+@settings(max_examples=300, deadline=None)
+@given(problem=problems())
+def test_the_kernel_equals_the_float64_formula_at_length(kernel, problem):
+    check_against_formula(*problem)
+
+
+def test_bf16_is_within_a_few_roundings_of_the_float64_formula(kernel):
+    """bf16 in and out, fp32 inside; long enough for several default tiles each way, ragged."""
+    T = 2 * cpu_flash.BLOCK_K + 37
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, T, 32, generator=g).bfloat16().requires_grad_() for _ in range(2))
+    v = torch.randn(1, 2, T, 16, generator=g).bfloat16().requires_grad_()
+    pos = torch.arange(T)[None]
+    lo, hi = distance_span(pos, pos)
+    table = KernelBias("distance_table", torch.randn(2, hi - lo + 1, generator=g).requires_grad_(), lo)
+    for causal, bias in ((True, None), (False, None), (True, table)):
+        check_against_formula(q, k, v, 0.25, pos, pos, causal, None, bias, (cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K),
+                              atol=4e-2)
+
+
+# --- every encoding it serves, through poskit.attention ---------------------------------------------------------
+def _against_reference(enc, q, k, v, dtype=torch.float32, atol=2e-5, **kw):
+    """poskit.attention on the kernel against backend='reference' in float64: values, q/k/v and parameter grads."""
+    enc = enc.to(dtype)
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    assert route(enc, *leaves[:2], v=leaves[2], **kw) == "cpu-flash"
+    got = poskit.attention(*leaves, enc, **kw)
+    params = [p for p in enc.parameters() if p.requires_grad]
+    # a copy: .double() in place would give the parameters new gradient accumulators, cut off from the graph above
+    enc64 = copy.deepcopy(enc).double()
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    want = poskit.attention(*leaves64, enc64, backend="reference", **kw)
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
+    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(got, leaves + params, w.to(dtype), allow_unused=True)
+    wants = torch.autograd.grad(want, leaves64 + list(p for p in enc64.parameters() if p.requires_grad), w,
+                                allow_unused=True)
+    for n, (a, b) in enumerate(zip(grads, wants)):
+        if b is None:
+            assert a is None or not a.any()
+            continue
+        assert a is not None, n
+        torch.testing.assert_close(a.double(), b, atol=atol * max(1.0, b.abs().max().item()), rtol=0,
+                                   msg=lambda m: f"gradient {n}: {m}")
+    return got
+
+
+@pytest.mark.parametrize("label", list(SERVED))
+@pytest.mark.parametrize("case", ["causal", "padded", "gqa-cross", "plain"])
+def test_every_served_encoding_equals_the_float64_reference(kernel, label, case, monkeypatch):
+    monkeypatch.setattr(cpu_flash, "BLOCK_Q", 8)  # several tiles each way at these sizes
+    monkeypatch.setattr(cpu_flash, "BLOCK_K", 16)
+    B, H, Hkv, Tq, Tk = {"causal": (2, 4, 4, 37, 37), "padded": (2, 4, 2, 29, 29), "gqa-cross": (1, 4, 1, 13, 41),
+                         "plain": (2, 4, 4, 21, 33)}[case]
+    if label.startswith("relative") and case != "gqa-cross":
+        Tq = min(Tq, Tk)
+    enc = build(label, H=H)
+    g = torch.Generator().manual_seed(list(SERVED).index(label))
+    q = torch.randn(B, H, Tq, 8, generator=g)
+    k, v = (torch.randn(B, Hkv, Tk, 8, generator=g) for _ in range(2))
+    kw = dict(enable_gqa=Hkv != H, is_causal=case != "plain")
+    if case == "padded":
+        keep = torch.ones(B, 1, 1, Tk, dtype=torch.bool)
+        keep[0, ..., :5] = False  # left padding: early queries of row 0 see no key
+        keep[1, ..., -4:] = False
+        kw["attn_mask"] = keep
+    if case == "gqa-cross":  # a few new queries at the end of longer keys
+        kw.update(q_positions=torch.arange(Tk - Tq, Tk), k_positions=torch.arange(Tk))
+    _against_reference(enc, q, k, v, **kw)
+
+
+@pytest.mark.parametrize("label", ["pope", "alibi", "t5-causal", "relative-capped", "dynamic"])
+def test_bf16_through_attention_is_close_to_the_float64_reference(kernel, label):
+    enc = build(label)
+    q, k, v = (torch.randn(2, 4, 50, 8, generator=torch.Generator().manual_seed(n)) for n in range(3))
+    _against_reference(enc, q, k, v, dtype=torch.bfloat16, atol=5e-2, is_causal=True)
+
+
+@pytest.mark.parametrize("label", ["alibi", "t5-causal", "kerple-log", "relative-capped", "fire"])
+def test_decode_against_a_cache_equals_the_full_forward(kernel, label):
+    """One token at a time against a KV cache (raw keys: cached_attention calls attention() with the cache's key
+    mask), left padding included: each step takes the kernel and equals the full forward's row."""
+    enc = build(label)
+    B, H, Hkv, T = 2, 4, 2, 11
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, H, T, 8, generator=g)
+    k, v = (torch.randn(B, Hkv, T, 8, generator=g) for _ in range(2))
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[0, :3] = False
+    pos = (torch.arange(T) - torch.tensor([[3], [0]])).clamp(min=0)  # row 0's real tokens at 0, 1, 2, ...
+    full = poskit.attention(q, k, v, enc, q_positions=pos, k_positions=pos, is_causal=True, enable_gqa=True,
+                            attn_mask=real[:, None, None, :], backend="reference")
+    cache = KVCache(1)
+    cached_attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], enc, cache, 0, pos[:, :4], attention_mask=real[:, :4])
+    for t in range(4, T):
+        layer = cache.layer(0)
+        one = q[:, :, t:t + 1]
+        assert route(enc, one, layer.keys, v=layer.values, is_causal=True, enable_gqa=True, q_positions=pos[:, t:t + 1],
+                     k_positions=layer.positions, attn_mask=layer.key_mask[:, None, None, :]) == "cpu-flash"
+        step = cached_attention(one, k[:, :, t:t + 1], v[:, :, t:t + 1], enc, cache, 0, pos[:, t:t + 1],
+                                attention_mask=real[:, t:t + 1])
+        torch.testing.assert_close(step, full[:, :, t:t + 1], atol=2e-6, rtol=0)
+
+
+def test_axial_pope_takes_the_kernel_without_causal_masking(kernel):
+    enc = poskit.build_encoding("pope", head_dim=8, num_heads=2, axial_dims=[4, 4], delta_init="uniform")
+    rows, cols = torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")
+    pos = torch.stack((rows.flatten(), cols.flatten()), -1)
+    q, k, v = (torch.randn(2, 2, 12, 8, generator=torch.Generator().manual_seed(n)) for n in range(3))
+    _against_reference(enc, q, k, v, q_positions=pos, k_positions=pos)
+
+
+# --- routes ------------------------------------------------------------------------------------------------
+def test_what_takes_the_kernel_by_default(kernel, monkeypatch):
+    monkeypatch.delenv(cpu_flash.ENV_SWITCH, raising=False)
+    long = torch.randn(1, 4, 4097, 8)
+    for label in SERVED:
+        enc = build(label)
+        if label == "relative":
+            enc = poskit.build_encoding("relative", head_dim=8, num_heads=4, max_distance=5000)
+        if label == "fire":
+            continue  # below its threshold only (test_declarations_that_decline)
+        for q in (long, long[:, :, :64], long[:, :, :1]):  # every length, decode included
+            assert route(enc, q, long, is_causal=True) == "cpu-flash", (label, q.shape)
+        assert route(enc.to(torch.bfloat16), long.bfloat16()) == "cpu-flash", label
+
+
+def test_what_keeps_its_path(kernel):
+    q = torch.randn(1, 4, 70, 8)
+    general = torch.rand(1, 1, 70, 70) > 0.5
+    assert route(build("alibi"), q, attn_mask=general) == "sdpa"  # a general mask: SDPA with it merged, exact
+    assert route(build("pope"), q, attn_mask=general) == "sdpa"
+    assert route(build("relative"), q, attn_mask=general) == "sdpa"
+    assert route(build("alibi").double(), q.double()) == "blocked"  # float64: the exact paths
+    assert route(build("pope").half(), q.half()) == "blocked"  # float16 too
+    nan = q.clone()
+    nan[0, 0, 0, 0] = float("nan")
+    assert route(build("alibi"), nan, q) == "blocked"  # NaN rows stay NaN on the materialised paths
+    assert route(build("fire"), torch.randn(1, 4, 70, 8), is_causal=True, q_positions=torch.arange(100, 170),
+                 k_positions=torch.arange(100, 170)) == "blocked-bias"  # past FIRE's threshold (64 here)
+    for name, options in (("rope", {}), ("rope-ntk", dict(factor=4.0)), ("xpos", {}), ("none", {})):
+        # equal widths: SDPA's own flash kernel
+        assert route(poskit.build_encoding(name, head_dim=8, num_heads=4, **options), q) == "sdpa", name
+    assert route(poskit.build_encoding("cope", head_dim=8, num_heads=4), q) == "blocked-contextual"
+
+
+def test_a_general_mask_falls_back_exactly(kernel):
+    enc = build("relative-capped")
+    q, k, v = (torch.randn(2, 4, 19, 8, generator=torch.Generator().manual_seed(n)) for n in range(3))
+    keep = torch.rand(2, 1, 19, 19, generator=torch.Generator().manual_seed(9)) > 0.4
+    got = poskit.attention(q, k, v, enc, attn_mask=keep, is_causal=True)
+    torch.testing.assert_close(got, poskit.attention(q, k, v, enc, attn_mask=keep, is_causal=True,
+                                                     backend="reference"))
+
+
+def test_plan_says_why(kernel):
+    q = torch.zeros(1, 2, 4, 16)
+    pope = poskit.build_encoding("pope", head_dim=16, num_heads=2)
+    assert str(plan(q, q, q, pope)) == ("cpu-flash (backend sdpa): auto: the sdpa backend serves an encoding of kind "
+                                        "'qk'; q/k 2x wider than v on CPU: the compiled kernel")
+    alibi = poskit.build_encoding("alibi", head_dim=16, num_heads=2)
+    assert plan(q, q, q, alibi).reasons[-1] == ("a bias declared as a distance table, computed per tile from the "
+                                                "positions on CPU: the compiled kernel")
+
+
+def test_relative_without_cap_still_refuses_offsets_past_its_table(kernel):
+    enc = poskit.build_encoding("relative", head_dim=8, num_heads=2, max_distance=4)
+    q = torch.randn(1, 2, 9, 8)
+    with pytest.raises(ValueError, match="max_distance=4"):
+        poskit.attention(q, q, q, enc, is_causal=True)
+
+
+def test_scale_and_odd_widths_through_the_engine(kernel):
+    """A non-default scale and a head_dim that fills no vector register exactly."""
+    enc = poskit.build_encoding("alibi", head_dim=5, num_heads=3)
+    q, k, v = (torch.randn(1, 3, 23, 5, generator=torch.Generator().manual_seed(n)) for n in range(3))
+    _against_reference(enc, q, k, v, is_causal=True, scale=0.7)

@@ -10,6 +10,7 @@ from poskit.attention.engine import route
 from poskit.attention.inputs import prepare
 from poskit.attention.sdpa import mask_plan
 from conftest import build, make_qkv
+from cpu_kernel_helpers import kernel_off
 
 
 def _plan(qp, kp, causal=True, pad=None, batch=1):
@@ -67,7 +68,8 @@ def test_grouped_decode_on_the_blocked_path_matches_reference_in_both_directions
         torch.testing.assert_close(g, r)
 
 
-def test_route_names_the_path_taken():
+def test_route_names_the_path_taken(monkeypatch):
+    kernel_off(monkeypatch)  # the paths without the compiled kernel (its routes: test_cpu_flash.py)
     q = torch.zeros(1, 4, 2, 16)
     assert route(build("pope"), q) == "blocked"
     assert route(build("alibi"), q) == "blocked"

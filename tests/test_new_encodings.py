@@ -17,6 +17,7 @@ from poskit.attention import KVCache, blocked, cached_attention
 from poskit.attention.engine import route
 from poskit.models import ModelConfig, Transformer
 from conftest import make_qkv
+from cpu_kernel_helpers import set_kernel
 
 NEW = ["xpos", "t5", "fire", "kerple-log", "kerple-power", "dynamic"]
 BIASES = [n for n in NEW if n != "xpos"]
@@ -79,12 +80,15 @@ class _Shapes(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name", BIASES)
-def test_trained_biases_take_the_blocked_path_without_a_t_by_t_tensor(name):
-    # memory itself is measured in benchmarks; here: no op, forward or backward, makes a (T, T) tensor of pairs
+@pytest.mark.parametrize("kernel", [False, True], ids=["blocked", "cpu-kernel"])
+def test_trained_biases_take_the_blocked_path_without_a_t_by_t_tensor(name, kernel, monkeypatch):
+    # memory itself is measured in benchmarks; here: no op, forward or backward, makes a (T, T) tensor of pairs,
+    # on the blocked path and on the compiled kernel (which computes the bias per tile)
     B, H, T, D = 1, 2, 512, 8
     enc = poskit.build_encoding(name, head_dim=D, num_heads=H)
     q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
-    assert route(enc, q, k) == "blocked-bias"
+    path = set_kernel(monkeypatch, kernel) or "blocked-bias"
+    assert route(enc, q, k) == path
     with _Shapes() as mode:
         poskit.attention(q, k, v, enc, is_causal=True).sum().backward()
     pairs = [s for s in mode.shapes if sum(n >= T for n in s) >= 2]

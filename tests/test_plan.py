@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import poskit
 from conftest import ENCODING_OPTIONS
+from cpu_kernel_helpers import kernel_off
 from poskit.attention import Plan, blocked, blocked_bias, blocked_cope, cpu_flash, plan, route, sdpa
 from poskit.attention import engine, triton_cope, triton_pope
 from poskit.encodings.base import encoding_class
@@ -164,7 +165,8 @@ def test_every_path_is_reported_as_executed(name, kw, path):
     assert _executed(enc, q, k, v, is_causal=True, **kw) == (path, {path})
 
 
-def test_plan_says_why():
+def test_plan_says_why(monkeypatch):
+    kernel_off(monkeypatch)  # (the kernel's plan: test_cpu_flash.py)
     q = torch.zeros(1, 2, 4, 16)
     pope = poskit.build_encoding("pope", head_dim=16, num_heads=2)
     planned = plan(q, q, q, pope)
@@ -179,7 +181,8 @@ def test_plan_says_why():
         "a general attn_mask (not a key padding mask): the reference backend is exact with it")
 
 
-def test_route_keeps_its_positional_signature_and_reads_masks_as_attention_does():
+def test_route_keeps_its_positional_signature_and_reads_masks_as_attention_does(monkeypatch):
+    kernel_off(monkeypatch)  # (with the kernel: "cpu-flash" for the plain call, test_cpu_flash.py)
     q = torch.zeros(1, 2, 4, 16)
     alibi = poskit.build_encoding("alibi", head_dim=16, num_heads=2)
     assert route(alibi, q) == route(alibi, q, q) == route(alibi, q, q, "auto") == "blocked"

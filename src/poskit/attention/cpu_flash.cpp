@@ -1,79 +1,86 @@
-// Exact tiled (flash-style) attention on CPU for query/key width E and value width Dv, E != Dv allowed.
+// Exact tiled (flash-style) attention on CPU: any query/key width E and value width Dv, grouped kv heads,
+// causal masking by position with tile skipping, key padding, and a logit bias computed inside the kernel
+// from positions (never a Tq x Tk tensor).
 //
-// Why it exists: CPU SDPA's flash kernel refuses unequal q/k and v head dims, so PoPE (q/k 2d wide, v d wide)
-// either pads v to 2d (a third of the work on zeros) or runs poskit's blocked path, whose key rows outgrow the
-// cache at long T. Here every (query tile x key tile) product goes through MKL's GEMM on tiles that stay in
-// cache, the softmax is online (running row max and sum, logsumexp saved for the backward) and causal tiles
-// past a query tile's last visible key are skipped.
+// Why it exists: CPU SDPA's flash kernel needs equal q/k and v widths (PoPE's q/k are 2d wide against a d-wide
+// v) and takes a bias only as a materialised float mask, which it reads in full and with which it skips no
+// causal tile. Here every (query tile x key tile) product goes through MKL's sgemm on tiles that stay in
+// cache, the softmax is online (running row max and sum; the logsumexp is saved for the backward), tiles past
+// a query tile's last visible key are skipped, and the bias of a tile is generated from the positions.
 //
-// Layout: q (BH, Tq, E), k (BH, Tk, E), v (BH, Tk, Dv), contiguous, kv heads already matched to the queries.
-// Masking is causal *by position* with one position vector shared by the batch: key s is visible to query t
-// iff k_pos[s] <= q_pos[t]. The caller passes, per query tile, key_end (keys past it are invisible to the
-// whole tile) and full_end (keys before it are visible to all of it), so only [full_end, key_end) is masked.
-// bf16 inputs multiply in bf16 with fp32 accumulation; every softmax statistic is fp32.
-// Compiled lazily by poskit/attention/cpu_flash.py; the MKL symbols come from libtorch_cpu.
+// Layout: q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), contiguous; query head h reads kv head
+// h / (H / Hkv). Positions: (P, Tq) and (P, Tk) int64 with P = 1 (shared by the batch) or B. Causal *by
+// position*: key s is visible to query t iff kpos[s] <= qpos[t]; the key padding mask (B, Tk) bool hides keys.
+//
+// Bias forms (what an encoding declares, encodings/kernel_bias.py):
+//   none;
+//   distance table: table (H, R) fp32 over the distances d = qpos - kpos in [hi - R + 1, hi], added as
+//     table[h, d - lo]; its gradient is accumulated in the backward;
+//   offset embeddings (relative PE): emb (2M + 1, E) fp32, added as bias_scale * q_t . emb[clamp(d, -M, M) + M];
+//     gradients for q and for emb.
+// bf16 inputs are widened to fp32 tile by tile (on CPUs without native bf16 arithmetic that is what every
+// bf16 GEMM does inside); every product, softmax statistic and accumulator is fp32.
+// Built by poskit/attention/kernel_build.py; the sgemm symbol comes from the MKL inside libtorch_cpu.
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
 #define CPU_CAPABILITY AVX2
 #define CPU_CAPABILITY_AVX2
 #else
 #define CPU_CAPABILITY DEFAULT
 #endif
 
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 extern "C" {
-// MKL (LP64) as linked into libtorch_cpu: Fortran sgemm (column major) and the bf16 x bf16 -> fp32 GEMM
+// MKL (LP64) as linked into libtorch_cpu: Fortran sgemm, column major
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
             const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
             const int* ldc);
-void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
-                            const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta, float* c, int ldc);
 }
 
 namespace {
 
-void scale_row(float* x, int n, float factor);
-
 using Vec = at::vec::Vectorized<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kNone = 0, kTable = 1, kEmbeddings = 2;
 
 // Row-major C (m x n) = alpha * op(A) op(B) + beta * C, op = transpose when the flag is set.
 // (A row-major product is the column-major product of the transposes with the operands swapped.)
-void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-          float beta, float* c, int ldc) {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // sgemm leaves C untouched for k = 0 only when beta = 1
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) c[r * ldc + j] = beta == 0.f ? 0.f : beta * c[r * ldc + j];
+    return;
+  }
   const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
-  sgemm_(&opb, &opa, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  const int M = (int)m, N = (int)n, K = (int)k, LDA = (int)lda, LDB = (int)ldb, LDC = (int)ldc;
+  sgemm_(&opb, &opa, &N, &M, &K, &alpha, b, &LDB, a, &LDA, &beta, c, &LDC);
 }
 
-// bf16 x bf16 -> fp32: MKL's GEMM, the one CPU SDPA's bf16 kernel reaches too (measured with perf; on this
-// AMD CPU MKL widens the tiles to fp32 inside). alpha applies to the product only.
-void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const at::BFloat16* a, int lda, const at::BFloat16* b,
-          int ldb, float beta, float* c, int ldc) {
-  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS enum values
-  cblas_gemm_bf16bf16f32(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, m, n, k, alpha,
-                         reinterpret_cast<const uint16_t*>(a), lda, reinterpret_cast<const uint16_t*>(b), ldb, beta,
-                         c, ldc);
-}
-
-// An fp32 tile as a GEMM operand of the input's type: itself for fp32, a rounded copy in `scratch` for bf16.
-const float* as_operand(const float* src, int64_t, float*) { return src; }
-const at::BFloat16* as_operand(const float* src, int64_t n, at::BFloat16* scratch) {
+// An input tile as fp32: itself for fp32 inputs, widened into `scratch` for bf16.
+const float* widen(const float* src, int64_t, float*) { return src; }
+const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
   at::vec::convert(src, scratch, n);
   return scratch;
 }
 
-// Horizontal reductions of one vector register, through memory (once per row: not worth intrinsics).
 float lanes_max(const Vec& v) {
   float tmp[Vec::size()];
   v.store(tmp);
@@ -87,8 +94,8 @@ float lanes_sum(const Vec& v) {
   return total;
 }
 
-float row_max(const float* x, int n) {
-  int c = 0;
+float row_max(const float* x, int64_t n) {
+  int64_t c = 0;
   float best = kNegInf;
   if (n >= Vec::size()) {
     Vec acc = Vec::loadu(x);
@@ -99,12 +106,21 @@ float row_max(const float* x, int n) {
   return best;
 }
 
+float row_sum(const float* x, int64_t n) {
+  Vec acc(0.f);
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) acc = acc + Vec::loadu(x + c);
+  float sum = lanes_sum(acc);
+  for (; c < n; ++c) sum += x[c];
+  return sum;
+}
+
 // x[c] = exp(x[c] - shift) in place; returns the sum. exp_u20: the vectorised exp torch's own CPU flash kernel
-// uses, accurate to about 20 ulp (softmax sums of such terms stay within fp32 test tolerances).
-float exp_shifted(float* x, int n, float shift) {
+// uses (about 20 ulp); exp(-inf) is 0, so hidden keys drop out.
+float exp_shifted(float* x, int64_t n, float shift) {
   const Vec s(shift);
   Vec acc(0.f);
-  int c = 0;
+  int64_t c = 0;
   for (; c + Vec::size() <= n; c += Vec::size()) {
     Vec e = (Vec::loadu(x + c) - s).exp_u20();
     e.store(x + c);
@@ -118,73 +134,231 @@ float exp_shifted(float* x, int n, float shift) {
   return sum;
 }
 
-void scale_row(float* x, int n, float factor) {
+void scale_row(float* x, int64_t n, float factor) {
   const Vec f(factor);
-  int c = 0;
+  int64_t c = 0;
   for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(x + c) * f).store(x + c);
   for (; c < n; ++c) x[c] *= factor;
 }
 
-// s (rows x n, leading dim ld) for queries [q0, q0 + rows) and keys [k0, k0 + n): -inf where the key is later.
-void mask_tile(float* s, int rows, int n, int ld, const int64_t* qp, const int64_t* kp, int64_t q0, int64_t k0) {
-  for (int r = 0; r < rows; ++r) {
-    const int64_t limit = qp[q0 + r];
-    float* row = s + (int64_t)r * ld;
-    for (int c = 0; c < n; ++c)
-      if (kp[k0 + c] > limit) row[c] = kNegInf;
-  }
+void add_row(float* x, const float* y, int64_t n) {  // x += y
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(x + c) + Vec::loadu(y + c)).store(x + c);
+  for (; c < n; ++c) x[c] += y[c];
 }
 
-struct Plan {
-  int64_t BH, Tq, Tk, E, Dv, bq, bk;
+void add_scalar(float* x, float y, int64_t n) {
+  const Vec v(y);
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(x + c) + v).store(x + c);
+  for (; c < n; ++c) x[c] += y;
+}
+
+struct Problem {
+  int64_t B, H, Hkv, g, Tq, Tk, E, Dv, bq, bk, tiles;
   float scale;
-  bool masked;  // causal by position: key_end/full_end and the positions apply
-  const int64_t *qp, *kp, *key_end, *full_end;
+  bool causal;
+  int64_t pos_rows;                  // 1 or B; 0 when no positions are needed
+  const int64_t *qpos, *kpos;        // (pos_rows, Tq), (pos_rows, Tk)
+  std::vector<uint8_t> sorted, contiguous;  // per position row: keys ascending / kpos[s + 1] == kpos[s] + 1
+  const bool* pad;                   // (B, Tk) or null
+  int bias;                          // kNone, kTable, kEmbeddings
+  // kTable: rev (H, R) with rev[h, j] the bias of distance hi - j (reversed, so that a run of consecutive keys
+  // reads it forward)
+  std::vector<float> rev;
+  int64_t R, hi;
+  // kEmbeddings: emb_rev (2M + 1, E), row i the embedding of offset M - i
+  std::vector<float> emb_rev;
+  int64_t M;
+  float bias_scale;
+
+  const int64_t* qp(int64_t b) const { return qpos + (pos_rows == 1 ? 0 : b) * Tq; }
+  const int64_t* kp(int64_t b) const { return kpos + (pos_rows == 1 ? 0 : b) * Tk; }
+  int64_t row(int64_t b) const { return pos_rows == 1 ? 0 : b; }
 };
 
-Plan make_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
-               const at::Tensor& q_pos, const at::Tensor& k_pos, const at::Tensor& key_end,
-               const at::Tensor& full_end, int64_t bq, int64_t bk) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "cpu_flash: q, k, v must be (BH, T, width)");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "cpu_flash: inputs must be contiguous");
-  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1) && q.size(2) == k.size(2),
-              "cpu_flash: q/k/v shapes disagree");
-  Plan p{q.size(0), q.size(1), k.size(1), q.size(2), v.size(2), bq, bk, (float)scale, causal,
-         nullptr, nullptr, nullptr, nullptr};
-  if (causal) {
-    const int64_t tiles = (p.Tq + bq - 1) / bq;
-    TORCH_CHECK(q_pos.numel() == p.Tq && k_pos.numel() == p.Tk && key_end.numel() == tiles &&
-                full_end.numel() == tiles, "cpu_flash: position/plan sizes disagree");
-    p.qp = q_pos.data_ptr<int64_t>();
-    p.kp = k_pos.data_ptr<int64_t>();
-    p.key_end = key_end.data_ptr<int64_t>();
-    p.full_end = full_end.data_ptr<int64_t>();
+// [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before
+// full_end are visible to all of it (no causal mask); with unsorted keys every key is scanned and masked.
+void tile_keys(const Problem& p, int64_t b, int64_t q0, int64_t rows, int64_t* key_end, int64_t* full_end) {
+  if (!p.causal) {
+    *key_end = p.Tk;
+    *full_end = p.Tk;
+    return;
   }
-  return p;
+  if (!p.sorted[p.row(b)]) {
+    *key_end = p.Tk;
+    *full_end = 0;
+    return;
+  }
+  const int64_t* qp = p.qp(b) + q0;
+  const int64_t* kp = p.kp(b);
+  const int64_t lo = *std::min_element(qp, qp + rows), hi = *std::max_element(qp, qp + rows);
+  *key_end = std::upper_bound(kp, kp + p.Tk, hi) - kp;
+  *full_end = std::upper_bound(kp, kp + p.Tk, lo) - kp;
 }
 
-inline int64_t tile_key_end(const Plan& p, int64_t tile) { return p.masked ? p.key_end[tile] : p.Tk; }
-inline int64_t tile_full_end(const Plan& p, int64_t tile) { return p.masked ? p.full_end[tile] : p.Tk; }
+// Whether any key of [k0, k0 + n) of batch row b is padding.
+bool has_padding(const Problem& p, int64_t b, int64_t k0, int64_t n) {
+  if (!p.pad) return false;
+  const bool* row = p.pad + b * p.Tk + k0;
+  for (int64_t c = 0; c < n; ++c)
+    if (!row[c]) return true;
+  return false;
+}
+
+// s (rows x n) for queries [q0, q0 + rows) and keys [k0, k0 + n): -inf where the key is later or padding.
+void mask_tile(const Problem& p, int64_t b, float* s, int64_t rows, int64_t n, int64_t q0, int64_t k0,
+               bool causal_part, bool padded) {
+  const int64_t* qp = p.causal ? p.qp(b) : nullptr;
+  const int64_t* kp = p.causal ? p.kp(b) : nullptr;
+  const bool* pad = padded ? p.pad + b * p.Tk + k0 : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * n;
+    if (causal_part) {
+      const int64_t limit = qp[q0 + r];
+      for (int64_t c = 0; c < n; ++c)
+        if (kp[k0 + c] > limit) row[c] = kNegInf;
+    }
+    if (pad)
+      for (int64_t c = 0; c < n; ++c)
+        if (!pad[c]) row[c] = kNegInf;
+  }
+}
+
+// The table bias of head h added to s (rows x n).
+void add_table_bias(const Problem& p, int64_t b, int64_t h, float* s, int64_t rows, int64_t n, int64_t q0,
+                    int64_t k0) {
+  const float* rev = p.rev.data() + h * p.R;
+  const int64_t* qp = p.qp(b) + q0;
+  const int64_t* kp = p.kp(b) + k0;
+  if (p.contiguous[p.row(b)]) {  // key c has distance qp[r] - kp[0] - c: rev read forward from hi - (qp[r] - kp[0])
+    for (int64_t r = 0; r < rows; ++r) add_row(s + r * n, rev + (p.hi - (qp[r] - kp[0])), n);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * n;
+    for (int64_t c = 0; c < n; ++c) row[c] += rev[p.hi - (qp[r] - kp[c])];
+  }
+}
+
+// The table's gradient: the gradient of every logit summed into its distance (rows of head h's reversed table).
+void table_grad(const Problem& p, int64_t b, float* drev, const float* ds, int64_t rows, int64_t n, int64_t q0,
+                int64_t k0) {
+  const int64_t* qp = p.qp(b) + q0;
+  const int64_t* kp = p.kp(b) + k0;
+  if (p.contiguous[p.row(b)]) {
+    for (int64_t r = 0; r < rows; ++r) add_row(drev + (p.hi - (qp[r] - kp[0])), ds + r * n, n);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) drev[p.hi - (qp[r] - kp[c])] += ds[r * n + c];
+}
+
+// Offset embeddings: the offsets of a tile, clamped to [-M, M], span [o_min, o_max]; z (rows x (o_max - o_min + 1))
+// holds bias_scale * q_t . emb[o] with column j for offset o_max - j (emb_rev's rows M - o_max on).
+struct OffsetSpan {
+  int64_t o_min, o_max;
+  int64_t width() const { return o_max - o_min + 1; }
+};
+
+OffsetSpan offset_span(const Problem& p, int64_t b, int64_t rows, int64_t n, int64_t q0, int64_t k0) {
+  const int64_t* qp = p.qp(b) + q0;
+  const int64_t* kp = p.kp(b) + k0;
+  const auto [qlo, qhi] = std::minmax_element(qp, qp + rows);
+  const auto [klo, khi] = std::minmax_element(kp, kp + n);
+  const auto clamp = [&](int64_t o) { return std::min(std::max(o, -p.M), p.M); };
+  return {clamp(*qlo - *khi), clamp(*qhi - *klo)};
+}
+
+// For each row r, calls f(c_begin, c_end, j_at_c_begin, step) over runs of keys: step 1 for a run whose offsets
+// (clamped) map to consecutive columns of z, step 0 for a run that all maps to one column.
+template <typename F>
+void offset_runs(const Problem& p, int64_t b, const OffsetSpan& span, int64_t r, int64_t n, int64_t q0, int64_t k0,
+                 F f) {
+  const int64_t* qp = p.qp(b);
+  const int64_t* kp = p.kp(b) + k0;
+  const int64_t t = qp[q0 + r];
+  if (p.contiguous[p.row(b)]) {  // offset of key c: o0 - c
+    const int64_t o0 = t - kp[0];
+    const int64_t c1 = std::min(std::max<int64_t>(o0 - p.M, 0), n);      // c < c1: offset > M
+    const int64_t c2 = std::min(std::max<int64_t>(o0 + p.M + 1, c1), n); // c >= c2: offset < -M
+    if (c1 > 0) f(0, c1, span.o_max - p.M, 0);
+    if (c2 > c1) f(c1, c2, span.o_max - (o0 - c1), 1);
+    if (n > c2) f(c2, n, span.o_max + p.M, 0);
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t o = std::min(std::max(t - kp[c], -p.M), p.M);
+    f(c, c + 1, span.o_max - o, 0);
+  }
+}
+
+void add_embedding_bias(const Problem& p, int64_t b, const OffsetSpan& span, const float* z, float* s, int64_t rows,
+                        int64_t n, int64_t q0, int64_t k0) {
+  const int64_t w = span.width();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * n;
+    const float* zr = z + r * w;
+    offset_runs(p, b, span, r, n, q0, k0, [&](int64_t c0, int64_t c1, int64_t j, int step) {
+      if (step) add_row(row + c0, zr + j, c1 - c0);
+      else add_scalar(row + c0, zr[j], c1 - c0);
+    });
+  }
+}
+
+void embedding_grad_z(const Problem& p, int64_t b, const OffsetSpan& span, float* dz, const float* ds, int64_t rows,
+                      int64_t n, int64_t q0, int64_t k0) {
+  const int64_t w = span.width();
+  std::fill(dz, dz + rows * w, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = ds + r * n;
+    float* dzr = dz + r * w;
+    offset_runs(p, b, span, r, n, q0, k0, [&](int64_t c0, int64_t c1, int64_t j, int step) {
+      if (step) add_row(dzr + j, row + c0, c1 - c0);
+      else dzr[j] += row_sum(row + c0, c1 - c0);
+    });
+  }
+}
+
+// The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32.
+void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
+                 const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span) {
+  gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n);
+  if (p.bias == kTable) {
+    add_table_bias(p, b, h, s, rows, n, q0, k0);
+  } else if (p.bias == kEmbeddings) {
+    *span = offset_span(p, b, rows, n, q0, k0);
+    const float* emb = p.emb_rev.data() + (p.M - span->o_max) * p.E;
+    if ((int64_t)z.size() < rows * span->width()) z.resize(rows * span->width());
+    gemm(false, true, rows, span->width(), p.E, p.bias_scale, qt, p.E, emb, p.E, 0.f, z.data(), span->width());
+    add_embedding_bias(p, b, *span, z.data(), s, rows, n, q0, k0);
+  }
+  const bool causal_part = p.causal && k0 + n > full_end;
+  const bool padded = has_padding(p, b, k0, n);
+  if (causal_part || padded) mask_tile(p, b, s, rows, n, q0, k0, causal_part, padded);
+}
 
 template <typename T>
-void forward_kernel(const Plan& p, const T* q, const T* k, const T* v, T* out, float* lse) {
-  const int64_t tiles = (p.Tq + p.bq - 1) / p.bq;
-  at::parallel_for(0, p.BH * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
-    std::vector<T> p_op(std::is_same<T, float>::value ? 0 : p.bq * p.bk);
+void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq), z;  // z: grown on demand
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t bh = task / tiles, tile = task % tiles;
+      const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
+      const int64_t kvh = b * p.Hkv + h / p.g;
       const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
-      const int64_t ke = tile_key_end(p, tile), fe = tile_full_end(p, tile);
-      const T* qt = q + (bh * p.Tq + q0) * p.E;
+      int64_t ke, fe;
+      tile_keys(p, b, q0, rows, &ke, &fe);
+      const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
       for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
-        const int n = (int)std::min(p.bk, ke - k0);
-        const T* kt = k + (bh * p.Tk + k0) * p.E;
-        gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s.data(), n);
-        if (k0 + n > fe) mask_tile(s.data(), rows, n, n, p.qp, p.kp, q0, k0);
+        const int64_t n = std::min(p.bk, ke - k0);
+        const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
+        OffsetSpan span{};
+        tile_logits(p, b, h, s.data(), z, qt, kt, rows, n, q0, k0, fe, &span);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s.data() + r * n;
           const float m_new = std::max(m[r], row_max(row, n));
@@ -197,8 +371,8 @@ void forward_kernel(const Plan& p, const T* q, const T* k, const T* v, T* out, f
           if (rescale != 1.f) scale_row(acc.data() + r * p.Dv, p.Dv, rescale);
           m[r] = m_new;
         }
-        const T* pt = as_operand(s.data(), rows * n, p_op.data());
-        gemm(false, false, rows, p.Dv, n, 1.f, pt, n, v + (bh * p.Tk + k0) * p.Dv, p.Dv, 1.f, acc.data(), p.Dv);
+        const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
+        gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out + (bh * p.Tq + q0 + r) * p.Dv;
@@ -216,103 +390,214 @@ void forward_kernel(const Plan& p, const T* q, const T* k, const T* v, T* out, f
   });
 }
 
-// One task per (batch x head): it owns that head's dK and dV, so no accumulation crosses threads, and every
-// tile pair is visited once (five GEMMs: S, dV, dP, dQ, dK), as in FlashAttention-2's backward.
+// One task per (batch, query head): it owns that head's dK and dV (summed over the heads of a kv group by the
+// caller), so no accumulation crosses threads except the bias parameters', which go to per-thread buffers.
+// Every tile pair is visited once: S (recomputed), dV, dP, dQ, dK, as in FlashAttention-2's backward.
 template <typename T>
-void backward_kernel(const Plan& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                     const float* delta, T* dq, T* dk, T* dv) {
-  const int64_t tiles = (p.Tq + p.bq - 1) / p.bq;
-  at::parallel_for(0, p.BH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.bq * p.bk), dp(p.bq * p.bk), dq_acc(p.bq * p.E), dk_acc(p.Tk * p.E),
-        dv_acc(p.Tk * p.Dv);
-    const bool half = !std::is_same<T, float>::value;
-    std::vector<T> p_op(half ? p.bq * p.bk : 0), ds_op(half ? p.bq * p.bk : 0);
+void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                     const float* delta, float* dq, float* dk, float* dv, float* dbias) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  const int64_t dbias_size = p.bias == kTable ? p.H * p.R : p.bias == kEmbeddings ? (2 * p.M + 1) * p.E : 0;
+  at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(p.bq * p.bk), dp(p.bq * p.bk), dq_acc(p.bq * p.E), z, dz;  // z, dz: grown on demand
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
+        vbuf(wide ? p.Tk * p.Dv : 0);
+    float* my_dbias = dbias ? dbias + at::get_thread_num() * dbias_size : nullptr;
     for (int64_t bh = begin; bh < end; ++bh) {
-      std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
-      std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
-      const T* kh = k + bh * p.Tk * p.E;
-      const T* vh = v + bh * p.Tk * p.Dv;
-      for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
+      float* dk_acc = dk + bh * p.Tk * p.E;  // fp32, zeroed by the caller
+      float* dv_acc = dv + bh * p.Tk * p.Dv;
+      const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
+      const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
+      for (int64_t tile = 0; tile < p.tiles; ++tile) {
         const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
-        const int64_t ke = tile_key_end(p, tile), fe = tile_full_end(p, tile);
-        const T* qt = q + (bh * p.Tq + q0) * p.E;
-        const T* dot = dout + (bh * p.Tq + q0) * p.Dv;
+        int64_t ke, fe;
+        tile_keys(p, b, q0, rows, &ke, &fe);
+        const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
+        const float* dot = widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data());
         const float* lse_t = lse + bh * p.Tq + q0;
         const float* delta_t = delta + bh * p.Tq + q0;
-        std::fill(dq_acc.begin(), dq_acc.end(), 0.f);
+        std::fill(dq_acc.begin(), dq_acc.begin() + rows * p.E, 0.f);
         for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
-          const int n = (int)std::min(p.bk, ke - k0);
-          gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kh + k0 * p.E, p.E, 0.f, s.data(), n);
-          if (k0 + n > fe) mask_tile(s.data(), rows, n, n, p.qp, p.kp, q0, k0);
+          const int64_t n = std::min(p.bk, ke - k0);
+          OffsetSpan span{};
+          tile_logits(p, b, h, s.data(), z, qt, kh + k0 * p.E, rows, n, q0, k0, fe, &span);
           for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - logsumexp), recomputed
             float* row = s.data() + r * n;
             if (lse_t[r] == kNegInf) std::fill(row, row + n, 0.f);
             else exp_shifted(row, n, lse_t[r]);
           }
-          const T* pt = as_operand(s.data(), rows * n, p_op.data());
-          gemm(true, false, n, p.Dv, rows, 1.f, pt, n, dot, p.Dv, 1.f, dv_acc.data() + k0 * p.Dv, p.Dv);  // dV += P^T dO
+          gemm(true, false, n, p.Dv, rows, 1.f, s.data(), n, dot, p.Dv, 1.f, dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
           gemm(false, true, rows, n, p.Dv, 1.f, dot, p.Dv, vh + k0 * p.Dv, p.Dv, 0.f, dp.data(), n);  // dP = dO V^T
           for (int64_t r = 0; r < rows; ++r) {  // dS = P * (dP - rowsum(dO * O)), in place in dp
             float* d = dp.data() + r * n;
             const float* pr = s.data() + r * n;
             const Vec sub(delta_t[r]);
-            int c = 0;
+            int64_t c = 0;
             for (; c + Vec::size() <= n; c += Vec::size())
               (Vec::loadu(pr + c) * (Vec::loadu(d + c) - sub)).store(d + c);
             for (; c < n; ++c) d[c] = pr[c] * (d[c] - delta_t[r]);
           }
-          const T* dst = as_operand(dp.data(), rows * n, ds_op.data());
-          gemm(false, false, rows, p.E, n, 1.f, dst, n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);  // dQ += dS K
-          gemm(true, false, n, p.E, rows, 1.f, dst, n, qt, p.E, 1.f, dk_acc.data() + k0 * p.E, p.E);  // dK += dS^T Q
+          if (p.bias == kTable) {
+            table_grad(p, b, my_dbias + h * p.R, dp.data(), rows, n, q0, k0);
+          } else if (p.bias == kEmbeddings) {
+            // bias = bias_scale * q . emb[o]: dZ gathers dS by offset; dq += bias_scale dZ emb, demb += bias_scale dZ^T q
+            const int64_t w = span.width();
+            if ((int64_t)dz.size() < rows * w) dz.resize(rows * w);
+            embedding_grad_z(p, b, span, dz.data(), dp.data(), rows, n, q0, k0);
+            const float* emb = p.emb_rev.data() + (p.M - span.o_max) * p.E;
+            gemm(false, false, rows, p.E, w, p.bias_scale / p.scale, dz.data(), w, emb, p.E, 1.f, dq_acc.data(), p.E);
+            gemm(true, false, w, p.E, rows, p.bias_scale, dz.data(), w, qt, p.E, 1.f,
+                 my_dbias + (p.M - span.o_max) * p.E, p.E);
+          }
+          gemm(false, false, rows, p.E, n, 1.f, dp.data(), n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);  // dQ += dS K
+          gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
         }
-        scale_row(dq_acc.data(), rows * p.E, p.scale);  // dS's scale, applied once per tile instead of per GEMM
-        at::vec::convert(dq_acc.data(), dq + (bh * p.Tq + q0) * p.E, rows * p.E);
+        float* dq_t = dq + (bh * p.Tq + q0) * p.E;
+        for (int64_t i = 0; i < rows * p.E; ++i) dq_t[i] = dq_acc[i] * p.scale;  // dS's scale, once per tile
       }
-      scale_row(dk_acc.data(), p.Tk * p.E, p.scale);
-      at::vec::convert(dk_acc.data(), dk + bh * p.Tk * p.E, p.Tk * p.E);
-      at::vec::convert(dv_acc.data(), dv + bh * p.Tk * p.Dv, p.Tk * p.Dv);
+      scale_row(dk_acc, p.Tk * p.E, p.scale);
     }
   });
 }
 
-}  // namespace
+Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
+                     const at::Tensor& q_pos, const at::Tensor& k_pos, const at::Tensor& pad, int64_t bias_kind,
+                     const at::Tensor& bias_values, int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq,
+                     int64_t bk) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "cpu_flash: q, k, v must be (B, heads, T, width)");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "cpu_flash: inputs must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "cpu_flash: q, k, v must all be float32 or all bfloat16");
+  TORCH_CHECK(bq >= 1 && bk >= 1, "cpu_flash: tile sizes must be positive");
+  Problem p{};
+  p.B = q.size(0), p.H = q.size(1), p.Tq = q.size(2), p.E = q.size(3);
+  p.Hkv = k.size(1), p.Tk = k.size(2), p.Dv = v.size(3);
+  TORCH_CHECK(k.size(0) == p.B && v.size(0) == p.B && v.size(1) == p.Hkv && v.size(2) == p.Tk && k.size(3) == p.E &&
+              p.Hkv > 0 && p.H % p.Hkv == 0, "cpu_flash: q/k/v shapes disagree");
+  p.g = p.H / p.Hkv, p.bq = bq, p.bk = bk, p.tiles = (p.Tq + bq - 1) / bq;
+  p.scale = (float)scale, p.causal = causal, p.bias = (int)bias_kind, p.bias_scale = (float)bias_scale;
+  const bool needs_positions = causal || bias_kind != kNone;
+  p.pos_rows = 0;
+  if (needs_positions) {
+    TORCH_CHECK(q_pos.dim() == 2 && k_pos.dim() == 2 && q_pos.scalar_type() == at::kLong &&
+                k_pos.scalar_type() == at::kLong && q_pos.is_contiguous() && k_pos.is_contiguous() &&
+                q_pos.size(0) == k_pos.size(0) && (q_pos.size(0) == 1 || q_pos.size(0) == p.B) &&
+                q_pos.size(1) == p.Tq && k_pos.size(1) == p.Tk,
+                "cpu_flash: positions must be contiguous int64 (1 or B, T) tensors matching q and k");
+    p.pos_rows = q_pos.size(0);
+    p.qpos = q_pos.data_ptr<int64_t>();
+    p.kpos = k_pos.data_ptr<int64_t>();
+    p.sorted.assign(p.pos_rows, 1);
+    p.contiguous.assign(p.pos_rows, 1);
+    for (int64_t r = 0; r < p.pos_rows; ++r) {
+      const int64_t* kp = p.kpos + r * p.Tk;
+      for (int64_t s = 0; s + 1 < p.Tk; ++s) {
+        if (kp[s + 1] < kp[s]) p.sorted[r] = 0;
+        if (kp[s + 1] != kp[s] + 1) p.contiguous[r] = 0;
+      }
+    }
+  }
+  p.pad = nullptr;
+  if (pad.numel()) {
+    TORCH_CHECK(pad.scalar_type() == at::kBool && pad.is_contiguous() && pad.dim() == 2 && pad.size(0) == p.B &&
+                pad.size(1) == p.Tk, "cpu_flash: the key padding mask must be a contiguous (B, Tk) bool tensor");
+    p.pad = pad.data_ptr<bool>();
+  }
+  if (bias_kind == kTable) {
+    TORCH_CHECK(bias_values.dim() == 2 && bias_values.size(0) == p.H && bias_values.scalar_type() == at::kFloat &&
+                bias_values.is_contiguous(), "cpu_flash: the distance table must be a contiguous fp32 (H, R) tensor");
+    p.R = bias_values.size(1), p.hi = bias_hi;
+    // every pair's distance must index the table (hidden pairs are read too, then masked)
+    for (int64_t r = 0; r < p.pos_rows; ++r) {
+      const int64_t* qp = p.qpos + r * p.Tq;
+      const int64_t* kp = p.kpos + r * p.Tk;
+      if (!p.Tq || !p.Tk) continue;
+      const auto [qlo, qhi] = std::minmax_element(qp, qp + p.Tq);
+      const auto [klo, khi] = std::minmax_element(kp, kp + p.Tk);
+      TORCH_CHECK(*qhi - *klo <= p.hi && *qlo - *khi >= p.hi - p.R + 1,
+                  "cpu_flash: the distance table does not cover every distance of the positions");
+    }
+    const float* t = bias_values.data_ptr<float>();
+    p.rev.resize(p.H * p.R);
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t j = 0; j < p.R; ++j) p.rev[h * p.R + j] = t[h * p.R + (p.R - 1 - j)];
+  } else if (bias_kind == kEmbeddings) {
+    TORCH_CHECK(bias_max >= 0 && bias_values.dim() == 2 && bias_values.size(0) == 2 * bias_max + 1 &&
+                bias_values.size(1) == p.E && bias_values.scalar_type() == at::kFloat && bias_values.is_contiguous(),
+                "cpu_flash: the offset embeddings must be a contiguous fp32 (2 M + 1, E) tensor");
+    p.M = bias_max;
+    const float* e = bias_values.data_ptr<float>();
+    p.emb_rev.resize((2 * p.M + 1) * p.E);
+    for (int64_t i = 0; i <= 2 * p.M; ++i) std::memcpy(&p.emb_rev[i * p.E], e + (2 * p.M - i) * p.E, p.E * sizeof(float));
+  } else {
+    TORCH_CHECK(bias_kind == kNone, "cpu_flash: unknown bias kind");
+  }
+  return p;
+}
 
-std::vector<at::Tensor> flash_forward(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool causal,
-                                      at::Tensor q_pos, at::Tensor k_pos, at::Tensor key_end, at::Tensor full_end,
-                                      int64_t bq, int64_t bk) {
-  const Plan p = make_plan(q, k, v, scale, causal, q_pos, k_pos, key_end, full_end, bq, bk);
-  auto out = at::empty({p.BH, p.Tq, p.Dv}, q.options());
-  auto lse = at::empty({p.BH, p.Tq}, q.options().dtype(at::kFloat));
+std::vector<at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                      bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
+                                      const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
+                                      int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
+                                 bias_scale, bq, bk);
+  auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
+  auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
   if (q.scalar_type() == at::kFloat) {
     forward_kernel<float>(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(),
                           lse.data_ptr<float>());
   } else {
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "cpu_flash: float32 or bfloat16 only");
-    forward_kernel<at::BFloat16>(p, q.data_ptr<at::BFloat16>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                                 out.data_ptr<at::BFloat16>(), lse.data_ptr<float>());
+    using B = at::BFloat16;
+    forward_kernel<B>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), out.data_ptr<B>(), lse.data_ptr<float>());
   }
   return {out, lse};
 }
 
-std::vector<at::Tensor> flash_backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor dout, at::Tensor lse,
-                                       at::Tensor delta, double scale, bool causal, at::Tensor q_pos, at::Tensor k_pos,
-                                       at::Tensor key_end, at::Tensor full_end, int64_t bq, int64_t bk) {
-  const Plan p = make_plan(q, k, v, scale, causal, q_pos, k_pos, key_end, full_end, bq, bk);
-  TORCH_CHECK(dout.is_contiguous() && lse.is_contiguous() && delta.is_contiguous(), "cpu_flash: contiguous grads");
-  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+// Returns fp32 (dq, dk, dv, dbias): dk, dv per query head (B, H, Tk, .), summed over kv groups by the caller;
+// dbias per thread (threads, H, R) for a table (reversed along R, as p.rev) or (threads, 2M + 1, E) for embeddings
+// (reversed, as p.emb_rev), empty without a bias; the caller sums and un-reverses them.
+std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
+                                       double scale, bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
+                                       const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
+                                       int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
+                                 bias_scale, bq, bk);
+  TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() && dout.sizes() == at::IntArrayRef({p.B, p.H, p.Tq, p.Dv}),
+              "cpu_flash: the output gradient must be contiguous and shaped like the output");
+  TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == at::kFloat &&
+              delta.scalar_type() == at::kFloat && lse.numel() == p.B * p.H * p.Tq && delta.numel() == lse.numel(),
+              "cpu_flash: logsumexp and delta must be contiguous fp32 (B, H, Tq)");
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto dq = at::empty({p.B, p.H, p.Tq, p.E}, f32);
+  auto dk = at::zeros({p.B, p.H, p.Tk, p.E}, f32), dv = at::zeros({p.B, p.H, p.Tk, p.Dv}, f32);
+  at::Tensor dbias = at::empty({0}, f32);
+  const int64_t threads = at::get_num_threads();
+  if (bias_kind == kTable) dbias = at::zeros({threads, p.H, p.R}, f32);
+  if (bias_kind == kEmbeddings) dbias = at::zeros({threads, 2 * p.M + 1, p.E}, f32);
+  float* db = dbias.numel() ? dbias.data_ptr<float>() : nullptr;
   if (q.scalar_type() == at::kFloat) {
     backward_kernel<float>(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), dout.data_ptr<float>(),
                            lse.data_ptr<float>(), delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
-                           dv.data_ptr<float>());
+                           dv.data_ptr<float>(), db);
   } else {
     using B = at::BFloat16;
     backward_kernel<B>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(), lse.data_ptr<float>(),
-                       delta.data_ptr<float>(), dq.data_ptr<B>(), dk.data_ptr<B>(), dv.data_ptr<B>());
+                       delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), db);
   }
-  return {dq, dk, dv};
+  return {dq, dk, dv, dbias};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &flash_forward, "tiled attention forward: (out, logsumexp)");
-  m.def("backward", &flash_backward, "tiled attention backward by recomputation: (dq, dk, dv)");
+}  // namespace
+
+TORCH_LIBRARY(poskit_cpu_flash, m) {
+  m.def("forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, "
+        "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk) -> Tensor[]",
+        &flash_forward);
+  m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, float scale, bool causal, "
+        "Tensor q_pos, Tensor k_pos, Tensor pad, int bias_kind, Tensor bias_values, int bias_hi, int bias_max, "
+        "float bias_scale, int bq, int bk) -> Tensor[]",
+        &flash_backward);
 }

@@ -1,157 +1,214 @@
-"""Opt-in compiled CPU attention for q/k wider than v (PoPE's 2d-wide Cartesian q/k): cpu_flash.cpp.
+"""The compiled CPU attention kernel (cpu_flash.cpp): the default CPU path for q/k wider than v (PoPE) and for a
+logit bias computed from positions (ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative PE).
 
-Enabled by the environment variable POSKIT_CPU_KERNEL=1 (read at every call; "0" or unset: off). The C++
-source is compiled on first use with torch.utils.cpp_extension (g++ and ninja; cached in torch's extension
-directory, TORCH_EXTENSIONS_DIR) and linked against the MKL GEMMs inside libtorch_cpu. When it cannot be built
-or loaded (no compiler, no ninja, a torch without MKL), a warning says why once and every call keeps its
-usual path: enabling it never turns a working call into an error. The build targets the CPU it runs on
-(-march=native, for the vectorised exp): give each CPU type its own TORCH_EXTENSIONS_DIR if one cache directory
-is shared between machines.
+What it computes: softmax(scale q k^T + bias, causal by position, key padding) @ v, exactly (the formula of
+attention/reference.py; only the rounding differs), in cache-sized tiles with an online softmax, causal tiles
+skipped, grouped kv heads read in place, fp32 and bf16 (widened to fp32 per tile), and a backward by
+recomputation that also returns the bias parameters' gradient. The bias comes from the encoding's declaration
+(`kernel_bias`, encodings/kernel_bias.py) and is generated per tile from the positions, never as a Tq x Tk tensor.
 
-Why: CPU SDPA's flash kernel needs equal q/k and v head dims, so PoPE pays for v zero-padded to 2d (4 of its
-GEMM widths instead of 3 in the forward); this kernel multiplies q/k at 2d and v at d in cache-sized tiles,
-with an online softmax and a backward by recomputation (see the .cpp for the algorithm).
+Switch: POSKIT_CPU_KERNEL, read at every call: unset or "1" (default) uses the kernel where it serves a call;
+"0" keeps the exact blocked/SDPA paths. The library is built once per machine on first use (progress and time on
+stderr; `poskit kernel build` builds it ahead) and cached (attention/kernel_build.py). When it cannot be had
+(no compiler, a failed build) one warning says why, once per process, and every call keeps its usual path:
+the kernel never turns a working call into an error.
 """
 from __future__ import annotations
 
 import functools
 import os
 import warnings
-from pathlib import Path
 
 import torch
 
-from .blocks import sorted_key_ends
-from .inputs import all_finite
+from ..encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span, distances
+from . import kernel_build
+from .inputs import AttentionInputs, all_finite
 
 ENV_SWITCH = "POSKIT_CPU_KERNEL"
-_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-SOURCE = Path(__file__).with_name("cpu_flash.cpp")
+_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-# Tile sizes (queries x keys), measured with benchmarks/attention.py at B=8, H=8, d=64 on a 2-core AMD EPYC:
-# see docs/benchmarks.md "Compiled CPU kernel". A tile's logits (64 x 512 fp32 = 128 KB) stay in L2.
+# Tile sizes (queries x keys), measured with benchmarks/attention.py at B=8, H=8, d=64 on a 2-core AMD EPYC
+# (docs/benchmarks.md, "Compiled CPU kernel"): a tile's logits (64 x 512 fp32 = 128 KB) stay in L2.
 BLOCK_Q = 64
 BLOCK_K = 512
 
-# Where the engine routes the kernel (when switched on): fp32 calls with more than one query, at any length.
-# Measured in one process each (B, H, T, d; forward + backward; time relative to RoPE + SDPA; a loaded
-# machine, docs/benchmarks.md): (32, 4, 64, 32), the default LM's attention: kernel 1.19x, blocked path 1.69x,
-# padded SDPA 1.80x; (8, 8, 1024, 64): kernel 1.20x, blocked 2.97x (1.25x on an idle machine), padded 2.11x;
-# (8, 8, 4096, 64): kernel 1.72x / 1.50x, padded SDPA 2.21x / 1.93x (two runs). bf16 is not routed: at 4096 the kernel took 1.85x against
-# padded SDPA's 1.71x, at 1024 1.30x against the blocked path's 0.95x (idle). The only GEMM reachable here with
-# an fp32 output, MKL's bf16 one, widens the tiles to fp32 on this AMD CPU, while SDPA's bf16 kernels reach
-# oneDNN's native bf16 GEMM. Single queries (decode) keep the blocked path (not measured with the kernel).
-# Called directly, the kernel serves fp32 and bf16 at any size.
-ROUTED_DTYPES = (torch.float32,)
+# The dtypes the kernel serves (bf16 is widened to fp32 per tile: on CPUs without native bf16 arithmetic every
+# bf16 GEMM does that inside); float16 and float64 keep their exact paths.
+DTYPES = (torch.float32, torch.bfloat16)
+_BIAS_CODES = {None: 0, "distance_table": 1, "offset_embeddings": 2}
 
 
 def enabled() -> bool:
-    """True when POSKIT_CPU_KERNEL asks for the compiled kernel."""
+    """False only when POSKIT_CPU_KERNEL turns the kernel off ("0"); the default is on."""
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _ON:
         return True
     if value in _OFF:
         return False
-    raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {list(_ON)} (use the compiled CPU kernel) "
-                     f"or {[v for v in _OFF if v]} / unset (do not), got {os.environ[ENV_SWITCH]!r}")
+    raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {[v for v in _ON if v]} or unset (use the "
+                     f"compiled CPU kernel, the default) or {list(_OFF)} (do not), got {os.environ[ENV_SWITCH]!r}")
 
 
 @functools.lru_cache(maxsize=1)
 def kernel():
-    """The compiled extension module, or None (with one warning saying why) when it cannot be built."""
+    """torch.ops.poskit_cpu_flash once the library is built and loaded, or None (with one warning saying why)."""
     try:
-        from torch.utils.cpp_extension import load
-
-        return load(name="poskit_cpu_flash", sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                    verbose=False)
-    except Exception as err:  # any build or load failure means: keep the usual paths
-        warnings.warn(f"{ENV_SWITCH}=1 but the compiled CPU attention kernel ({SOURCE.name}) could not be built or "
-                      f"loaded, so the usual paths run instead: {type(err).__name__}: {str(err)[:300]}",
-                      RuntimeWarning, stacklevel=3)
+        kernel_build.load()
+    except kernel_build.KernelUnavailable as err:
+        warnings.warn(f"poskit: the compiled CPU attention kernel is unavailable ({err}); attention keeps its exact "
+                      f"blocked/SDPA paths, which are slower (`poskit kernel info` says more; {ENV_SWITCH}=0 silences "
+                      "this)", RuntimeWarning, stacklevel=3)
         return None
+    return torch.ops.poskit_cpu_flash
 
 
 def available() -> bool:
-    """Whether the kernel is compiled and loadable (builds it on the first call)."""
+    """Whether the kernel is loadable (builds it on the first call)."""
     return kernel() is not None
 
 
-def positions_served(q_positions: torch.Tensor, k_positions: torch.Tensor, causal: bool) -> bool:
-    """Scalar positions shared by the batch, keys ascending when causal (the kernel's tile skipping)."""
-    if q_positions.dim() != 2 or k_positions.dim() != 2 or q_positions.shape[0] != 1 or k_positions.shape[0] != 1:
-        return False
-    if not causal:
-        return True
-    kp = k_positions[0]
-    return kp.numel() < 2 or bool((kp[1:] >= kp[:-1]).all())
+def _scalar_positions(inp: AttentionInputs) -> bool:
+    return inp.q_positions.dim() == 2 and inp.k_positions.dim() == 2
 
 
-def serves(inp, enc) -> bool:
-    """Whether a call (AttentionInputs `inp`, encoding `enc`) takes this kernel: switched on, an encoding that
-    declares q/k wider than v (qk_width > 1: the case CPU SDPA cannot run unpadded), a dtype in ROUTED_DTYPES,
-    more than one query (decode keeps the blocked path), no mask beyond causal-by-position, finite q/k, and a
-    kernel that builds. Cheap checks first; the build happens at most once per process."""
+def qk_served(enc) -> bool:
+    """A q/k transform the kernel takes encoded: q/k wider than v (qk_width > 1: CPU SDPA would pad v). Equal widths
+    stay on SDPA's own flash kernel (docs/benchmarks.md compares the two)."""
+    return enc.kind == "qk" and enc.qk_width > 1
+
+
+def kernel_bias_for(inp: AttentionInputs, enc) -> KernelBias | None:
+    """The bias an encoding of kind "bias" declares for this call's positions, as the kernel takes it ("slopes"
+    turned into a distance table), or None."""
+    if enc.kind != "bias" or not _scalar_positions(inp):
+        return None
+    found = declared(enc, inp.q_positions, inp.k_positions)
+    return None if found is None else as_table(found, inp.q_positions, inp.k_positions)
+
+
+def as_table(bias: KernelBias, q_positions, k_positions) -> KernelBias | None:
+    """ALiBi's slopes as a distance table over the call's distances (-m_h |t - s|, computed as ALiBi's bias is);
+    other forms as they are. None when the distances span more than a table should (kernel_bias.distance_span)."""
+    if bias.form != "slopes":
+        return bias
+    span = distance_span(q_positions, k_positions)
+    if span is None:
+        return None
+    d = distances(*span, q_positions.device).abs().to(torch.float32)
+    return KernelBias("distance_table", (-bias.values.to(torch.float32)[:, None] * d).contiguous(), span[0])
+
+
+QK = "qk"  # what `serves` returns for a q/k encoding (the kernel takes its encoded q/k)
+
+
+def serves(inp: AttentionInputs, enc):
+    """How the kernel serves a call: None (it does not), QK (a q/k encoding: encoded q/k, no bias) or the
+    KernelBias of a bias encoding (as_table's form).
+
+    It does for: the switch on, CPU tensors of a DTYPES dtype, no general attn_mask (a key padding mask is fine),
+    an encoding it serves (`qk_served`, or a kernel bias declared for these positions), scalar positions where they
+    matter (causal, or a bias), finite q/k (NaN rows stay NaN on the materialised path), not while torch.compile
+    traces, and a kernel that builds (checked last: the build happens at most once per process)."""
     q, k = inp.q, inp.k
-    if enc.qk_width == 1 or q.device.type != "cpu" or inp.attn_mask is not None or inp.key_padding_mask is not None:
-        return False
-    if q.shape[2] < 2 or not enabled() or torch.compiler.is_compiling():
-        return False
-    if q.dtype not in ROUTED_DTYPES or k.dtype != q.dtype or (inp.v is not None and inp.v.dtype != q.dtype):
-        return False
-    if inp.q_positions is not None and not positions_served(inp.q_positions, inp.k_positions, inp.causal):
-        return False
-    if inp.v is not None:  # (route() asks without values or data)
-        if not all_finite(q, k):  # NaN rows stay NaN on the exact materialised path (sdpa.py)
-            return False
-    return available()
+    if q.device.type != "cpu" or inp.attn_mask is not None or q.dtype not in DTYPES or not enabled():
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    if qk_served(enc):
+        if inp.causal and not _scalar_positions(inp):
+            return None
+        found = QK
+    else:
+        found = kernel_bias_for(inp, enc)
+        if found is None:
+            return None
+    if inp.v is not None and not all_finite(q, k):
+        return None
+    return found if available() else None
 
 
-def _plan(q_positions, k_positions, causal: bool, block_q: int):
-    """Per query tile: (key_end, full_end) int64, as the kernel expects; empty tensors when not causal."""
-    if not causal:
-        empty = torch.empty(0, dtype=torch.int64)
-        return empty, empty, empty, empty
-    qp = q_positions.to(torch.int64).contiguous()
-    kp = k_positions.to(torch.int64).contiguous()
-    key_end = sorted_key_ends(qp, kp, block_q)[0].contiguous()
-    full_end = sorted_key_ends(qp, kp, block_q, whole_block=True)[0].contiguous()
-    return qp[0], kp[0], key_end, full_end
+def _positions(inp: AttentionInputs, needed: bool):
+    """(q_positions, k_positions) with one row count (1 or B), contiguous int64; empty when not needed."""
+    if not needed:
+        empty = torch.empty(0, 0, dtype=torch.int64)
+        return empty, empty
+    qp, kp = inp.q_positions, inp.k_positions
+    rows = max(qp.shape[0], kp.shape[0])
+    return (qp.expand(rows, -1).to(torch.int64).contiguous(), kp.expand(rows, -1).to(torch.int64).contiguous())
 
 
 class CpuFlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, q_positions, k_positions, causal, block_q, block_k):
-        B, H, Tq, E = q.shape
-        flat = [t.reshape(B * H, t.shape[2], t.shape[3]).contiguous() for t in (q, k, v)]
-        plan = _plan(q_positions, k_positions, causal, block_q)
-        out, lse = kernel().forward(*flat, float(scale), causal, *plan, block_q, block_k)
-        ctx.save_for_backward(*flat, out, lse, *plan)
-        ctx.scale, ctx.causal, ctx.blocks, ctx.shapes = float(scale), causal, (block_q, block_k), (q.shape, k.shape, v.shape)
-        return out.view(B, H, Tq, v.shape[-1])
+    def forward(ctx, q, k, v, bias_values, scale, q_positions, k_positions, pad, causal, bias_form, bias_offset,
+                block_q, block_k):
+        ops = kernel()
+        args = _kernel_args(bias_values, bias_form, bias_offset, scale)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse, q_positions, k_positions, pad, bias_values)
+        ctx.scale, ctx.causal, ctx.blocks, ctx.bias = float(scale), causal, (block_q, block_k), (bias_form, bias_offset)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q3, k3, v3, out, lse, *plan = ctx.saved_tensors
-        do3 = grad_out.reshape(out.shape).to(out.dtype).contiguous()
-        delta = (do3.float() * out.float()).sum(-1)  # rowsum(dO * O), FlashAttention's D
-        dq, dk, dv = kernel().backward(q3, k3, v3, do3, lse, delta.contiguous(), ctx.scale, ctx.causal, *plan,
-                                       *ctx.blocks)
-        qs, ks, vs = ctx.shapes
-        return dq.view(qs), dk.view(ks), dv.view(vs), None, None, None, None, None, None
+        q, k, v, out, lse, q_positions, k_positions, pad, bias_values = ctx.saved_tensors
+        do = grad_out.to(out.dtype).contiguous()
+        delta = (do.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), FlashAttention's D
+        args = _kernel_args(bias_values, *ctx.bias, ctx.scale)
+        dq, dk, dv, dbias = kernel().backward(q, k, v, do, lse, delta, ctx.scale, ctx.causal, q_positions,
+                                              k_positions, pad, *args, *ctx.blocks)
+        B, Hkv, Tk = k.shape[:3]
+        g = q.shape[1] // Hkv
+        if g > 1:  # per query head -> per kv head
+            dk, dv = (x.view(B, Hkv, g, Tk, x.shape[-1]).sum(2) for x in (dk, dv))
+        dvalues = None
+        if ctx.needs_input_grad[3]:
+            # per thread, reversed along the distances (the kernel's layout): summed and put back in order
+            dvalues = dbias.sum(0).flip(-1 if ctx.bias[0] == "distance_table" else 0).to(bias_values.dtype)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dvalues, *(None,) * 9)
 
 
-def cpu_flash_attention(q, k, v, *, scale: float, q_positions, k_positions, causal: bool,
-                        block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> torch.Tensor:
-    """softmax(scale q k^T, causal by position) @ v for q, k (B, H, T, E) and v (B, H, Tk, Dv) with any E, Dv.
+def _kernel_args(bias_values, form, offset, scale):
+    """(bias code, values, hi, M, bias scale) as the C++ operator takes them."""
+    if form == "distance_table":
+        return _BIAS_CODES[form], bias_values, offset + bias_values.shape[1] - 1, 0, 0.0
+    if form == "offset_embeddings":
+        return _BIAS_CODES[form], bias_values, 0, offset, float(scale)
+    return 0, bias_values, 0, 0, 0.0
 
-    kv heads must already match the query heads (repeat_kv). Positions are (1, T) int tensors, keys ascending
-    when causal; a query that sees no key outputs zeros. Callers check `available()` and the served shapes first.
+
+def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=None, causal: bool = False,
+                        key_padding_mask=None, bias: KernelBias | None = None, block_q: int | None = None,
+                        block_k: int | None = None) -> torch.Tensor:
+    """softmax(scale q k^T + bias, causal by position, key padding) @ v through the compiled kernel.
+
+    q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), Hkv dividing H (query head h reads kv head
+    h // (H // Hkv)), any E and Dv, fp32 or bf16. Positions (1|B, T) int tensors (needed when causal or with a
+    bias); key_padding_mask (B, Tk) bool, True = real key; bias: a KernelBias (encodings/kernel_bias.py). A
+    query that sees no key outputs zeros. block_q, block_k: the tile (default BLOCK_Q x BLOCK_K, read at call
+    time). Callers check `available()` first.
     """
+    block_q = BLOCK_Q if block_q is None else block_q
+    block_k = BLOCK_K if block_k is None else block_k
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q (B, H, Tq, E), k (B, H, Tk, E) and v (B, H, Tk, Dv) disagree: q {tuple(q.shape)}, "
+    B, H, Tq, E = q.shape
+    if k.shape[0] != B or k.shape[-1] != E or k.shape[:3] != v.shape[:3] or k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"q (B, H, Tq, E), k (B, Hkv, Tk, E) and v (B, Hkv, Tk, Dv) disagree: q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return CpuFlashAttention.apply(q, k, v, scale, q_positions, k_positions, causal, block_q, block_k)
+    if bias is not None:
+        table = as_table(bias, q_positions, k_positions)
+        if table is None:
+            raise ValueError("bias: the positions' distances span more than a distance table may "
+                             f"({MAX_TABLE_DISTANCES} per head); use the blocked path")
+        bias = table
+    form, values, offset = (None, torch.empty(0), 0) if bias is None else bias
+    if form is not None and values.dtype != torch.float32:
+        values = values.to(torch.float32)  # (differentiable: the gradient goes back to the parameter's dtype)
+    inp = AttentionInputs(q, k, v, q_positions, k_positions, scale, causal, key_padding_mask)
+    qp, kp = _positions(inp, causal or form is not None)
+    pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
+    return CpuFlashAttention.apply(q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
+                                   bool(causal), form, offset, block_q, block_k)

@@ -6,14 +6,17 @@
 "reference":          materialised logits (attention/reference.py), every encoding, any dtype.
 "sdpa":               F.scaled_dot_product_attention on encoded q/k (none, the rope family, pope) or with the
                       encoding's bias as an additive float mask (alibi, relative); traced by torch.compile.
-"blocked":            the exact CPU path in query blocks (attention/blocked.py): q/k wider than v (qk_width > 1,
-                      PoPE) up to BLOCKED_MAX_KEYS keys or a few queries, and a bias of positions alone (ALiBi)
-                      generated block by block instead of a T x T float mask.
+"blocked":            the exact CPU path in query blocks (attention/blocked.py) where the kernel does not serve a
+                      call: q/k wider than v (qk_width > 1, PoPE) up to BLOCKED_MAX_KEYS keys or a few queries,
+                      and a bias of positions alone (ALiBi) generated block by block instead of a T x T float mask.
 "blocked-bias":       a bias that reads q or trains (relative), per query block on CPU (attention/blocked_bias.py).
 "blocked-contextual": a contextual encoding whose fused kernel has a blocked CPU counterpart (cope) on CPU
                       (attention/blocked_cope.py).
-"cpu-flash":          with POSKIT_CPU_KERNEL=1, fp32 q/k wider than v with more than one query on CPU, through the
-                      compiled tiled kernel of attention/cpu_flash.py when it builds.
+"cpu-flash":          the compiled CPU kernel (attention/cpu_flash.py), the default on CPU (fp32, bf16) for q/k wider
+                      than v (PoPE) and for a bias the encoding declares for the kernel (`kernel_bias`:
+                      encodings/kernel_bias.py; ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative),
+                      with causal, key padding, grouped kv heads and decode; unless POSKIT_CPU_KERNEL=0 or it
+                      cannot be built (then the blocked paths below, as before).
 "triton":             the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors (or CPU
                       tensors under the Triton interpreter).
 "magnitude-decode":   a KV cache of key magnitudes (cache_form "magnitude", PoPE): attention/pope_decode.py.
@@ -23,7 +26,7 @@ contextual path for contextual encodings on CPU, else the sdpa backend where it 
 reference; "reference", "sdpa" and "triton" ask for a backend, inside which the plan picks the path.
 
 Every choice reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`, `fused_kernel`,
-`bias_reads_q`, `position_coords`: encodings/base.py), never its name.
+`bias_reads_q`, `position_coords`: encodings/base.py; `kernel_bias`: encodings/kernel_bias.py), never its name.
 """
 from __future__ import annotations
 
@@ -174,10 +177,13 @@ def _plan_sdpa(inp: AttentionInputs, enc: PositionalEncoding, reasons: tuple) ->
         return sdpa_plan("sdpa", "traced by torch.compile: one SDPA call, no choice that reads tensor values",
                          runners.run_traced_sdpa)
     cpu = inp.q.device.type == "cpu"
+    served = cpu_flash.serves(inp, enc) if cpu and enc.kind in ("qk", "bias") else None
+    if served is not None:
+        what = (f"q/k {enc.qk_width}x wider than v" if served is cpu_flash.QK else
+                f"a bias declared as a {served.form.replace('_', ' ')}, computed per tile from the positions")
+        return sdpa_plan("cpu-flash", f"{what} on CPU: the compiled kernel", functools.partial(
+            runners.run_cpu_flash, served=served))
     if enc.kind == "qk":
-        if cpu_flash.serves(inp, enc):
-            return sdpa_plan("cpu-flash", f"POSKIT_CPU_KERNEL: fp32 q/k {enc.qk_width}x wider than v, several "
-                             "queries, on CPU: the compiled kernel", runners.run_cpu_flash)
         if sdpa.use_blocked(inp, enc):
             return sdpa_plan("blocked", f"q/k {enc.qk_width}x wider than v on CPU, at most {sdpa.BLOCKED_MAX_KEYS} "
                              "keys or a few queries", runners.run_blocked_qk)

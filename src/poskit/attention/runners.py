@@ -55,13 +55,21 @@ def run_blocked_qk(inp: AttentionInputs, enc, gate_keys):
     return blocked(inp, q, enc.encode_k(inp.k, inp.k_positions), inp.v, prescaled=True)
 
 
-def run_cpu_flash(inp: AttentionInputs, enc, gate_keys):
-    """q/k wider than v through the opt-in compiled CPU kernel (cpu_flash.py)."""
+def run_cpu_flash(inp: AttentionInputs, enc, gate_keys, served=cpu_flash.QK):
+    """The compiled CPU kernel (cpu_flash.py): `served` is what cpu_flash.serves returned when the call was
+    planned, QK (encoded q/k, the attention scale folded into q) or the KernelBias of a bias encoding."""
     _refuse_gate_keys(gate_keys)
-    q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)  # the scale rides on the encoded query
-    k = repeat_kv(enc.encode_k(inp.k, inp.k_positions), inp.groups)
-    return cpu_flash.cpu_flash_attention(q, k, repeat_kv(inp.v, inp.groups), scale=1.0, q_positions=inp.q_positions,
-                                         k_positions=inp.k_positions, causal=inp.causal)
+    if served is cpu_flash.QK:
+        q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
+        return cpu_flash.cpu_flash_attention(q, enc.encode_k(inp.k, inp.k_positions), inp.v, scale=1.0,
+                                             q_positions=inp.q_positions, k_positions=inp.k_positions,
+                                             causal=inp.causal, key_padding_mask=inp.key_padding_mask)
+    from .blocked_bias import check_positions_by_block
+
+    check_positions_by_block(enc, inp)  # (relative without cap refuses offsets past its table)
+    return cpu_flash.cpu_flash_attention(inp.q, inp.k, inp.v, scale=inp.scale, q_positions=inp.q_positions,
+                                         k_positions=inp.k_positions, causal=inp.causal,
+                                         key_padding_mask=inp.key_padding_mask, bias=served)
 
 
 def run_blocked_static_bias(inp: AttentionInputs, enc, gate_keys):

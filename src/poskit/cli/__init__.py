@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import analyze, data, demo, digits, export, extend, finetune, passkey, report, reproduce, train
+from . import analyze, data, demo, digits, export, extend, finetune, kernel, passkey, report, reproduce, train
 from .common import base_config as _base_config  # the name the training tests build configs with
 
 __all__ = ["build_parser", "main"]
@@ -22,7 +22,7 @@ __all__ = ["build_parser", "main"]
 _SUBCOMMANDS = (train.add_train, train.add_compare, train.add_extrapolate, demo.add_demo, reproduce.add_reproduce,
                 reproduce.add_study, export.add_convert_checkpoint, analyze.add_analyze, finetune.add_finetune_glue,
                 digits.add_digits, reproduce.add_list, data.add_data, export.add_export, report.add_report,
-                extend.add_extend, passkey.add_passkey)
+                extend.add_extend, passkey.add_passkey, kernel.add_kernel)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import math
 import torch
 
 from .base import PositionalEncoding, register
+from .kernel_bias import KernelBias
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -59,3 +60,7 @@ class ALiBiEncoding(PositionalEncoding):
         dtype = bias_dtype(q.dtype)
         dist = distance(q_positions, k_positions).abs().to(dtype)
         return -self.slopes.to(dtype)[:, None, None] * dist  # (1|B, H, Tq, Tk)
+
+    def kernel_bias(self, q_positions, k_positions):
+        """-m_h |t - s| from the slopes (encodings/kernel_bias.py): the compiled CPU kernel computes it per tile."""
+        return KernelBias("slopes", self.slopes)

@@ -13,6 +13,7 @@ from torch import nn
 from ..util.validate import check_int
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
+from .kernel_bias import KernelBias, distance_span
 
 ACTIVATIONS = {"relu": F.relu, "silu": F.silu}
 
@@ -94,10 +95,20 @@ class DynamicPositionBias(PositionalEncoding):
             return torch.zeros(*d.shape[:1], self.num_heads, *d.shape[2:], dtype=dtype, device=d.device)
         lo, hi = int(d.min()), int(d.max())
         if hi - lo + 1 <= d.numel():  # the MLP once per distance in [lo, hi], then gathered per pair
-            table = self.mlp(self.features(torch.arange(lo, hi + 1, device=d.device).to(dtype)))  # (R, H)
-            return heads_first(table[d - lo])
+            return heads_first(self.table(lo, hi, dtype, d.device)[d - lo])
         # (positions so sparse that the range of distances outnumbers the pairs: per pair instead)
         return heads_first(self.mlp(self.features(d.to(dtype))))
+
+    def table(self, lo: int, hi: int, dtype, device) -> torch.Tensor:
+        """(R, H): the MLP's bias for each distance lo..hi."""
+        return self.mlp(self.features(torch.arange(lo, hi + 1, device=device).to(dtype)))
+
+    def kernel_bias(self, q_positions, k_positions):
+        """The MLP once per distance t - s that occurs (encodings/kernel_bias.py): (H, R)."""
+        span = distance_span(q_positions, k_positions)
+        if span is None:
+            return None
+        return KernelBias("distance_table", self.table(*span, torch.float32, q_positions.device).T.contiguous(), span[0])
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", hidden={self.hidden}, depth={self.depth}, "

@@ -14,6 +14,7 @@ from ..util.validate import check_int, check_real
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
 from .dynamic import DistanceMLP, heads_first
+from .kernel_bias import KernelBias, distance_span, distances
 
 
 @register("fire")
@@ -61,6 +62,23 @@ class FIREBias(PositionalEncoding):
 
     def bias(self, q, q_positions, k_positions, scale):
         return heads_first(self.mlp(self.normalised_distance(q_positions, k_positions, bias_dtype(q.dtype))))
+
+    def kernel_bias(self, q_positions, k_positions):
+        """A table over the distances t - s (encodings/kernel_bias.py) while every query is at or before the
+        threshold L: there psi(max(L, i)) is psi(L) for all of them, so the bias is a function of the distance
+        alone, computed here by the same formula for a query at position 0. Past L the normaliser differs per
+        query and no per-distance table is exact: None (the blocked path)."""
+        span = distance_span(q_positions, k_positions)
+        if span is None:
+            return None
+        dtype = torch.float32
+        threshold = (self.threshold_scale.to(dtype) * self.threshold_init).abs()
+        if not bool((q_positions.to(dtype) <= threshold).all()):
+            return None
+        d = distances(*span, q_positions.device)
+        origin = torch.zeros(1, 1, dtype=d.dtype, device=d.device)
+        x = self.normalised_distance(origin, -d[None], dtype)  # (1, 1, 1, R): distance 0 - (-d) = d
+        return KernelBias("distance_table", heads_first(self.mlp(x))[0, :, 0].contiguous(), span[0])
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", mlp_width={self.mlp_width}, threshold_init={self.threshold_init}"

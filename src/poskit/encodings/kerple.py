@@ -10,6 +10,7 @@ from torch import nn
 from ..util.validate import check_real
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
+from .kernel_bias import KernelBias, distance_span, distances
 
 KERNELS = ("log", "power")
 POWER_MAX = 2.0  # |m - n|^p is conditionally positive definite for 0 < p <= 2 only
@@ -64,11 +65,24 @@ class KerpleBias(PositionalEncoding):
     def bias(self, q, q_positions, k_positions, scale):
         dtype = bias_dtype(q.dtype)
         d = distance(q_positions, k_positions).abs().to(dtype)  # (1|B, 1, Tq, Tk)
-        r1 = self.r1.to(dtype).clamp(min=self.eps)[:, None, None]
-        r2 = self.r2.to(dtype).clamp(min=self.eps, max=self.r2_max)[:, None, None]
+        return self._kernel_of(d, (-1, 1, 1))  # (1|B, H, Tq, Tk)
+
+    def _kernel_of(self, d: torch.Tensor, shape: tuple) -> torch.Tensor:
+        """The per-head kernel of the absolute distances d (float), r1 and r2 viewed as `shape` (heads first)
+        to broadcast against d."""
+        r1 = self.r1.to(d.dtype).clamp(min=self.eps).view(shape)
+        r2 = self.r2.to(d.dtype).clamp(min=self.eps, max=self.r2_max).view(shape)
         if self.kernel == "log":
             return -r1 * torch.log1p(r2 * d)
         return -r1 * d.pow(r2)
+
+    def kernel_bias(self, q_positions, k_positions):
+        """The kernel of every distance t - s that occurs (encodings/kernel_bias.py): (H, R)."""
+        span = distance_span(q_positions, k_positions)
+        if span is None:
+            return None
+        d = distances(*span, q_positions.device).abs().to(torch.float32)
+        return KernelBias("distance_table", self._kernel_of(d, (-1, 1)).contiguous(), span[0])
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", kernel={self.kernel!r}, eps={self.eps}"

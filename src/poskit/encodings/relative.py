@@ -11,6 +11,7 @@ from torch import nn
 
 from .alibi import distance
 from .base import PositionalEncoding, register
+from .kernel_bias import KernelBias
 
 
 class RelativeEncoding(PositionalEncoding):
@@ -59,6 +60,11 @@ class RelativeEncoding(PositionalEncoding):
         z = q @ self.embeddings[lo + m:hi + m + 1].to(q.dtype).T  # (B, H, Tq, hi - lo + 1)
         index = (offset - lo).expand(q.shape[0], q.shape[1], -1, -1)
         return scale * z.gather(-1, index)
+
+    def kernel_bias(self, q_positions, k_positions):
+        """scale * q_t . e[clamp(t - s)] computed inside the compiled CPU kernel (encodings/kernel_bias.py);
+        offsets past max_distance are clamped, as here (without cap, check_positions refuses visible ones)."""
+        return KernelBias("offset_embeddings", self.embeddings, self.max_distance)
 
 
 register("relative")(RelativeEncoding)

@@ -14,6 +14,7 @@ from torch import nn
 from ..util.validate import check_int
 from .alibi import bias_dtype, distance
 from .base import PositionalEncoding, register
+from .kernel_bias import KernelBias, distance_span, distances
 
 
 def relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: bool, num_buckets: int,
@@ -91,6 +92,16 @@ class T5RelativeBias(PositionalEncoding):
     def bias(self, q, q_positions, k_positions, scale):
         values = self.table.to(bias_dtype(q.dtype))[self.buckets(q_positions, k_positions)]  # (1|B, Tq, Tk, H)
         return values.permute(0, 3, 1, 2)
+
+    def kernel_bias(self, q_positions, k_positions):
+        """The table's column per distance t - s that occurs (encodings/kernel_bias.py): (H, R)."""
+        span = distance_span(q_positions, k_positions)
+        if span is None:
+            return None
+        d = distances(*span, q_positions.device)
+        buckets = relative_position_bucket(-d, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+                                           max_distance=self.max_distance)
+        return KernelBias("distance_table", self.table.to(torch.float32)[buckets].T.contiguous(), span[0])
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
