@@ -1,12 +1,13 @@
 """The `poskit` command: train, compare, extrapolate, demo, reproduce, study, analyze, finetune-glue, digits,
-convert-checkpoint, list, data, export, report.
+convert-checkpoint, list, data, export, report, extend, passkey, kernel.
 
 Every sub-command has --help. Settings not exposed as flags are set with trailing `key=value` overrides on
 the training config (dotted for nested fields), e.g. `model.d_model=64 lr=1e-3 task_options.length=64`.
 
 One module per command group adds its sub-parsers and runs them: train (train, compare, extrapolate),
 reproduce (reproduce, study, list), demo, digits, analyze, finetune (finetune-glue), data, export (export,
-convert-checkpoint), report (report, report collect); common holds the flag groups and checks they share.
+convert-checkpoint), report (report, report collect), extend, passkey, kernel (kernel build, kernel info);
+common holds the flag groups and checks they share.
 """
 from __future__ import annotations
 
