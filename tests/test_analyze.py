@@ -234,7 +234,47 @@ def test_cli_analyze_bad_input(tmp_path, capsys):
     assert "needs at least one RUN" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["analyze", "decay", str(tmp_path), "--out", str(tmp_path)])
-    assert "RUN directories are read by `analyze frequency` only" in capsys.readouterr().err
+    assert "RUN directories are read by `analyze frequency` and `analyze phase-bias` only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["analyze", "frequency", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert "missing" in capsys.readouterr().err
+
+
+def _tiny_flip_flop_run(run_dir, encoding, options):
+    from poskit.training import TrainConfig, train
+
+    cfg = TrainConfig(task="flip-flop", task_options={"length": 16, "eval_size": 8}, batch_size=4, max_steps=6,
+                      eval_every=2, eval_batches=1, final_eval_batches=1, lr=0.05,
+                      model=ModelConfig(d_model=16, n_layers=2, n_heads=2, encoding=encoding, encoding_options=options))
+    train(cfg, run_dir, quiet=True)
+
+
+def test_phase_bias_analysis_reads_the_trainers_statistics(tmp_path, capsys):
+    from poskit.analyze import phase_bias
+
+    _tiny_flip_flop_run(tmp_path / "clamp", "pope", {})
+    _tiny_flip_flop_run(tmp_path / "projected", "pope", {"delta_projection": True})
+    assert main(["analyze", "phase-bias", str(tmp_path / "clamp"), str(tmp_path / "projected"), "--out",
+                 str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / phase_bias.PHASE_BIAS_JSON).read_text())
+    assert (tmp_path / "out" / phase_bias.PHASE_BIAS_PNG).stat().st_size > 0
+    assert sorted(result["groups"]) == ["pope", "pope:delta_projection=true"]
+    clamp, projected = result["groups"]["pope"][0], result["groups"]["pope:delta_projection=true"][0]
+    assert clamp["steps"] == projected["steps"] == [2, 4, 6] and len(clamp["accuracy"]) == 3
+    # the layer mean of the share at 0, recomputed from the log by hand
+    log = [json.loads(line) for line in (tmp_path / "clamp" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in log if "encoding" in r][-1]["encoding"].values()
+    assert clamp["delta_at_zero"][-1] == pytest.approx(sum(s["delta_at_zero"] for s in last) / 2)
+    assert "final accuracy per run" in capsys.readouterr().out
+
+
+def test_phase_bias_analysis_refuses_a_run_without_statistics(tmp_path, capsys):
+    from poskit.analyze import phase_bias
+
+    _tiny_flip_flop_run(tmp_path / "rope", "rope", {})
+    with pytest.raises(ValueError, match="logged no phase-bias statistics"):
+        phase_bias.phase_bias_curves([tmp_path / "rope"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "phase-bias", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "at least one RUN" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -147,3 +147,35 @@ def test_a_copied_encoding_keeps_its_rule(copy_kind):
     enc.delta.grad = torch.zeros_like(enc.delta)
     torch.optim.SGD(enc.parameters(), lr=0.1).step()
     assert enc.delta.eq(0.0).all()  # the copy is projected by the step, as the original would be
+
+
+def test_statistics_say_where_delta_sits():
+    enc = poskit.build_encoding("pope", head_dim=4, num_heads=1)
+    with torch.no_grad():
+        enc.delta.copy_(torch.tensor([[0.5, 0.0, -1.0, -7.0]]))
+    stats = enc.statistics()
+    assert stats["delta_at_zero"] == 0.5 and stats["delta_at_minus_2pi"] == 0.25 and stats["delta_inside"] == 0.25
+    assert stats["delta_min"] == pytest.approx(-2 * math.pi) and stats["delta_mean"] == pytest.approx(
+        (0 + 0 - 1 - 2 * math.pi) / 4)
+    assert poskit.build_encoding("pope", head_dim=4, num_heads=1, phase_bias=False).statistics() == {}
+    assert poskit.build_encoding("rope", head_dim=4, num_heads=1).statistics() == {}
+
+
+@pytest.mark.parametrize("encoding", ["pope", "rope"])
+def test_the_trainer_logs_encoding_statistics_beside_each_evaluation(encoding, tmp_path):
+    import json
+
+    from poskit.training import train
+
+    cfg = TrainConfig(task="flip-flop", task_options={"length": 16, "eval_size": 8}, batch_size=4, max_steps=4,
+                      eval_every=2, eval_batches=1, final_eval_batches=1,
+                      model=ModelConfig(d_model=16, n_layers=2, n_heads=2, encoding=encoding))
+    train(cfg, tmp_path / "run", quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    stats = [r for r in records if "encoding" in r]
+    if encoding == "rope":
+        assert not stats
+        return
+    assert [r["step"] for r in stats] == [r["step"] for r in records if "split" in r] == [2, 4]
+    assert sorted(stats[-1]["encoding"]) == ["blocks.0.attn.encoding", "blocks.1.attn.encoding"]
+    assert 0 <= stats[-1]["encoding"]["blocks.0.attn.encoding"]["delta_at_zero"] <= 1

@@ -1,22 +1,24 @@
-"""Every example of the README's "Use it in your own model" section runs (read from README.md, so the README
+"""Every Python example of README.md and docs/usage.md runs (read from the files themselves, so the documents
 and this test cannot drift apart)."""
 import re
 from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-SECTION = README.split("## Use it in your own model", 1)[1].split("\n## ", 1)[0]
-EXAMPLES = re.findall(r"```python\n(.*?)```", SECTION, flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "docs/usage.md")
+EXAMPLES = [(name, i, block) for name in DOCUMENTS
+            for i, block in enumerate(re.findall(r"```python\n(.*?)```", (ROOT / name).read_text(), flags=re.S))]
 
 
-def test_the_section_has_its_examples():
-    assert len(EXAMPLES) >= 4, "the README's 'Use it in your own model' section lost examples"
+@pytest.mark.parametrize("name,minimum", [("README.md", 3), ("docs/usage.md", 8)])
+def test_the_documents_have_their_examples(name, minimum):
+    assert sum(n == name for n, _, _ in EXAMPLES) >= minimum, f"{name} lost examples"
 
 
-@pytest.mark.parametrize("index", range(len(EXAMPLES)))
-def test_example_runs(index):
+@pytest.mark.parametrize("name,index,block", EXAMPLES, ids=[f"{n}-{i + 1}" for n, i, _ in EXAMPLES])
+def test_example_runs(name, index, block):
     import torch
 
     torch.manual_seed(0)
-    exec(compile(EXAMPLES[index], f"README.md (Use it in your own model, example {index + 1})", "exec"), {})
+    exec(compile(block, f"{name} (example {index + 1})", "exec"), {})

@@ -26,7 +26,7 @@ def test_every_experiment_is_one_record_with_a_runner_and_a_summary():
 
 
 def test_unknown_names_and_kinds_are_refused_with_the_names_of_the_kind():
-    with pytest.raises(ValueError, match=r"NAME must be one of \['indirect-indexing'\], got 'flip-flop'"):
+    with pytest.raises(ValueError, match=r"NAME must be one of \['indirect-indexing', 'indirect-indexing-paper'\], got 'flip-flop'"):
         experiment("flip-flop", "study", arg="NAME")
     with pytest.raises(ValueError, match="kind must be one of"):
         experiments("paper")

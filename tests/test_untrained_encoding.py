@@ -1,8 +1,9 @@
-"""An encoding whose trainable parameters no model holds never trains, silently: attention() says so, once.
+"""An encoding whose trainable parameters no model holds never trains, silently: poskit says so, once.
 
 Registered as a submodule of any nn.Module (an attribute, a ModuleList, poskit.nn.Attention, a poskit model),
-the encoding is the model's to train and nothing is said; outside every module, with gradients on and
-parameters that require grad, attention() warns once per encoding.
+the encoding is the model's to train and nothing is said; outside every module, the first gradient that reaches
+its parameters after attention() ran with gradients on warns, once per encoding. A forward pass alone
+(inference) says nothing.
 """
 import warnings
 
@@ -34,14 +35,16 @@ def untrained_warnings(call) -> list:
 def test_an_encoding_outside_every_module_warns_once_saying_what_to_do(name, options):
     enc = poskit.build_encoding(name, head_dim=16, num_heads=2, **options)
     q, k, v = qkv()
-    first = untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True))
-    assert len(first) == 1 and first[0].filename == __file__  # points at the caller's line
+    assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True)) == []  # inference: quiet
+    first = untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True).sum().backward())
+    assert len(first) == 1
     message = str(first[0].message)
     assert f"the encoding {name!r} has trainable parameters but is not part of any nn.Module" in message
     assert ADVICE in message and "\n" not in message
-    assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True)) == []  # once per encoding
+    again = untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True).sum().backward())
+    assert again == []  # once per encoding
     other = poskit.build_encoding(name, head_dim=16, num_heads=2, **options)
-    assert len(untrained_warnings(lambda: poskit.attention(q, k, v, other, is_causal=True))) == 1  # per instance
+    assert len(untrained_warnings(lambda: poskit.attention(q, k, v, other, is_causal=True).sum().backward())) == 1
 
 
 def test_the_trap_it_reports_cope_never_trains():
@@ -75,7 +78,15 @@ def test_an_encoding_registered_in_any_module_is_not_warned_about(register):
     register(enc)
     assert in_a_module(enc)
     q, k, v = qkv()
-    assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True)) == []
+    assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True).sum().backward()) == []
+
+
+def test_an_encoding_registered_after_its_first_call_is_not_warned_about():
+    enc = poskit.build_encoding("pope", head_dim=16, num_heads=2)
+    q, k, v = qkv()
+    out = poskit.attention(q, k, v, enc, is_causal=True)
+    holder = Holder(enc)  # registered before the backward: the model holds it now
+    assert untrained_warnings(lambda: out.sum().backward()) == [] and holder.enc is enc
 
 
 def test_poskit_models_and_layers_hold_their_encodings():
@@ -94,11 +105,12 @@ def test_no_warning_without_gradients_or_without_trainable_parameters():
     pope = poskit.build_encoding("pope", head_dim=16, num_heads=2)
     with torch.no_grad():
         assert untrained_warnings(lambda: poskit.attention(q, k, v, pope, is_causal=True)) == []
+    q.requires_grad_(True)  # a backward through attention, but no parameter of the encoding to train
     frozen = poskit.build_encoding("pope", head_dim=16, num_heads=2).requires_grad_(False)
     for enc in (frozen, poskit.build_encoding("rope", head_dim=16, num_heads=2),
                 poskit.build_encoding("alibi", head_dim=16, num_heads=2),
                 poskit.build_encoding("pope", head_dim=16, num_heads=2, phase_bias=False)):
-        assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True)) == []
+        assert untrained_warnings(lambda: poskit.attention(q, k, v, enc, is_causal=True).sum().backward()) == []
 
 
 def test_a_refused_call_does_not_warn():
@@ -114,6 +126,7 @@ def test_a_refused_call_does_not_warn():
 def test_the_kv_cache_and_linear_attention_warn_too():
     q, k, v = qkv()
     pope = poskit.build_encoding("pope", head_dim=16, num_heads=2)
-    assert len(untrained_warnings(lambda: cached_attention(q, k, v, pope, KVCache(1), 0, torch.arange(5)))) == 1
+    step = lambda: cached_attention(q, k, v, pope, KVCache(1), 0, torch.arange(5)).sum().backward()  # noqa: E731
+    assert len(untrained_warnings(step)) == 1
     pope = poskit.build_encoding("pope", head_dim=16, num_heads=2)
-    assert len(untrained_warnings(lambda: linear_attention(q, k, v, pope))) == 1
+    assert len(untrained_warnings(lambda: linear_attention(q, k, v, pope).sum().backward())) == 1

@@ -6,10 +6,12 @@ a writer of that dict plus its PNG.
 - decay: RoFormer's relative upper bound of the long-term decay (App. C) beside the same curve measured on
   poskit's logits.
 - correlation: position-correlation matrices of absolute encodings (Legendre PE paper Figs. 1 and 3).
+- phase_bias: where PoPE's phase bias sits over training, beside the validation metric (the phase-bias rules).
 """
 from .correlation import position_correlation, write_correlation
 from .decay import decay_curves, write_decay
 from .frequency import frequency_usage, write_frequency
+from .phase_bias import phase_bias_curves, write_phase_bias
 
-__all__ = ["decay_curves", "frequency_usage", "position_correlation", "write_correlation", "write_decay",
-           "write_frequency"]
+__all__ = ["decay_curves", "frequency_usage", "phase_bias_curves", "position_correlation", "write_correlation", "write_decay",
+           "write_frequency", "write_phase_bias"]

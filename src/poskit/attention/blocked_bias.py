@@ -112,6 +112,8 @@ def _bias_backward(bias, ds, q_blk, params, dparams, dq_bias, part, i, j):
 class _BiasOf(torch.nn.Module):
     """enc.bias as a module call, so that torch.func.functional_call can swap the encoding's parameters."""
 
+    wraps_temporarily = True  # for one call: the encoding does not become part of a model (registration.py)
+
     def __init__(self, enc, scale: float):
         super().__init__()
         self.enc, self.scale = enc, scale

@@ -7,13 +7,19 @@ from .common import add_run_flags, check_positive, encoding_names, parse_ints
 
 
 def add_analyze(sub) -> None:
-    p = sub.add_parser("analyze", help="frequency usage of trained runs, RoPE's long-term decay, position correlation",
+    p = sub.add_parser("analyze", help="frequency usage of trained runs, RoPE's long-term decay, position correlation, "
+                                       "PoPE's phase bias over training",
                        description="frequency RUN...: mean query/key magnitude per frequency component, per layer "
                                    "and head, over held-out inputs (PoPE paper Figs. 3-6). decay: RoFormer's "
                                    "long-term decay bound (App. C) beside poskit's measured logits. correlation: "
-                                   "position-correlation matrices of absolute encodings (Legendre paper Figs. 1, 3).")
-    p.add_argument("analysis", choices=["frequency", "decay", "correlation"])
-    p.add_argument("runs", nargs="*", metavar="RUN", help="frequency: run directories of trained rope/pope models")
+                                   "position-correlation matrices of absolute encodings (Legendre paper Figs. 1, 3). "
+                                   "phase-bias RUN...: where PoPE's phase bias sits over training, beside the "
+                                   "validation metric (runs of the phase-bias rules compared).")
+    p.add_argument("analysis", choices=["frequency", "decay", "correlation", "phase-bias"])
+    p.add_argument("runs", nargs="*", metavar="RUN",
+                   help="frequency: run directories of trained rope/pope models; phase-bias: of trained pope models")
+    p.add_argument("--metric", default="accuracy", help="phase-bias: the validation metric beside delta (default "
+                                                        "accuracy)")
     p.add_argument("--split", default="test", help="frequency: held-out split (default test)")
     p.add_argument("--max-tokens", type=int, default=16384, help="frequency: tokens analysed per run (default 16384)")
     p.add_argument("--encodings", help="decay: default rope,pope; correlation: default sinusoidal,legendre")
@@ -32,12 +38,13 @@ def add_analyze(sub) -> None:
 
 def cmd_analyze(args) -> int:
     out = Path(args.out or f"runs/analyze-{args.analysis}")
-    if args.analysis != "frequency" and args.runs:
-        raise ValueError(f"RUN directories are read by `analyze frequency` only; `analyze {args.analysis}` takes none, "
-                         f"got {args.runs}")
+    if args.analysis not in ("frequency", "phase-bias") and args.runs:
+        raise ValueError(f"RUN directories are read by `analyze frequency` and `analyze phase-bias` only; `analyze "
+                         f"{args.analysis}` takes none, got {args.runs}")
     names = (encoding_names(args.encodings, "--encodings", f"analyze {args.analysis} builds each encoding with its defaults")
              if args.encodings else [])
-    {"frequency": _frequency, "decay": _decay, "correlation": _correlation}[args.analysis](args, out, names)
+    {"frequency": _frequency, "decay": _decay, "correlation": _correlation,
+     "phase-bias": _phase_bias}[args.analysis](args, out, names)
     return 0
 
 
@@ -80,3 +87,15 @@ def _correlation(args, out: Path, names: list[str]) -> None:
         print(f"{name:10s} mean |corr| between positions: all dims {e['mean_abs_offdiag_all']:.3f}, "
               f"dims >= {args.high_from}: {e['mean_abs_offdiag_high']:.3f}")
     print(f"wrote {out / analyze.correlation.CORRELATION_JSON}, {out / analyze.correlation.CORRELATION_PNG}")
+
+
+def _phase_bias(args, out: Path, names: list[str]) -> None:
+    from poskit.analyze import phase_bias
+
+    if not args.runs:
+        raise ValueError("`poskit analyze phase-bias` needs at least one RUN directory (a trained pope run)")
+    result = phase_bias.write_phase_bias(args.runs, out, metric=args.metric)
+    for label, runs in result["groups"].items() if not args.quiet else ():
+        last = ", ".join(f"{r[args.metric][-1]:.3f} (delta at 0: {r['delta_at_zero'][-1]:.2f})" for r in runs)
+        print(f"{label}: final {args.metric} per run {last}")
+    print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}")

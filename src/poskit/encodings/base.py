@@ -234,6 +234,12 @@ class PositionalEncoding(nn.Module):
         is projected after the step of any torch optimizer that holds its parameters, whichever loop trains it
         (encodings/projection.py), while `projects_parameters` is True."""
 
+    def statistics(self) -> dict[str, float]:
+        """Numbers about the encoding's learned parameters that the trainer records beside each evaluation
+        (metrics.jsonl, {"step", "encoding": {module: statistics}}), so that how they move over training can be
+        followed (PoPE: where its phase bias sits). Default: none."""
+        return {}
+
     @property
     def projects_parameters(self) -> bool:
         """Whether the optimizer-step hook calls `project_parameters_` now (default: the class defines one)."""

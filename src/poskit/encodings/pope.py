@@ -133,6 +133,20 @@ class PolarEncoding(PositionalEncoding):
         # read at each optimizer step, so the option may be switched on a built encoding
         return self.delta is not None and self.delta_projection
 
+    def statistics(self) -> dict[str, float]:
+        """Where the phase bias sits: the fraction of entries the forward clamp puts on the bound 0 (at or above
+        it: under the clamp alone an entry above 0 gets no gradient again), on the bound -2 pi, strictly
+        inside, and the mean and minimum of the clamped values. Empty without a phase bias."""
+        if self.delta is None:
+            return {}
+        with torch.no_grad():
+            raw = self.delta.detach().float()
+            used = raw.clamp(DELTA_MIN, DELTA_MAX)
+            return {"delta_at_zero": float((raw >= DELTA_MAX).float().mean()),
+                    "delta_at_minus_2pi": float((raw <= DELTA_MIN).float().mean()),
+                    "delta_inside": float(((raw > DELTA_MIN) & (raw < DELTA_MAX)).float().mean()),
+                    "delta_mean": float(used.mean()), "delta_min": float(used.min())}
+
     def clamped_delta(self, like: torch.Tensor) -> torch.Tensor:
         """The phase bias actually used, (num_heads, head_dim); zeros without phase_bias."""
         if self.delta is None:

@@ -23,7 +23,7 @@ from .configs.digits import DIGITS
 from .configs.flip_flop import FLIP_FLOP
 from .configs.genome import GENOME
 from .configs.indirect_indexing import INDIRECT_INDEXING
-from .configs.indirect_indexing_study import INDIRECT_INDEXING_STUDY
+from .configs.indirect_indexing_study import INDIRECT_INDEXING_PAPER_STUDY, INDIRECT_INDEXING_STUDY
 from .configs.jsb import JSB
 from .configs.maestro import MAESTRO
 from .configs.mlm import MLM
@@ -99,6 +99,7 @@ EXPERIMENTS: dict[tuple[str, str], Experiment] = {(e.kind, e.name): e for e in (
                (*_COMPARE, CONVERGENCE_PLOT)),
     # background studies: queues of long runs with early stops
     Experiment("indirect-indexing", "study", INDIRECT_INDEXING_STUDY, "poskit.experiments.study:run"),
+    Experiment("indirect-indexing-paper", "study", INDIRECT_INDEXING_PAPER_STUDY, "poskit.experiments.study:run"),
     # the demos, each with a command of its own
     Experiment("demo", "demo", DEMO, "poskit.experiments.demo:run"),
     Experiment("digits", "demo", DIGITS, "poskit.experiments.digits:run"),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from poskit.encodings.base import PositionalEncoding
+
 from .checkpoint_store import write_checkpoint
 from .config import TrainConfig
 from .distributed import (
@@ -136,6 +138,14 @@ class Trainer:
         if rank >= len(saved):
             torch.manual_seed(_rank_seed(self.loop.seed, rank, self.step))
 
+    def encoding_statistics(self) -> dict:
+        """{module name: statistics} of the model's encodings that report any (PositionalEncoding.statistics);
+        none under FSDP, whose parameters are shards here."""
+        if self.procs.active and self.loop.parallel == "fsdp":
+            return {}
+        return {name: stats for name, m in self.model.named_modules()
+                if isinstance(m, PositionalEncoding) and (stats := m.statistics())}
+
     def log(self, record: dict) -> None:
         if not self.procs.is_main:
             return
@@ -190,6 +200,9 @@ class Trainer:
                     if evaluation is not None and evaluation[1] is not None:
                         self.log({"step": self.step, "split": evaluation[0], **evaluation[1]})
                         self._report(bar, *evaluation)
+                        stats = self.encoding_statistics()
+                        if stats:
+                            self.log({"step": self.step, "encoding": stats})
                     t0 = time.perf_counter() - self.elapsed  # evaluation time is not training time
                 if self.step % loop.checkpoint_every == 0 or self.step == stop_at or done:
                     self.save_checkpoint()
