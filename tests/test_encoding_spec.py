@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import poskit
-from poskit.encodings.base import PositionalEncoding, _bool_options, encoding_class, register, unregister
+from poskit.encodings.base import (PositionalEncoding, _bool_options, _dict_options, _optional_bool_options,
+                                   encoding_class, register, unregister)
 from poskit.encodings.spec import BOOL_WORDS, EncodingSpec, SpecError, allowed_options
 
 
@@ -148,7 +149,16 @@ def test_property_a_label_parses_back_to_an_equal_spec(data):
     keys = data.draw(st.lists(st.sampled_from(allowed_options(name)), unique=True, max_size=3))
     options = {}
     for key in keys:
-        options[key] = data.draw(st.booleans() if key in _bool_options(encoding_class(name)) else _VALUES)
+        cls = encoding_class(name)
+        if key in _bool_options(cls):
+            values = st.booleans()
+        elif key in _optional_bool_options(cls):  # true, false or None (the encoding's default)
+            values = st.one_of(st.booleans(), st.none())
+        elif key in _dict_options(cls):  # a JSON object (or None)
+            values = st.one_of(st.none(), st.dictionaries(st.text("abc", min_size=1, max_size=3), _VALUES, max_size=2))
+        else:
+            values = _VALUES
+        options[key] = data.draw(values)
     spec = EncodingSpec(name, options)
     back = EncodingSpec.parse(spec.label)
     assert back == spec and back.options == spec.options and back.label == spec.label

@@ -97,3 +97,39 @@ def test_a_bidirectional_config_is_refused_by_the_causal_lm():
         PoskitForCausalLM(cfg)
     with pytest.raises(ValueError, match="attention_type"):
         PoskitConfig(attention_type="sparse")
+
+
+# -- position_encoding through EncodingSpec ---------------------------------------------------------------------
+
+def test_position_encoding_takes_spec_text():
+    cfg = PoskitConfig(position_encoding="pope:delta_init=uniform:softplus=no", hidden_size=16,
+                       num_attention_heads=2)
+    assert cfg.position_encoding == "pope"
+    assert cfg.position_encoding_options == {"delta_init": "uniform", "softplus": False}
+    mc = cfg.to_model_config()
+    assert (mc.encoding, mc.encoding_options) == ("pope", {"delta_init": "uniform", "softplus": False})
+
+
+def test_spec_text_and_options_that_disagree_are_refused_naming_both():
+    with pytest.raises(ValueError, match=r"position_encoding 'rope:base=500' sets base=500 and "
+                                         r"position_encoding_options\['base'\]=100"):
+        PoskitConfig(position_encoding="rope:base=500", position_encoding_options={"base": 100})
+    cfg = PoskitConfig(position_encoding="rope:base=500", position_encoding_options={"base": 500})
+    assert cfg.position_encoding_options == {"base": 500}
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("rope:bogus=1", "position_encoding: encoding option rope:bogus must be one of rope's options"),
+    ("rope:base=1:base=2", "position_encoding: encoding option rope:base must be given once"),
+])
+def test_bad_spec_text_is_one_line_naming_position_encoding(value, needle):
+    with pytest.raises(ValueError) as e:
+        PoskitConfig(position_encoding=value)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_encoding_options_are_typed_by_the_one_bool_rule_and_named_by_the_hf_field():
+    assert PoskitConfig(position_encoding="pope", position_encoding_options={"softplus": "no"}
+                        ).position_encoding_options == {"softplus": False}
+    with pytest.raises(ValueError, match=r"^position_encoding_options\.softplus must be true or false"):
+        PoskitConfig(position_encoding="pope", position_encoding_options={"softplus": "maybe"})

@@ -44,7 +44,7 @@ def test_a_scheduled_model_equals_one_built_by_hand_with_those_encodings(name):
     pattern = cfg.layer_encodings
     specs = [(cfg.encoding, cfg.encoding_options) if pattern[i % len(pattern)] == "*"
              else poskit.EncodingSpec.parse(pattern[i % len(pattern)]).to_config() for i in range(cfg.n_layers)]
-    assert [layer_spec(cfg, i) for i in range(cfg.n_layers)] == specs
+    assert [layer_spec(cfg, i).to_config() for i in range(cfg.n_layers)] == specs
     by_hand = hand_built(cfg, specs).double().eval()
     assert [e.name for e in scheduled.encoding_modules()] == [s[0] for s in specs]
     by_hand.load_state_dict(scheduled.state_dict())  # the same names: nothing missing, nothing unexpected
@@ -108,8 +108,10 @@ def test_irope_declares_the_same_schedule_as_its_layer_encodings():
     (dict(layer_encodings=["*"] * 5), "layer_encodings must be a list of 1 to n_layers=4 encoding specs"),
     (dict(layer_encodings=[]), "layer_encodings must be a list of 1 to n_layers=4"),
     (dict(layer_encodings="none"), "layer_encodings must be a list of strings or null"),
-    (dict(layer_encodings=["*", "ropee"]), r"layer_encodings\[1\]: encoding must be one of"),
-    (dict(layer_encodings=["rope:bse=3"]), r"layer_encodings\[0\]: encoding option rope:bse must be one of"),
+    (dict(layer_encodings=["*", "ropee"]), r"layer_encodings\[1\] must be one of \["),
+    (dict(layer_encodings=["rope:bse=3"]), r"layer_encodings\[0\]\.bse must be one of rope's options"),
+    (dict(layer_encodings=["*", "pope:delta_projection=maybe"]), r"layer_encodings\[1\]\.delta_projection must be "
+                                                                   "true or false"),
     (dict(layer_encodings=["rope:base=0.5"]), r"layer_encodings\[0\] 'rope:base=0.5': base must be"),
     (dict(layer_encodings=["learned"]), r"layer_encodings\[0\] must be an encoding inside attention"),
     (dict(layer_encodings=["irope"]), r"layer_encodings\[0\] must be the encoding of one layer"),
@@ -122,6 +124,14 @@ def test_bad_schedules_are_refused_in_one_line_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message) as err:
         config(**kw)
     assert "\n" not in str(err.value)
+
+
+def test_layer_entries_are_typed_by_the_encoding_spec_rules():
+    # the same parser as `encoding`: a bool word reaches the encoding as a bool, never as a truthy string
+    cfg = config(layer_encodings=["*", "pope:delta_projection=no:softplus=yes"])
+    assert layer_spec(cfg, 1) == poskit.EncodingSpec("pope", {"delta_projection": False, "softplus": True})
+    assert layer_spec(cfg, 0) == cfg.encoding_spec
+    assert Transformer(cfg).blocks[1].attn.encoding.delta_projection is False
 
 
 # -- the HF bridge ------------------------------------------------------------------------------------------------
@@ -159,7 +169,7 @@ def test_hf_names_of_schedules_become_layer_encodings(fields, schedule):
     (dict(sliding_window_pattern=2, rope_local_base_freq=0.5), "rope_local_base_freq: base must be"),
     (dict(sliding_window_pattern=2, rope_local_base_freq=1e4, position_encoding="alibi"), "not a rope encoding"),
     (dict(layer_encodings=["*", "none"], no_rope_layer_interval=2), "both give the encoding of each layer"),
-    (dict(layer_encodings=["*", "nope"]), r"layer_encodings\[1\]: encoding must be one of"),
+    (dict(layer_encodings=["*", "nope"]), r"layer_encodings\[1\] must be one of \["),
 ])
 def test_hf_schedule_fields_are_refused_in_one_line(fields, message):
     PoskitConfig, _ = hf()

@@ -170,7 +170,7 @@ def test_every_rope_type_equals_hf_in_float64(case):
     config = config_class(hidden_size=D * H, num_attention_heads=H, num_key_value_heads=H, head_dim=D,
                           rope_parameters={"rope_theta": 10000.0, **copy.deepcopy(table)}, **fields)
     hf_fn = hf_default if rope_type == "default" else in_float64(ROPE_INIT_FUNCTIONS[rope_type])
-    name, options = from_hf(copy.deepcopy(table), head_dim=D, **fields)
+    name, options = from_hf(copy.deepcopy(table), head_dim=D, **fields).to_config()
     enc = poskit.build_encoding(name, head_dim=D, num_heads=H, **options)
     for seq_len in seq_lens:
         theirs, their_factor = hf_fn(config, "cpu", seq_len=seq_len)

@@ -147,10 +147,12 @@ PHI3_SHORT, PHI3_LONG = [1.0] * 8, [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0]
     (None, dict(rope_theta=1e4, partial_rotary_factor=0.5), "rope", dict(base=1e4, rotary_dim=8)),
 ])
 def test_from_hf_reads_the_dicts_of_real_configs(table, fields, name, want):
-    got_name, options = from_hf(table, head_dim=D, **fields)
+    spec = from_hf(table, head_dim=D, **fields)
+    got_name, options = spec.to_config()
     assert got_name == name
     assert options == dict(want, layout="half")
     poskit.build_encoding(got_name, head_dim=D, num_heads=H, **options)  # and they build
+    spec.build(head_dim=D, num_heads=H)
 
 
 def test_from_hf_refuses_what_it_does_not_compute():

@@ -254,19 +254,34 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
     return planned.runner(inp, enc, gate_keys)
 
 
+def attention_with_key_mask(q, k, v, enc, *, key_mask=None, attn_mask=None, is_causal: bool = False, scale=None,
+                            enable_gqa: bool = False, q_positions=None, k_positions=None, gate_keys=None,
+                            backend: str = "auto") -> torch.Tensor:
+    """`attention()` for a caller that knows which keys are real as a (B, Tk) bool mask, True = a real key (the
+    form a model's batch carries, models/batch.py): the mask reaches the plan as it is, instead of being widened
+    to attn_mask=key_mask[:, None, None, :] and split back. attn_mask: as attention()'s, for any other
+    visibility (both apply). The other keywords and the result are attention()'s, bit for bit."""
+    inp = _prepare_call(q, k, v, enc, attn_mask, 0.0, is_causal, scale, enable_gqa, q_positions, k_positions,
+                        key_mask)
+    planned = plan_inputs(inp, enc, backend)
+    warn_if_untrained(enc)
+    return planned.runner(inp, enc, gate_keys)
+
+
 # `import poskit.attention.engine as engine` looks `engine` up on the object poskit.attention (this function)
 # and, not finding it there, takes sys.modules[f"{that object's __name__}.engine"]: named after the package
 # it stands for, the function lets that spelling reach the package's modules as it would on the package.
 attention.__name__ = "poskit.attention"
 
 
-def _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions):
-    """The validated inputs of one attention() call (shared by attention and plan)."""
+def _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions,
+                  key_mask=None):
+    """The validated inputs of one attention() call (shared by attention, attention_with_key_mask and plan)."""
     _check_dropout(dropout_p)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     return prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                   attn_mask=attn_mask, enable_gqa=enable_gqa)
+                   attn_mask=attn_mask, enable_gqa=enable_gqa, key_padding_mask=key_mask)
 
 
 def cached_key_form(enc: PositionalEncoding, backend: str) -> str:
@@ -325,10 +340,9 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     warn_if_untrained(enc)
     layer = layer._write(keys, v, inp.k_positions, gate_keys, encoded, None, real)  # checked above
     if not encoded:  # raw keys: attention() over the whole layer, planned as any other call
-        pad = layer.key_mask
-        return attention(q, layer.keys, layer.values, enc, is_causal=True, enable_gqa=True,
-                         q_positions=inp.q_positions, k_positions=layer.positions, gate_keys=layer.gate_keys,
-                         attn_mask=None if pad is None else pad[:, None, None, :], backend=backend)
+        return attention_with_key_mask(q, layer.keys, layer.values, enc, key_mask=layer.key_mask, is_causal=True,
+                                       enable_gqa=True, q_positions=inp.q_positions, k_positions=layer.positions,
+                                       gate_keys=layer.gate_keys, backend=backend)
     full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True,
                            layer.key_mask, False)
     return plan_inputs(full, enc, backend, keys="encoded").runner(full, enc, gate_keys)

@@ -124,13 +124,17 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
     qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions", coords=coords)
     kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions", coords=coords)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scale(scale)
+    if key_padding_mask is not None and (not isinstance(key_padding_mask, torch.Tensor)
+                                         or key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk)):
+        raise ValueError(f"the key padding mask must be a bool tensor of shape ({B}, {Tk}) (True = real key), got "
+                         f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)} "
+                         f"{tuple(getattr(key_padding_mask, 'shape', ()))}")
+    check_device(key_padding_mask, "key padding mask")
     general = None
     if attn_mask is not None:
         padding, general = split_attn_mask(attn_mask, (B, H, Tq, Tk), q.dtype, q.device)
-        key_padding_mask = padding if key_padding_mask is None or padding is None else key_padding_mask & padding
-    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk)):
-        raise ValueError(f"the key padding mask must be a bool tensor of shape ({B}, {Tk}) (True = real key), got "
-                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        if padding is not None:  # both hide keys: a key is real when both say so
+            key_padding_mask = padding if key_padding_mask is None else key_padding_mask & padding
     default = q_positions is None and k_positions is None
     return AttentionInputs(q, k, v, qp, kp, float(scale), bool(causal), key_padding_mask, default, general)
 

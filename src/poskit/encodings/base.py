@@ -14,7 +14,10 @@ own module (tests/test_contract.py builds one in a test file and runs it through
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import types
+import typing
 from typing import Callable, ClassVar
 
 import torch
@@ -375,9 +378,44 @@ def registered_names() -> list[str]:
     return list(_REGISTRY)
 
 
+# the parameters every encoding takes from the model, never as options (build_encoding's own arguments)
+MODEL_ARGUMENTS = frozenset({"head_dim", "num_heads", "dim"})
+
+
 def _allowed_options(cls: type) -> list[str]:
     params = inspect.signature(cls.__init__).parameters
     return [p for p, v in params.items() if p != "self" and v.kind == v.KEYWORD_ONLY]
+
+
+def allowed_options(name: str) -> list[str]:
+    """The options `build_encoding(name, ...)` (and an EncodingSpec of `name`) may set: the keyword-only
+    arguments of its class, less those its registration fixes and those the model passes (MODEL_ARGUMENTS)."""
+    encoding_class(name)  # an unknown name: ValueError listing the known ones
+    cls, fixed = _REGISTRY[name]
+    return sorted(set(_allowed_options(cls)) - set(fixed) - MODEL_ARGUMENTS)
+
+
+@functools.lru_cache(maxsize=None)
+def _option_types(cls: type) -> dict:
+    """Each keyword-only option of `cls` and its annotation, resolved where it can be (under postponed
+    annotations it is a string such as "bool | None")."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that does not resolve: the raw one below
+        hints = {}
+    params = inspect.signature(cls.__init__).parameters
+    return {p: hints.get(p, v.annotation) for p, v in params.items() if v.kind == v.KEYWORD_ONLY}
+
+
+def _is_optional(annotation, tp: type) -> bool:
+    """Whether `annotation` is `tp | None` (or Optional[tp]; for dict, also dict[...] | None)."""
+    if isinstance(annotation, str):  # unresolved
+        return annotation.replace(" ", "") in (f"{tp.__name__}|None", f"None|{tp.__name__}", f"Optional[{tp.__name__}]")
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return False
+    args = typing.get_args(annotation)
+    rest = [a for a in args if a is not type(None)]
+    return len(rest) == 1 < len(args) and (rest[0] is tp or typing.get_origin(rest[0]) is tp)
 
 
 def _bool_options(cls: type) -> set[str]:
@@ -386,6 +424,18 @@ def _bool_options(cls: type) -> set[str]:
     params = inspect.signature(cls.__init__).parameters
     return {p for p, v in params.items()
             if v.kind == v.KEYWORD_ONLY and (v.annotation in (bool, "bool") or isinstance(v.default, bool))}
+
+
+def _optional_bool_options(cls: type) -> set[str]:
+    """The options annotated `bool | None`: true, false, or None for the encoding's own default (RoPE's
+    truncate and rope_interleave)."""
+    return {p for p, tp in _option_types(cls).items() if _is_optional(tp, bool)}
+
+
+def _dict_options(cls: type) -> set[str]:
+    """The options annotated `dict` or `dict | None` (RoPE's HF dicts rope_scaling and rope_parameters)."""
+    return {p for p, tp in _option_types(cls).items()
+            if tp in (dict, "dict") or typing.get_origin(tp) is dict or _is_optional(tp, dict)}
 
 
 def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None = None, **options) -> PositionalEncoding:
@@ -398,10 +448,10 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
     if name not in _REGISTRY:
         raise ValueError(f"name must be one of {available_encodings()}, got {name!r}")
     cls, fixed = _REGISTRY[name]
-    allowed = set(_allowed_options(cls)) - set(fixed) - {"head_dim", "num_heads", "dim"}
-    unknown = sorted(set(options) - allowed)
+    allowed = allowed_options(name)
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for encoding {name!r}; allowed options: {sorted(allowed)}")
+        raise ValueError(f"unknown option(s) {unknown} for encoding {name!r}; allowed options: {allowed}")
     kwargs = dict(fixed, **options)
     # every option without a default that is missing, in one error with an example call (not one at a time)
     required = (("dim",) if cls.kind == "absolute" else ()) + tuple(cls.required_options(dict(kwargs)))
@@ -412,9 +462,9 @@ def build_encoding(name: str, *, head_dim: int, num_heads: int, dim: int | None 
                                      {k: v for k, v in options.items() if v is not None})
     if cls.kind == "absolute":
         kwargs["dim"] = dim
-    flags = _bool_options(cls)
+    flags, optional_flags = _bool_options(cls), _optional_bool_options(cls)
     for option, value in kwargs.items():
-        if option in flags:
+        if option in flags or (option in optional_flags and value is not None):
             check_bool(value, option)
         elif value is not None and option in OPTION_CHECKS:
             OPTION_CHECKS[option](value)

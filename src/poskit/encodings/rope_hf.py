@@ -16,13 +16,14 @@ rope_scaling, rope_parameters        a dict of HF keys (RotaryEncoding.HF_DICT_K
 
 `resolve_options` turns any mix of the two spellings into poskit's, with one error naming both keys when
 two of them give one option different values. `from_hf` takes the dict of an HF config (Llama 3's llama3,
-Qwen's yarn / dynamic, DeepSeek's yarn with mscale, Phi-3's longrope) and returns the name and options of the
+Qwen's yarn / dynamic, DeepSeek's yarn with mscale, Phi-3's longrope) and returns the EncodingSpec of the
 poskit encoding that computes the same frequencies and attention factor, refusing a key it does not know.
 """
 from __future__ import annotations
 
 from .base import OPTION_CHECKS
 from .rope_scaling import ROPE_INIT_FUNCTIONS
+from .spec import EncodingSpec
 from ..util.validate import check_bool, check_int, check_real
 
 #: HF's rope_type -> poskit's scaling ("su": Phi-3's first name for longrope). poskit's "ntk" (static NTK-aware)
@@ -127,8 +128,8 @@ def resolve_options(scaling: str, head_dim: int | None, options: dict) -> dict:
         named = _dict_scaling(table, name)
         if named is not None and named != scaling:
             raise ValueError(f"{name}['rope_type'] names poskit's encoding {encoding_name(named)!r}, not "
-                             f"{encoding_name(scaling)!r}: build that one (rope_hf.from_hf gives the name and options "
-                             f"of any HF rope dict)")
+                             f"{encoding_name(scaling)!r}: build that one (rope_hf.from_hf gives the EncodingSpec of "
+                             f"any HF rope dict)")
         for key, raw in table.items():
             if HF_DICT_KEYS[key] is not None and raw is not None:
                 label = f"{name}[{key!r}]"
@@ -164,12 +165,13 @@ def resolve_options(scaling: str, head_dim: int | None, options: dict) -> dict:
 
 def from_hf(rope_parameters: dict | None = None, *, head_dim: int, rope_theta: float | None = None,
             partial_rotary_factor: float | None = None, max_position_embeddings: int | None = None,
-            original_max_position_embeddings: int | None = None, layout: str = "half") -> tuple[str, dict]:
-    """(name, options) of the poskit RoPE that computes what HF computes for this rope dict (a config's
+            original_max_position_embeddings: int | None = None, layout: str = "half") -> EncodingSpec:
+    """The EncodingSpec of the poskit RoPE that computes what HF computes for this rope dict (a config's
     `rope_parameters`, or its older `rope_scaling`), with the config fields HF reads beside it: head_dim (the
     attention head width), rope_theta, partial_rotary_factor, max_position_embeddings and
-    original_max_position_embeddings (Phi-3 keeps it outside the dict). `options` use poskit's names only,
-    base and layout included; build it with `poskit.build_encoding(name, head_dim=..., num_heads=..., **options)`.
+    original_max_position_embeddings (Phi-3 keeps it outside the dict). Its options use poskit's names only,
+    base and layout included; build it with `spec.build(head_dim=..., num_heads=...)`, or take the (name,
+    options) pair with `spec.to_config()`.
 
     layout: 'half' (HF's Llama family rotates channel i with i + d/2; default) or 'interleaved' (the layout of
     checkpoints whose config sets rope_interleave, e.g. DeepSeek-V3's). A key poskit does not read, a rope_type
@@ -194,4 +196,4 @@ def from_hf(rope_parameters: dict | None = None, *, head_dim: int, rope_theta: f
     if scaling == "dynamic" and "original_max_positions" not in options:
         raise ValueError("rope_parameters of rope_type 'dynamic' need max_position_embeddings (HF grows the base "
                          "past it)")
-    return encoding_name(scaling), options
+    return EncodingSpec(encoding_name(scaling), options)

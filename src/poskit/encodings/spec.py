@@ -11,8 +11,10 @@ accepts the same text, types an option the same way and refuses bad input with t
 Values are JSON where they parse (numbers, true/false/null, lists, objects), else the text itself. An
 option that the encoding declares bool (annotated `bool`, or defaulting to True/False: the rule that
 `build_encoding` checks) takes true/false/1/0/yes/no in any case, and becomes a real bool: a word like "no"
-must never reach the encoding as a truthy string. A value that must keep `:` or `,` is written in double
-quotes ("a:b"). A spec's `label` is the text it was parsed from (run directories and result tables are named
+must never reach the encoding as a truthy string; one annotated `bool | None` (RoPE's truncate,
+rope_interleave) takes null as well. An option annotated `dict` (RoPE's HF dicts rope_scaling,
+rope_parameters) is a JSON object in braces: rope:rope_scaling={"rope_type":"linear","factor":2.0}.
+A value that must keep `:` or `,` is written in double quotes ("a:b"). A spec's `label` is the text it was parsed from (run directories and result tables are named
 by it); a spec made from a name and options gets a canonical label that parses back to an equal spec.
 """
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from .base import _REGISTRY, _allowed_options, _bool_options, available_encodings, build_encoding
+from ..util.config_check import ConfigError
+from . import base
+from .base import _REGISTRY, _bool_options, _dict_options, _optional_bool_options, available_encodings, build_encoding
 
 __all__ = ["BOOL_WORDS", "EncodingSpec", "SpecError", "allowed_options", "parse_value", "split_top_level",
            "typed_option"]
@@ -28,15 +32,18 @@ __all__ = ["BOOL_WORDS", "EncodingSpec", "SpecError", "allowed_options", "parse_
 # the words a bool option accepts on the command line (any case)
 BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 BOOL_REQUIREMENT = "true or false (true/false/1/0/yes/no, any case)"
-# the parameters every encoding takes from the model, never from a spec
-_MODEL_ARGUMENTS = {"head_dim", "num_heads", "dim"}
+DICT_REQUIREMENT = 'a JSON object in braces, e.g. {"rope_type":"yarn","factor":4.0}'
 
 
 class SpecError(ValueError):
     """A bad encoding spec, in one format: "[ARG: ]SUBJECT must be REQUIREMENT, got VALUE[ (in 'SPEC')]"."""
 
-    def __init__(self, subject: str, requirement: str, value, *, spec: str | None = None, arg: str | None = None):
+    def __init__(self, subject: str, requirement: str, value, *, spec: str | None = None, arg: str | None = None,
+                 option: str | None = None):
+        # option: the option key the error is about (None: the name or the spec as a whole), so that a config
+        # can name its own field for it ("encoding_options.<option>")
         self.subject, self.requirement, self.value, self.spec, self.arg = subject, requirement, value, spec, arg
+        self.option = option
         where = f" (in {spec!r})" if spec is not None and spec != str(value) else ""
         super().__init__(f"{arg + ': ' if arg else ''}{subject} must be {requirement}, got {value!r}{where}")
 
@@ -82,24 +89,31 @@ def _check_name(name, spec: str | None, arg: str | None) -> str:
 
 
 def allowed_options(name: str) -> list[str]:
-    """The options a spec of encoding `name` may set: its constructor's keyword-only arguments, less those its
-    registration fixes and those the model passes (head_dim, num_heads, dim)."""
-    cls, fixed = _REGISTRY[_check_name(name, None, None)]
-    return sorted(set(_allowed_options(cls)) - set(fixed) - _MODEL_ARGUMENTS)
+    """The options a spec of encoding `name` may set: build_encoding's (encodings/base.py), for a known name."""
+    return base.allowed_options(_check_name(name, None, None))
 
 
 def typed_option(name: str, key: str, value, *, spec: str | None = None, arg: str | None = None):
     """The value of option `key` of encoding `name`: text is parsed (`parse_value`, or a bool word for an option
-    the encoding declares bool); a bool option accepts only a real bool or one of BOOL_WORDS. An unknown
-    encoding leaves the value as parsed (the name is refused, with the list, where it is checked)."""
+    the encoding declares bool); a bool option accepts only a real bool or one of BOOL_WORDS (and null where it
+    is annotated `bool | None`), a dict option only a JSON object. An unknown encoding leaves the value as
+    parsed (the name is refused, with the list, where it is checked)."""
     entry = _REGISTRY.get(name)
-    if entry is None or key not in _bool_options(entry[0]):
-        return parse_value(value) if isinstance(value, str) else value
-    if isinstance(value, bool):
+    cls = entry[0] if entry is not None else None
+    optional = cls is not None and key in _optional_bool_options(cls)
+    if cls is None or not (key in _bool_options(cls) or optional):
+        value = parse_value(value) if isinstance(value, str) else value
+        if cls is not None and key in _dict_options(cls) and not isinstance(value, dict) and value is not None:
+            raise SpecError(f"encoding option {name}:{key}", DICT_REQUIREMENT, value, spec=spec, arg=arg, option=key)
+        return value
+    if isinstance(value, bool) or (optional and value is None):
         return value
     word = value.strip().lower() if isinstance(value, str) else None
+    if optional and word in ("null", "none"):
+        return None
     if word not in BOOL_WORDS:
-        raise SpecError(f"encoding option {name}:{key}", BOOL_REQUIREMENT, value, spec=spec, arg=arg)
+        requirement = BOOL_REQUIREMENT + (", or null (the encoding's default)" if optional else "")
+        raise SpecError(f"encoding option {name}:{key}", requirement, value, spec=spec, arg=arg, option=key)
     return BOOL_WORDS[word]
 
 
@@ -128,7 +142,7 @@ class EncodingSpec:
         for key, value in options.items():
             if key not in allowed:
                 raise SpecError(f"encoding option {name}:{key}", f"one of {name}'s options {allowed}", key,
-                                spec=spec, arg=arg)
+                                spec=spec, arg=arg, option=key)
             typed[key] = typed_option(name, key, value, spec=spec, arg=arg)
         self._options = typed
         self.label = label if label is not None else name + "".join(f":{k}={_format_value(v)}"
@@ -151,7 +165,8 @@ class EncodingSpec:
             texts.setdefault(key, []).append(value)
         for key, values in texts.items():
             if len(values) > 1:  # the last would silently win
-                raise SpecError(f"encoding option {name}:{key}", "given once", values, spec=spec, arg=arg)
+                raise SpecError(f"encoding option {name}:{key}", "given once", values, spec=spec, arg=arg,
+                                option=key)
         return cls(name, {k: v[0] for k, v in texts.items()}, label=spec, arg=arg)
 
     @classmethod
@@ -173,9 +188,18 @@ class EncodingSpec:
         return value if isinstance(value, cls) else cls.parse(value)
 
     @classmethod
-    def from_config(cls, encoding: str, encoding_options: Mapping | None = None) -> "EncodingSpec":
-        """The spec of the (encoding, encoding_options) pair a model config stores."""
-        return cls(encoding, encoding_options)
+    def from_config(cls, encoding: str, encoding_options: Mapping | None = None, *,
+                    fields: tuple[str, str] | None = None) -> "EncodingSpec":
+        """The spec of the (encoding, encoding_options) pair a model config stores. fields: the config's names
+        for the two, e.g. ("encoding", "encoding_options"): a bad value is then a ConfigError naming the field
+        ("encoding_options.base must be ..."), in the one format of both error types."""
+        try:
+            return cls(encoding, encoding_options)
+        except SpecError as e:
+            if fields is None:
+                raise
+            field = fields[0] if e.option is None else f"{fields[1]}.{e.option}"
+            raise ConfigError(field, e.requirement, e.value) from None
 
     def to_config(self) -> tuple[str, dict]:
         """The (encoding, encoding_options) pair a model config stores."""

@@ -93,8 +93,9 @@ _TRANSFORMERS_KEYWORDS = frozenset({
 class PoskitConfig(PretrainedConfig):
     """A poskit decoder (`poskit.models.Transformer`) described with Hugging Face's field names.
 
-    position_encoding: any name of `poskit.available_encodings()`; position_encoding_options: its keyword
-    options (e.g. {"base": 10000}). num_key_value_heads and head_dim default to num_attention_heads and
+    position_encoding: any name of `poskit.available_encodings()`, or an encoding spec ("pope:delta_init=uniform",
+    stored as its name, its options joining position_encoding_options); position_encoding_options: its keyword
+    options (e.g. {"base": 10000}), typed as EncodingSpec types them. num_key_value_heads and head_dim default to num_attention_heads and
     hidden_size // num_attention_heads, intermediate_size to poskit's default ratio (4 x hidden_size for
     "gelu", 2/3 of that for "silu"). bias: biases in every linear layer. hidden_dropout: dropout on the
     embeddings and on each residual branch. max_position_embeddings: the context the model was trained at,
@@ -161,6 +162,7 @@ class PoskitConfig(PretrainedConfig):
             raise ValueError(f"unknown PoskitConfig field(s) {unknown}; the fields are {fields}")
         if self.position_encoding_options is None:
             self.position_encoding_options = {}
+        self._read_spec_text()
         self._read_hf_rope_fields(hf_rope)
         self._read_hf_layer_fields(hf_layers)
         if self.poskit_fingerprint is not None:
@@ -171,6 +173,7 @@ class PoskitConfig(PretrainedConfig):
                 and isinstance(self.num_attention_heads, int):
             self.num_key_value_heads = self.num_attention_heads
         model_config = self.to_model_config(default_width=True)
+        self.position_encoding_options = model_config.encoding_options  # typed by the spec's rules
         if self.head_dim is None:
             self.head_dim = model_config.dim_head
         if self.intermediate_size is None:
@@ -221,6 +224,19 @@ class PoskitConfig(PretrainedConfig):
         if cls.__module__.split(".")[0] == "poskit":
             return
         super().register_for_auto_class(auto_class)
+
+    def _read_spec_text(self) -> None:
+        """position_encoding given as spec text ("pope:delta_init=uniform"): its name, and its options folded
+        into position_encoding_options (an option given in both with another value is refused, naming both)."""
+        text, options = self.position_encoding, self.position_encoding_options
+        if not isinstance(text, str) or ":" not in text or not isinstance(options, dict):
+            return  # a plain name (or a bad value, which to_model_config names)
+        spec = EncodingSpec.parse(text, arg="position_encoding")
+        for key, value in spec.options.items():
+            if key in options and options[key] != value:
+                raise ValueError(f"position_encoding {text!r} sets {key}={value!r} and "
+                                 f"position_encoding_options[{key!r}]={options[key]!r}: give one of them")
+        self.position_encoding, self.position_encoding_options = spec.name, {**options, **spec.options}
 
     def _read_hf_rope_fields(self, fields: dict) -> None:
         """Fold HF's RoPE fields (top level, or inside position_encoding_options) into poskit's rope options."""
@@ -327,7 +343,8 @@ class PoskitConfig(PretrainedConfig):
         try:
             config = ModelConfig(**fields)
         except ConfigError as e:
-            raise e.renamed(_HF_NAME.get(e.field, e.field)) from None
+            field, dot, rest = e.field.partition(".")  # "encoding_options.base" -> "position_encoding_options.base"
+            raise e.renamed(_HF_NAME.get(field, field) + dot + rest) from None
         _check_encoding(config)
         if self.intermediate_size is None and default_width:
             return config
@@ -426,8 +443,7 @@ def _check_encoding(config: ModelConfig) -> None:
     """Build the encoding once so that bad options fail here, naming the config field, not at model build."""
     try:
         with torch.device("meta"):
-            poskit.build_encoding(config.encoding, head_dim=config.dim_head, num_heads=config.n_heads,
-                                  dim=config.d_model, **config.encoding_options)
+            config.encoding_spec.build(head_dim=config.dim_head, num_heads=config.n_heads, dim=config.d_model)
     except (TypeError, ValueError) as e:
         raise ValueError(f"position_encoding_options {config.encoding_options!r} do not fit position_encoding "
                          f"{config.encoding!r}: {e}") from None

@@ -155,9 +155,10 @@ class Attention(nn.Module):
             out = _engine.cached_attention(q, k, v, self.encoding, cache, layer_idx, positions,
                                            attention_mask=real, gate_keys=g, backend=backend)
         else:
-            out = _engine.attention(q, k, v, self.encoding, attn_mask=_with_padding(attn_mask, kv_real),
-                                    is_causal=causal, enable_gqa=True, q_positions=positions,
-                                    k_positions=kv_positions, gate_keys=g, backend=backend)  # (B, H, T, hd)
+            out = _engine.attention_with_key_mask(q, k, v, self.encoding, key_mask=kv_real, attn_mask=attn_mask,
+                                                  is_causal=causal, enable_gqa=True, q_positions=positions,
+                                                  k_positions=kv_positions, gate_keys=g,
+                                                  backend=backend)  # (B, H, T, hd)
         return self.drop(self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)))
 
 
@@ -185,14 +186,3 @@ def _attention_encoding(encoding, head_dim: int, num_heads: int, options: dict) 
                          "num_heads=, dim=), add enc.embed(positions) to your embeddings and use encoding='none' here")
     return enc
 
-
-def _with_padding(attn_mask, real):
-    """attn_mask with the padded keys of `real` (B, Tk) hidden as well; either may be None."""
-    if real is None:
-        return attn_mask
-    keep = real[:, None, None, :]
-    if attn_mask is None:
-        return keep
-    if attn_mask.dtype == torch.bool:
-        return attn_mask & keep
-    return torch.where(keep, attn_mask, float("-inf"))

@@ -27,7 +27,7 @@ from poskit.util.config_check import ConfigError, check_field_types, from_known_
 from poskit.encodings import DEFAULT_ENCODING
 from poskit.encodings.base import as_position_tensor, encoding_class
 from poskit.encodings.mrope import text_positions
-from poskit.encodings.spec import EncodingSpec
+from poskit.encodings.spec import EncodingSpec, SpecError
 
 from .batch import ModelBatch, build_batch, real_tokens
 from .block import MLP, Block, RMSNorm, SelfAttention, run_block
@@ -94,8 +94,7 @@ class ModelConfig:
                 raise ConfigError(name, "a positive int", getattr(self, name))
         if self.mlp not in MLP_KINDS:
             raise ConfigError("mlp", f"one of {list(MLP_KINDS)}", self.mlp)
-        if self.encoding not in poskit.available_encodings():
-            raise ConfigError("encoding", f"one of {poskit.available_encodings()}", self.encoding)
+        self.encoding_options = self.encoding_spec.options  # checked and typed (bool words become bools)
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ConfigError("d_model", f"divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
@@ -119,6 +118,11 @@ class ModelConfig:
         _check_layer_encodings(self)
         if self.attention == "linear":
             _check_linear_forms(self)
+
+    @property
+    def encoding_spec(self) -> EncodingSpec:
+        """The encoding and its options as one EncodingSpec; a bad one is a ConfigError naming the field."""
+        return EncodingSpec.from_config(self.encoding, self.encoding_options, fields=("encoding", "encoding_options"))
 
     @property
     def kv_heads(self) -> int:
@@ -154,15 +158,15 @@ def layer_schedule(cfg: ModelConfig) -> list[str] | None:
     return None if declared is None else declared(cfg.encoding_options)
 
 
-def layer_spec(cfg: ModelConfig, layer_idx: int) -> tuple[str, dict]:
-    """(name, options) of the encoding inside attention layer `layer_idx` as the config gives it ("*" entries and
-    layers without a schedule: the model's encoding, absolute ones included; `_layer_encoding` turns those into
-    "none")."""
+def layer_spec(cfg: ModelConfig, layer_idx: int) -> EncodingSpec:
+    """The EncodingSpec of the encoding inside attention layer `layer_idx` as the config gives it ("*" entries and
+    layers without a schedule: the model's `encoding_spec`, absolute ones included; `_layer_encoding` turns those
+    into "none")."""
     schedule = layer_schedule(cfg)
     entry = MODEL_ENCODING if schedule is None else schedule[layer_idx % len(schedule)]
     if entry == MODEL_ENCODING:
-        return cfg.encoding, cfg.encoding_options
-    return EncodingSpec.parse(entry).to_config()
+        return cfg.encoding_spec
+    return EncodingSpec.parse(entry)
 
 
 def _layer_field(cfg: ModelConfig, layer_idx: int) -> tuple[str, object]:
@@ -193,7 +197,10 @@ def _check_layer_encodings(cfg: ModelConfig) -> None:
         if text == MODEL_ENCODING:
             continue
         field = f"layer_encodings[{i}]"
-        spec = EncodingSpec.parse(text, arg=field)
+        try:  # the one parser and error format of encoding specs, naming this entry as encoding_options are named
+            spec = EncodingSpec.parse(text)
+        except SpecError as e:
+            raise ConfigError(field if e.option is None else f"{field}.{e.option}", e.requirement, e.value) from None
         cls = encoding_class(spec.name)
         if cls.kind == "absolute":
             raise ConfigError(field, "an encoding inside attention (an absolute encoding is added once, at the "
@@ -227,8 +234,7 @@ def _layer_encoding(cfg: ModelConfig, layer_idx: int = 0):
 
     The probe is built (not only looked up by kind) for every layer: building an encoding with trainable
     parameters draws from the random generator, and models seeded as before must initialise as before."""
-    name, options = layer_spec(cfg, layer_idx)
-    probe = poskit.build_encoding(name, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model, **options)
+    probe = layer_spec(cfg, layer_idx).build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
     if probe.kind == "absolute":
         return poskit.build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
     return probe
@@ -258,8 +264,7 @@ class Transformer(nn.Module):
             raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        enc = poskit.build_encoding(cfg.encoding, head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model,
-                                    **cfg.encoding_options)
+        enc = cfg.encoding_spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
         # absolute encodings live once, at the embeddings; others live inside each attention layer
         self.abs_encoding = enc if enc.kind == "absolute" else None
         self.drop = nn.Dropout(cfg.dropout)

@@ -32,6 +32,7 @@ from torch import nn
 
 import poskit
 from poskit.encodings.base import encoding_class
+from poskit.encodings.spec import EncodingSpec
 from poskit.attention.kv_cache import KVCache
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 
@@ -96,8 +97,7 @@ class EncoderDecoderConfig:
         if self.cross_attention_positions not in CROSS_POSITIONS:
             raise ConfigError("cross_attention_positions", f"one of {list(CROSS_POSITIONS)}",
                               self.cross_attention_positions)
-        if self.encoding not in poskit.available_encodings():
-            raise ConfigError("encoding", f"one of {poskit.available_encodings()}", self.encoding)
+        self.encoding_options = self.encoding_spec.options  # checked and typed (bool words become bools)
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("share_embeddings", f"false unless src_vocab_size == tgt_vocab_size (got "
                               f"{self.src_vocab_size} and {self.tgt_vocab_size})", self.share_embeddings)
@@ -112,6 +112,11 @@ class EncoderDecoderConfig:
                               self.cross_attention_positions)
 
     @property
+    def encoding_spec(self) -> EncodingSpec:
+        """The encoding and its options as one EncodingSpec; a bad one is a ConfigError naming the field."""
+        return EncodingSpec.from_config(self.encoding, self.encoding_options, fields=("encoding", "encoding_options"))
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
@@ -124,15 +129,14 @@ class EncoderDecoderConfig:
 
 
 def _build(cfg: EncoderDecoderConfig):
-    return poskit.build_encoding(cfg.encoding, head_dim=cfg.head_dim, num_heads=cfg.n_heads, dim=cfg.d_model,
-                                 **cfg.encoding_options)
+    return cfg.encoding_spec.build(head_dim=cfg.head_dim, num_heads=cfg.n_heads, dim=cfg.d_model)
 
 
-def _layer_encoding(cfg: EncoderDecoderConfig, probe):
+def _layer_encoding(cfg: EncoderDecoderConfig, probe) -> EncodingSpec:
     # absolute encodings are in the embeddings: attention layers then use none
     if probe.kind == "absolute":
-        return "none", {}
-    return cfg.encoding, dict(cfg.encoding_options)
+        return EncodingSpec("none")
+    return cfg.encoding_spec
 
 
 def _norm(cfg: EncoderDecoderConfig) -> nn.LayerNorm:
@@ -142,8 +146,9 @@ def _norm(cfg: EncoderDecoderConfig) -> nn.LayerNorm:
 def encoder_block(cfg: EncoderDecoderConfig, probe) -> Block:
     """Bidirectional self-attention and a ReLU feed-forward, post- or pre-norm (parts registered in the order
     of the checkpoints written before: attention, feed-forward, then the norms)."""
-    name, options = _layer_encoding(cfg, probe)
-    return Block(attn=SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, causal=False, **options),
+    spec = _layer_encoding(cfg, probe)
+    return Block(attn=SelfAttention(cfg.d_model, cfg.n_heads, encoding=spec.name, bias=True, causal=False,
+                                    **spec.options),
                  mlp=MLP(cfg.d_model, cfg.d_ff, "relu", bias=True), norm1=_norm(cfg), norm2=_norm(cfg),
                  pre_norm=cfg.norm == "pre", dropout=cfg.dropout, order=("attn", "mlp", "norm1", "norm2"))
 
@@ -151,10 +156,10 @@ def encoder_block(cfg: EncoderDecoderConfig, probe) -> Block:
 def decoder_block(cfg: EncoderDecoderConfig, probe, layer_idx: int) -> Block:
     """Causal self-attention (at `layer_idx` of the decoding cache), cross-attention over the encoder's output
     (positions only with cross_attention_positions "aligned"), a ReLU feed-forward."""
-    name, options = _layer_encoding(cfg, probe)
-    self_attn = SelfAttention(cfg.d_model, cfg.n_heads, encoding=name, bias=True, causal=True, layer_idx=layer_idx,
-                              **options)
-    cross = (poskit.build_encoding(name, head_dim=cfg.head_dim, num_heads=cfg.n_heads, **options)
+    spec = _layer_encoding(cfg, probe)
+    self_attn = SelfAttention(cfg.d_model, cfg.n_heads, encoding=spec.name, bias=True, causal=True,
+                              layer_idx=layer_idx, **spec.options)
+    cross = (spec.build(head_dim=cfg.head_dim, num_heads=cfg.n_heads)
              if cfg.cross_attention_positions == "aligned" else
              poskit.build_encoding("none", head_dim=cfg.head_dim, num_heads=cfg.n_heads))
     return Block(attn=self_attn, cross_attn=Attention(cfg.d_model, cfg.n_heads, encoding=cross, bias=True),

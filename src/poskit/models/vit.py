@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..encodings.base import available_encodings, build_encoding, encoding_class
+from ..encodings.spec import EncodingSpec
 from ..util.validate import check_int
 from .block import MLP, Block, SelfAttention, run_block
 
@@ -37,18 +38,21 @@ def _axial_options(head_dim: int) -> dict:
     return {"axial_dims": [head_dim // 2, head_dim // 2]}
 
 
-def placement(encoding: str, head_dim: int = 8) -> str | None:
-    """Where `encoding` enters the ViT: "none", "table" (a learned 2-D table), "embed" (fixed vectors per axis),
-    "attention" (axial positions inside attention), or None when it cannot give patches 2-D positions."""
-    cls = encoding_class(encoding)
+def placement(encoding, head_dim: int = 8) -> str | None:
+    """Where `encoding` (a name, spec text or an EncodingSpec) enters the ViT: "none", "table" (a learned 2-D
+    table), "embed" (fixed vectors per axis), "attention" (axial positions inside attention), or None when it
+    cannot give patches 2-D positions."""
+    spec = EncodingSpec.of(encoding)
+    cls = encoding_class(spec.name)
     if cls.kind == "none":
         return "none"
     with torch.device("meta"):  # probing builds on the meta device: no memory, no draw from the random generator
         if cls.kind == "absolute":
-            probe = build_encoding(encoding, head_dim=head_dim, num_heads=1, dim=2 * head_dim)
+            probe = spec.build(head_dim=head_dim, num_heads=1, dim=2 * head_dim)
             return "table" if any(True for _ in probe.parameters()) else "embed"
         try:
-            probe = build_encoding(encoding, head_dim=head_dim, num_heads=1, **_axial_options(head_dim))
+            probe = build_encoding(spec.name, head_dim=head_dim, num_heads=1, **spec.options,
+                                   **_axial_options(head_dim))
         except (TypeError, ValueError):  # the encoding takes no axial_dims, or not without other options
             return None
     return "attention" if probe.position_coords == 2 else None
@@ -59,17 +63,33 @@ def vit_encodings() -> list[str]:
     return [name for name in available_encodings() if placement(name) is not None]
 
 
+def _vit_spec(encoding) -> tuple[EncodingSpec, str]:
+    """(the spec of `encoding`, where it enters the ViT), or a one-line ValueError naming `encoding`."""
+    spec = None
+    if isinstance(encoding, EncodingSpec):
+        spec = encoding
+    elif isinstance(encoding, str) and encoding.split(":")[0].strip() in available_encodings():
+        spec = EncodingSpec.parse(encoding)  # a bad option: SpecError naming it
+    if spec is not None and "axial_dims" in spec.options:
+        raise ValueError(f"encoding option {spec.name}:axial_dims is the ViT's to set (half of each head's channels "
+                         f"per axis), got {spec.options['axial_dims']!r} (in {spec.label!r})")
+    where = placement(spec) if spec is not None else None
+    if where is None:
+        raise ValueError(f"encoding must be one of {vit_encodings()} (encodings that give patches 2-D positions: "
+                         f"none, absolute ones at the embeddings, those that take axial_dims), or a spec of one, got "
+                         f"{encoding if isinstance(encoding, str) else str(encoding)!r}")
+    return spec, where
+
+
 class ViT(nn.Module):
     """Square single-channel images (B, 1, S, S) -> class logits (B, classes); S a multiple of `patch`.
-    `train_size`: the image size the learned table is made for (its grid is train_size // patch)."""
+    encoding: a name, spec text ("rope:base=100") or an EncodingSpec. `train_size`: the image size the learned
+    table is made for (its grid is train_size // patch)."""
 
-    def __init__(self, *, encoding: str, classes: int = 10, patch: int = 2, train_size: int = 8, dim: int = 64,
+    def __init__(self, *, encoding, classes: int = 10, patch: int = 2, train_size: int = 8, dim: int = 64,
                  depth: int = 2, heads: int = 4):
         super().__init__()
-        where = placement(encoding) if isinstance(encoding, str) and encoding in available_encodings() else None
-        if where is None:
-            raise ValueError(f"encoding must be one of {vit_encodings()} (encodings that give patches 2-D positions: "
-                             f"none, absolute ones at the embeddings, those that take axial_dims), got {encoding!r}")
+        spec, where = _vit_spec(encoding)
         for name, value in (("classes", classes), ("patch", patch), ("train_size", train_size), ("dim", dim),
                             ("depth", depth), ("heads", heads)):
             check_int(value, name, minimum=1)
@@ -78,13 +98,14 @@ class ViT(nn.Module):
         if dim % heads or (dim // heads) % 4:
             raise ValueError(f"dim must be a multiple of 4 * heads={4 * heads} (axial rope rotates channel pairs "
                              f"on each of two axes), got {dim}")
-        self.encoding, self.patch, self.grid = encoding, patch, train_size // patch
+        self.encoding, self.patch, self.grid = str(spec), patch, train_size // patch
         head_dim = dim // heads
         self.embed = nn.Linear(patch * patch, dim)
         self.table = nn.Parameter(torch.randn(self.grid, self.grid, dim) * 0.02) if where == "table" else None
-        self.axis_encoding = (build_encoding(encoding, head_dim=head_dim, num_heads=heads, dim=dim // 2)
+        self.axis_encoding = (spec.build(head_dim=head_dim, num_heads=heads, dim=dim // 2)
                               if where == "embed" else None)
-        layer_encoding, options = (encoding, _axial_options(head_dim)) if where == "attention" else ("none", {})
+        layer_encoding, options = ((spec.name, {**spec.options, **_axial_options(head_dim)}) if where == "attention"
+                                   else ("none", {}))
         self.blocks = nn.ModuleList(
             Block(norm1=nn.LayerNorm(dim), norm2=nn.LayerNorm(dim),
                   attn=SelfAttention(dim, heads, encoding=layer_encoding, causal=False, **options),
