@@ -26,7 +26,9 @@ import poskit
 from poskit.attention.reference import softmax_rows
 from poskit.util.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
+from poskit.encodings.spec import EncodingSpec
 from poskit.models import Transformer
+from poskit.models.decoder import layer_spec
 
 from .cache import PoskitCache
 from .config import PoskitConfig
@@ -103,7 +105,19 @@ class PoskitPreTrainedModel(PreTrainedModel):
         # undo that. What transformers does need from here are the encodings' non-persistent buffers (frequencies,
         # slopes), which from_pretrained leaves empty because no checkpoint holds them.
         if isinstance(module, PositionalEncoding):
-            _recompute_derived_buffers(module, self.config)
+            _recompute_derived_buffers(module, self._spec_of(module), self.config.hidden_size)
+
+    def _spec_of(self, encoding: PositionalEncoding) -> EncodingSpec:
+        """The spec `encoding` was built from: its layer's (`layer_spec`: layers of a schedule differ) where it is
+        the encoding of an attention layer of the model's Transformer, else the model's own; a "none" standing
+        in for an absolute encoding inside the layers was built without options."""
+        cfg = self.config.to_model_config()
+        for transformer in (m for m in self.modules() if isinstance(m, Transformer)):
+            for i, block in enumerate(transformer.blocks):
+                if block.attn.encoding is encoding:
+                    spec = layer_spec(cfg, i)
+                    return spec if spec.name == encoding.name else EncodingSpec(encoding.name)
+        return cfg.encoding_spec if encoding.name == cfg.encoding else EncodingSpec(encoding.name)
 
 
 class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
@@ -234,18 +248,15 @@ def _check_loaded(model: PoskitForCausalLM, info: dict, init_missing: bool, sour
                 target.copy_(fresh[name.removeprefix("model.")].to(target.dtype))
 
 
-def _recompute_derived_buffers(encoding: PositionalEncoding, config: PoskitConfig) -> None:
-    """Fill `encoding`'s non-persistent buffers with the values a freshly built twin has: they are functions of
-    the encoding's options (which poskit checkpoints do not store either: poskit rebuilds them at construction)."""
+def _recompute_derived_buffers(encoding: PositionalEncoding, spec: EncodingSpec, dim: int) -> None:
+    """Fill `encoding`'s non-persistent buffers with the values a freshly built twin of `spec` has: they are
+    functions of the encoding's options (which poskit checkpoints do not store either: poskit rebuilds them at
+    construction)."""
     derived = [(name, buf) for name, buf in _non_persistent_buffers(encoding)]
     if not derived:
         return
-    # the model's own encoding carries the config's options; any other (the "none" inside the layers of a model
-    # with an absolute encoding) was built without options
-    options = config.position_encoding_options if encoding.name == config.position_encoding else {}
     with torch.device("cpu"):  # from_pretrained builds under the meta device: the twin needs real values
-        twin = poskit.build_encoding(encoding.name, head_dim=encoding.head_dim, num_heads=encoding.num_heads,
-                                     dim=config.hidden_size, **options)
+        twin = spec.build(head_dim=encoding.head_dim, num_heads=encoding.num_heads, dim=dim)
     fresh = dict(_non_persistent_buffers(twin))
     with torch.no_grad():
         for name, buf in derived:
