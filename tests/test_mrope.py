@@ -222,3 +222,51 @@ def test_coordinates_are_refused_where_a_layer_cannot_take_them():
                                      attention="linear"))
     with pytest.raises(ValueError, match="not supported with attention='linear'"):
         linear(tokens, positions=c)
+
+
+# -- the HF bridge: Qwen2-VL's (3, B, T) position_ids ------------------------------------------------------------
+V = 29
+
+
+def test_hf_model_takes_qwen2_vl_position_ids_and_decodes_after_them():
+    from extras import need
+
+    need("transformers", "hf", "transformers (poskit.hf needs it)")
+    from poskit.hf import PoskitCache, PoskitConfig, PoskitForCausalLM
+
+    torch.manual_seed(5)
+    hf = PoskitForCausalLM(PoskitConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=V,
+                                        position_encoding="mrope")).double().eval()
+    types = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 0, 0]])
+    coords, deltas = mrope_positions(types, image_grids=[[1, 2, 3]])
+    ids = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(2))
+    want = hf.model(ids[:, :10], positions=coords)
+    got = hf(ids[:, :10], position_ids=coordinates_to_hf(coords)).logits
+    assert torch.equal(got, want)
+    assert not torch.allclose(got, hf(ids[:, :10]).logits)  # the coordinates change the logits
+
+    # a prompt with coordinates, then text decoded without positions: the full forward of the same sequence
+    cache = PoskitCache(2)
+    first = hf(ids[:, :10], position_ids=coordinates_to_hf(coords), past_key_values=cache, use_cache=True)
+    step = hf(ids[:, 10:], past_key_values=first.past_key_values, use_cache=True).logits
+    text = torch.arange(10, 12) + deltas  # HF's cache position + rope_deltas
+    full = hf.model(ids, positions=torch.cat([coords, text[..., None].expand(1, 2, 3)], 1))
+    torch.testing.assert_close(step, full[:, 10:], atol=1e-12, rtol=0)
+
+
+def test_hf_model_refuses_coordinate_position_ids_it_cannot_take():
+    from extras import need
+
+    need("transformers", "hf", "transformers (poskit.hf needs it)")
+    from poskit.hf import PoskitConfig, PoskitForCausalLM
+
+    small = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=V)
+    rope, mrope = (PoskitForCausalLM(PoskitConfig(**small, position_encoding=e)) for e in ("rope", "mrope"))
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"when the encoding of every attention layer takes them \(mrope\)"):
+        rope(ids, position_ids=torch.zeros(3, 2, 5, dtype=torch.long))
+    for bad, message in [(torch.zeros(4, 2, 5, dtype=torch.long), r"shape \(3, B, T\)"),
+                         (torch.zeros(3, 2, 4, dtype=torch.long), r"position_ids must have shape \(3, 2, 5\)"),
+                         (torch.full((3, 2, 5), -1), "position_ids must be >= 0")]:
+        with pytest.raises(ValueError, match=message):
+            mrope(ids, position_ids=bad)
