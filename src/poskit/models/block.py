@@ -80,7 +80,7 @@ class SelfAttention(Attention):
         # offsets: (1|B, T, n) per-token coordinate offsets from the positions (M-RoPE's vision tokens) or None
         if self.linear:
             return self._linear(x, positions, cache, real)
-        if offsets is not None and getattr(self.encoding, "coordinate_axes", 0):
+        if offsets is not None and self.encoding.coordinate_axes:
             return self._attend_offsets(x, positions, offsets, cache, real, backend)
         return self.attend(x, positions, real, causal=self.causal, cache=cache, layer_idx=self.layer_idx,
                            backend=backend)

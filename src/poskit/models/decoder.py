@@ -154,7 +154,7 @@ def layer_schedule(cfg: ModelConfig) -> list[str] | None:
     e.g. irope's), or None when every layer uses the model's encoding."""
     if cfg.layer_encodings is not None:
         return cfg.layer_encodings
-    declared = getattr(encoding_class(cfg.encoding), "layer_pattern", None)
+    declared = encoding_class(cfg.encoding).layer_pattern
     return None if declared is None else declared(cfg.encoding_options)
 
 
@@ -182,7 +182,7 @@ def _check_layer_encodings(cfg: ModelConfig) -> None:
     """ConfigError naming the field for a schedule that cannot be built: not a list of 1..n_layers specs, an
     unknown encoding or option, an absolute encoding inside a layer, a second pattern. Each entry is built on the
     meta device, which draws nothing from the random generator."""
-    schedule, declared = cfg.layer_encodings, getattr(encoding_class(cfg.encoding), "layer_pattern", None)
+    schedule, declared = cfg.layer_encodings, encoding_class(cfg.encoding).layer_pattern
     if schedule is None:  # a declared pattern counts layers as HF does: a shorter model has no layer that differs
         if declared is not None:
             declared(cfg.encoding_options)
@@ -205,7 +205,7 @@ def _check_layer_encodings(cfg: ModelConfig) -> None:
         if cls.kind == "absolute":
             raise ConfigError(field, "an encoding inside attention (an absolute encoding is added once, at the "
                               "embeddings: make it the model's `encoding`)", text)
-        if getattr(cls, "layer_pattern", None) is not None:
+        if cls.layer_pattern is not None:
             raise ConfigError(field, "the encoding of one layer (this one declares a pattern over layers)", text)
         try:
             with torch.device("meta"):
@@ -373,7 +373,7 @@ class Transformer(nn.Module):
 
     def _check_coordinates(self, positions, inputs: torch.Tensor) -> torch.Tensor:
         """positions (1|B, T, n) validated as the coordinates this model's layers take (ValueError otherwise)."""
-        axes = {getattr(b.attn.encoding, "coordinate_axes", 0) for b in self.blocks
+        axes = {b.attn.encoding.coordinate_axes for b in self.blocks
                 if b.attn.encoding.kind != "none"}
         if len(axes) != 1 or 0 in axes:
             names = sorted({b.attn.encoding.name for b in self.blocks})
