@@ -266,6 +266,42 @@ def test_phase_bias_analysis_reads_the_trainers_statistics(tmp_path, capsys):
     last = [r for r in log if "encoding" in r][-1]["encoding"].values()
     assert clamp["delta_at_zero"][-1] == pytest.approx(sum(s["delta_at_zero"] for s in last) / 2)
     assert "final accuracy per run" in capsys.readouterr().out
+    # the held-out result of each finished run, from its results.json, and the table over seeds
+    results = json.loads((tmp_path / "clamp" / "results.json").read_text())
+    assert clamp["final"]["test"] == results["splits"]["test"]["accuracy"]
+    summary = result["summary"]["pope"]
+    assert summary["seeds"] == [0] and summary["accuracy"] == [clamp["final"]["test"]] and summary["std"] is None
+    table = (tmp_path / "out" / phase_bias.PHASE_BIAS_MD).read_text()
+    assert f"| pope | 1 | {100 * clamp['final']['test']:.2f} |" in table
+    assert "| pope:delta_projection=true | 1 |" in table
+
+    # the results record: each run's last evaluation beside where its phase bias ended, no machine path
+    from poskit.report.record import absolute_paths, read_record
+
+    record = read_record(tmp_path / "out" / "results.json")
+    assert (record.kind, record.name, record.measurements["metric"]) == ("analysis", "phase-bias", "accuracy")
+    run = record.measurements["groups"][""]["pope"][0]
+    assert run["steps"] == 6 and run["splits"]["analysis"]["accuracy"] == clamp["accuracy"][-1]
+    assert run["splits"]["analysis"]["delta_at_zero"] == clamp["delta_at_zero"][-1]
+    assert run["splits"]["test"]["accuracy"] == clamp["final"]["test"]  # the held-out result beside them
+    assert absolute_paths(record.to_dict()) == []
+
+
+def test_phase_bias_summary_over_seeds():
+    from poskit.analyze import phase_bias
+
+    def run(seed, acc, at_zero):
+        return {"seed": seed, "final": {"test": acc}, "delta_at_zero": [1.0, at_zero]}
+
+    groups = {"pope": [run(1, 0.5, 0.9), run(0, 1.0, 0.8)], "pope:phase_bias=false": [{"seed": 0, "final": {},
+                                                                                      "delta_at_zero": [0.0]}]}
+    summary = phase_bias.summarize(groups, "accuracy")
+    assert summary["pope"]["seeds"] == [0, 1] and summary["pope"]["accuracy"] == [1.0, 0.5]
+    assert summary["pope"]["mean"] == 0.75 and summary["pope"]["std"] == pytest.approx(0.3535534)
+    assert summary["pope"]["delta_at_zero"] == [0.8, 0.9]
+    assert summary["pope:phase_bias=false"]["seeds"] == []  # unfinished runs are left out of the table
+    table = phase_bias.summary_table({"metric": "accuracy", "summary": summary})
+    assert "| pope | 2 | 75.00 ± 35.36 | 0: 100.0, 1: 50.0 | 0.80, 0.90 |" in table and "phase_bias=false" not in table
 
 
 def test_phase_bias_analysis_refuses_a_run_without_statistics(tmp_path, capsys):

@@ -350,6 +350,14 @@ def test_demo_end_to_end_at_tiny_budget(tmp_path, capsys):
     assert [r["length"] for r in report["sweeps"]["rope"]] == [16, 32, 64, 128]
     assert report["steps"]["rope"] >= 1
     assert (tmp_path / "demo" / "extrapolation.png").exists() and (tmp_path / "demo" / "diagnostic" / "compare.png").exists()
+    from poskit.report.record import absolute_paths, read_record
+
+    record = read_record(tmp_path / "demo" / "results.json")  # the demo's results record
+    assert (record.kind, record.name) == ("demo", "demo") and set(record.measurements["groups"]) == {"lm", "diagnostic"}
+    assert [r["run"] for r in record.measurements["groups"]["lm"]["pope"]] == ["lm/pope"]
+    assert [r["run"] for r in record.measurements["groups"]["diagnostic"]["rope"]] == ["diagnostic/rope/seed0"]
+    assert record.details["extrapolation"]["sweeps"] == report["sweeps"] and record.arguments["context"] == 16
+    assert absolute_paths(record.to_dict()) == []
 
 
 def test_demo_keeps_the_options_of_its_encoding_specs(tmp_path):
@@ -385,4 +393,4 @@ def test_list_and_reproduce_list_read_one_registry(capsys):
 def test_parser_lists_every_command():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == {"train", "compare", "extrapolate", "demo", "reproduce", "study", "convert-checkpoint",
-                                "analyze", "finetune-glue", "digits", "list", "data", "export"}
+                                "analyze", "finetune-glue", "digits", "list", "data", "export", "report"}

@@ -94,6 +94,14 @@ def test_tiny_run_is_resumable(tmp_path, monkeypatch):
     assert set(first["encodings"]) == {"none", "rope"}
     assert 0.0 <= first["encodings"]["rope"]["test@16"]["mean"] <= 1.0
     assert (tmp_path / "digits_vit.png").exists() and "rope" in (tmp_path / "results.md").read_text()
+    from poskit.report.record import read_record
+
+    record = read_record(tmp_path / "results.json")  # the results record, beside the summary's fields
+    assert (record.kind, record.name) == ("demo", "digits") and record.details["encodings"] == first["encodings"]
+    run = record.measurements["groups"][""]["rope"][0]
+    assert run["run"] == "rope/seed0" and run["splits"]["test@16"]["accuracy"] == first["encodings"]["rope"]["test@16"]["mean"]
+    assert record.arguments == {"encodings": ["none", "rope"], "seeds": [0], "epochs": 1, "dim": 16, "heads": 2,
+                                "eval_sizes": [8, 16]}
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")

@@ -127,7 +127,7 @@ def test_an_extrapolation_sweep_is_checked_before_training(tmp_path, monkeypatch
     r = experiment("text-extrapolation", "reproduction").settings
     _replace_settings(monkeypatch, "text-extrapolation", extrapolation={**r.extrapolation, "scalings": ("stretch",)})
     trained = []
-    monkeypatch.setattr(reproduce, "execute_compare", lambda *a, **k: trained.append(1))
+    monkeypatch.setattr(reproduce, "train_and_report", lambda *a, **k: trained.append(1))
     monkeypatch.setattr(reproduce, "plan_compare", lambda *a, **k: type("P", (), {"dirs": {}})())
     with pytest.raises(ValueError, match="extrapolation scalings must be among .*'stretch'"):
         run_reproduction("text-extrapolation", out_dir=tmp_path / "x", steps=1)

@@ -253,20 +253,52 @@ def test_study_cli_refuses_attention_for_a_group_without_runs_before_writing(tmp
 
 
 def test_a_second_runner_on_a_busy_study_directory_is_refused_and_changes_nothing(tmp_path):
-    from poskit.experiments.study import RUNNER_LOCK, StudyBusy, exclusive
+    """The runner owns and locks its directory (training/run_dir.py): while another runner holds it, a second one
+    is refused at once, pointing at --report-only, and leaves every byte as it was."""
+    from poskit.experiments.study import StudyBusy
+    from poskit.training.run_dir import owned
 
     study = Study("tiny", (StudyRun("a", TINY, "g"),), StopRule(1.0, 1, 1.0))
     out = tmp_path / "s"
-    out.mkdir()
-    with exclusive(out / RUNNER_LOCK, "the first runner"):  # another runner holds the directory
-        before = sorted(p.name for p in out.iterdir())
-        with pytest.raises(StudyBusy, match="already running") as err:
+    with owned(out, "study"):  # the first runner holds the directory
+        before = {str(p.relative_to(out)): p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))}
+        with pytest.raises(StudyBusy, match="in use by process") as err:
             run_study(study, out, workers=1, nice=0, poll_seconds=0.1)
         assert "--report-only" in str(err.value)
-        assert sorted(p.name for p in out.iterdir()) == before  # no spec, no logs, no run started
-    # released (as when the first runner exits or is killed), the directory can be run again
-    with exclusive(out / RUNNER_LOCK, "a later runner"):
+        after = {str(p.relative_to(out)): p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))}
+        assert after == before  # no spec, no logs, no run started
+    # released (as when the first runner exits or is killed), the directory can be owned again
+    with owned(out, "study"):
         pass
+
+
+def test_a_study_refuses_a_directory_that_is_not_a_study_directory_byte_for_byte(tmp_path):
+    from poskit.training.run_dir import RunDirError, claim
+
+    study = Study("tiny", (StudyRun("a", TINY, "g"),), StopRule(1.0, 1, 1.0))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.md").write_text("# mine\n")
+    compare = claim(tmp_path / "cmp", "compare")
+    for directory, message in ((project, "was not written by poskit"), (compare, "not a study directory")):
+        before = {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))}
+        with pytest.raises(RunDirError, match=message):
+            run_study(study, directory, workers=1, nice=0, poll_seconds=0.1)
+        assert {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))} == before
+
+
+def test_an_older_study_directory_without_a_marker_is_adopted(tmp_path):
+    from poskit.experiments.outputs import is_legacy_study
+    from poskit.training.run_dir import check
+
+    out = tmp_path / "s"
+    (out / "logs").mkdir(parents=True)
+    (out / "study_spec.json").write_text("{}")
+    (out / ".study.lock").write_text("")
+    (out / "study.md").write_text("| table |\n")
+    assert is_legacy_study(out) and check(out, "study", legacy=is_legacy_study) == "legacy"
+    (out / "mine.txt").write_text("not a study's")
+    assert not is_legacy_study(out)
 
 
 def test_a_worker_refuses_a_run_another_worker_is_training(tmp_path):

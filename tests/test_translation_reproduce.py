@@ -59,6 +59,17 @@ def test_tiny_reproduction_writes_its_table_plot_and_finite_numbers(corpus_home,
         assert (out / f"{enc}-seed0" / "test.hyp.txt").read_text().count("\n") == 8
     assert (out / "convergence.png").stat().st_size > 1000
     assert "| rope | 2 |" in (out / "results.md").read_text() and "| rope | 2 |" in capsys.readouterr().out
+    # results.json is the reproduction's results record (report/record.py), per seed, with the papers' numbers
+    from poskit.report.record import absolute_paths, read_record
+
+    record = read_record(out / "results.json")
+    assert (record.kind, record.name, record.measurements["metric"]) == ("reproduction", "translation", "bleu")
+    runs = record.measurements["groups"][""]["rope"]
+    assert [r["run"] for r in runs] == ["rope-seed0", "rope-seed1"]
+    assert [r["splits"]["test"]["bleu"] for r in runs] == report["encodings"]["rope"]["bleu"]["per_seed"]
+    assert record.paper["numbers"][0]["rows"]["rope"] == [27.5] and record.arguments["steps"] == 4
+    assert record.resolved["base"]["max_steps"] == 4 and "encoding" not in record.resolved["base"]["model"]
+    assert absolute_paths(record.to_dict()) == []
 
 
 def _interrupt_after_second_checkpoint(cfg, run_dir, monkeypatch):

@@ -9,6 +9,6 @@ from .attention.engine import attention  # the function; the package stays impor
 from .encodings import EncodingSpec, PositionalEncoding, available_encodings, build_encoding
 from . import nn  # poskit.nn.Attention: a self-attention layer with the encoding as one keyword
 
-__version__ = "0.1.0"
+from .util.version import __version__
 __all__ = ["EncodingSpec", "KVCache", "PositionalEncoding", "attention", "attention_scores", "available_encodings", "build_encoding",
            "nn"]

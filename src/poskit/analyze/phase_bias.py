@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import statistics
+
 from poskit.encodings.spec import EncodingSpec
-from poskit.training.files import load_config, read_metrics
+from poskit.training.files import RESULTS_FILE, load_config, read_metrics, read_results
 
 from .output import checked_out_dir, write_result
 
-PHASE_BIAS_JSON, PHASE_BIAS_PNG = "phase_bias.json", "phase_bias.png"
+PHASE_BIAS_JSON, PHASE_BIAS_PNG, PHASE_BIAS_MD = "phase_bias.json", "phase_bias.png", "phase_bias.md"
 STATISTICS = ("delta_at_zero", "delta_inside", "delta_mean")
 
 
@@ -37,6 +39,9 @@ def run_curves(run_dir, metric: str) -> dict:
               metric: [evaluations[s] for s in steps]}
     for key in STATISTICS:
         curves[key] = [_layer_mean(stats[s], key) for s in steps]
+    # the finished run's held-out result (None while it trains): what the rules are compared on
+    final = (read_results(run_dir / RESULTS_FILE)["splits"] if (run_dir / RESULTS_FILE).exists() else {})
+    curves["final"] = {split: values[metric] for split, values in final.items() if metric in values}
     return {"label": EncodingSpec.from_config(cfg.model.encoding, cfg.model.encoding_options).label, **curves}
 
 
@@ -52,7 +57,37 @@ def phase_bias_curves(run_dirs, metric: str = "accuracy") -> dict:
             raise ValueError(f"run {str(d)!r} logged no phase-bias statistics beside its evaluations of {metric!r}: "
                              "a pope run with a phase bias, trained by this version of poskit, is needed")
         groups.setdefault(curves.pop("label"), []).append(curves)
-    return {"metric": metric, "groups": groups}
+    return {"metric": metric, "groups": groups, "summary": summarize(groups, metric)}
+
+
+def summarize(groups: dict, metric: str, split: str = "test") -> dict:
+    """Per encoding spec, over its finished runs: the `split` metric per seed, its mean and sample standard
+    deviation, and the share of delta's entries at 0 at the end (layer mean) per seed."""
+    summary = {}
+    for label, runs in groups.items():
+        done = sorted((r for r in runs if split in r["final"]), key=lambda r: r["seed"])
+        values = [r["final"][split] for r in done]
+        summary[label] = {"split": split, "seeds": [r["seed"] for r in done], metric: values,
+                          "mean": statistics.fmean(values) if values else None,
+                          "std": statistics.stdev(values) if len(values) > 1 else None,
+                          "delta_at_zero": [r["delta_at_zero"][-1] for r in done]}
+    return summary
+
+
+def summary_table(result: dict) -> str:
+    """The summary as a markdown table (the metric in percent when it is an accuracy)."""
+    metric = result["metric"]
+    scale = 100 if "accuracy" in metric else 1
+    lines = [f"| encoding | runs | {metric} (mean ± std) | per seed | delta's entries at 0 at the end, per seed |",
+             "|---|---|---|---|---|"]
+    for label, s in result["summary"].items():
+        if not s["seeds"]:
+            continue
+        mean = f"{s['mean'] * scale:.2f}" + (f" ± {s['std'] * scale:.2f}" if s["std"] is not None else "")
+        per_seed = ", ".join(f"{seed}: {v * scale:.1f}" for seed, v in zip(s["seeds"], s[metric]))
+        at_zero = ", ".join(f"{v:.2f}" for v in s["delta_at_zero"])
+        lines.append(f"| {label} | {len(s['seeds'])} | {mean} | {per_seed} | {at_zero} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_phase_bias(result: dict, path: Path) -> Path:
@@ -83,5 +118,7 @@ def plot_phase_bias(result: dict, path: Path) -> Path:
 
 def write_phase_bias(run_dirs, out_dir, metric: str = "accuracy") -> dict:
     out_dir = checked_out_dir(out_dir)
-    return write_result(out_dir, phase_bias_curves(run_dirs, metric), PHASE_BIAS_JSON, plot_phase_bias,
-                        PHASE_BIAS_PNG)
+    result = write_result(out_dir, phase_bias_curves(run_dirs, metric), PHASE_BIAS_JSON, plot_phase_bias,
+                          PHASE_BIAS_PNG)
+    (out_dir / PHASE_BIAS_MD).write_text(summary_table(result))
+    return result

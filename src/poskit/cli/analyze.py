@@ -1,4 +1,6 @@
-"""`poskit analyze frequency RUN... | decay | correlation` (poskit.analyze)."""
+"""`poskit analyze frequency RUN... | decay | correlation | phase-bias RUN...` (poskit.analyze); each analysis returns its result,
+the arguments that resolve it and its files, and the command writes the results record (results.json) beside
+them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,14 +43,21 @@ def cmd_analyze(args) -> int:
     if args.analysis not in ("frequency", "phase-bias") and args.runs:
         raise ValueError(f"RUN directories are read by `analyze frequency` and `analyze phase-bias` only; `analyze "
                          f"{args.analysis}` takes none, got {args.runs}")
+    import time
+
+    started = time.perf_counter()
     names = (encoding_names(args.encodings, "--encodings", f"analyze {args.analysis} builds each encoding with its defaults")
              if args.encodings else [])
-    {"frequency": _frequency, "decay": _decay, "correlation": _correlation,
-     "phase-bias": _phase_bias}[args.analysis](args, out, names)
+    result, arguments, files = {"frequency": _frequency, "decay": _decay, "correlation": _correlation,
+                                "phase-bias": _phase_bias}[args.analysis](args, out, names)
+    from poskit.experiments.evidence import analysis_record
+
+    analysis_record(args.analysis, out, arguments, result, started, files)  # results.json, the results record
+    print(f"wrote {out / 'results.json'}")
     return 0
 
 
-def _frequency(args, out: Path, names: list[str]) -> None:
+def _frequency(args, out: Path, names: list[str]) -> tuple:
     from poskit import analyze
 
     if not args.runs:
@@ -60,9 +69,11 @@ def _frequency(args, out: Path, names: list[str]) -> None:
                            for i, s in enumerate(r["summary"]))
         print(f"{r['encoding']:8s} {r['run_dir']}: share of magnitude in the highest-frequency quarter: {shares}")
     print(f"wrote {out / analyze.frequency.FREQUENCY_JSON}, {out / analyze.frequency.FREQUENCY_PNG}")
+    return report, {"runs": list(args.runs), "split": args.split, "max_tokens": args.max_tokens}, \
+        [analyze.frequency.FREQUENCY_JSON, analyze.frequency.FREQUENCY_PNG]
 
 
-def _decay(args, out: Path, names: list[str]) -> None:
+def _decay(args, out: Path, names: list[str]) -> tuple:
     from poskit import analyze
 
     result = analyze.write_decay(out, names or ["rope", "pope"], head_dim=args.head_dim,
@@ -75,9 +86,12 @@ def _decay(args, out: Path, names: list[str]) -> None:
             print(f"{name:10s} bound   " + " ".join(f"{c['upper_bound'][d]:7.2f}" for d in picks))
         print(f"{name:10s} |logit| " + " ".join(f"{c['mean_abs_logit'][d]:7.3f}" for d in picks))
     print(f"wrote {out / analyze.decay.DECAY_JSON}, {out / analyze.decay.DECAY_PNG}")
+    return result, {"encodings": names or ["rope", "pope"], "head_dim": args.head_dim,
+                    "max_distance": args.max_distance, "samples": args.samples, "seed": args.seed}, \
+        [analyze.decay.DECAY_JSON, analyze.decay.DECAY_PNG]
 
 
-def _correlation(args, out: Path, names: list[str]) -> None:
+def _correlation(args, out: Path, names: list[str]) -> tuple:
     from poskit import analyze
 
     anchors = tuple(parse_ints(args.anchors, "--anchors")) if args.anchors else analyze.correlation.PAPER_ANCHORS
@@ -87,9 +101,12 @@ def _correlation(args, out: Path, names: list[str]) -> None:
         print(f"{name:10s} mean |corr| between positions: all dims {e['mean_abs_offdiag_all']:.3f}, "
               f"dims >= {args.high_from}: {e['mean_abs_offdiag_high']:.3f}")
     print(f"wrote {out / analyze.correlation.CORRELATION_JSON}, {out / analyze.correlation.CORRELATION_PNG}")
+    return result, {"encodings": names or ["sinusoidal", "legendre"], "dim": args.dim, "positions": args.positions,
+                    "high_from": args.high_from, "anchors": list(anchors)}, \
+        [analyze.correlation.CORRELATION_JSON, analyze.correlation.CORRELATION_PNG]
 
 
-def _phase_bias(args, out: Path, names: list[str]) -> None:
+def _phase_bias(args, out: Path, names: list[str]) -> tuple:
     from poskit.analyze import phase_bias
 
     if not args.runs:
@@ -98,4 +115,8 @@ def _phase_bias(args, out: Path, names: list[str]) -> None:
     for label, runs in result["groups"].items() if not args.quiet else ():
         last = ", ".join(f"{r[args.metric][-1]:.3f} (delta at 0: {r['delta_at_zero'][-1]:.2f})" for r in runs)
         print(f"{label}: final {args.metric} per run {last}")
-    print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}")
+    if not args.quiet:
+        print(phase_bias.summary_table(result), end="")
+    print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}, {out / phase_bias.PHASE_BIAS_MD}")
+    return result, {"runs": list(args.runs), "metric": args.metric}, \
+        [phase_bias.PHASE_BIAS_JSON, phase_bias.PHASE_BIAS_PNG, phase_bias.PHASE_BIAS_MD]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from .common import add_run_flags
 
+#: what `poskit export --format` writes: poskit's own PoskitForCausalLM, or transformers' LlamaForCausalLM
+EXPORT_FORMATS = ("poskit", "llama")
+
 
 def add_convert_checkpoint(sub) -> None:
     p = sub.add_parser("convert-checkpoint", help="rewrite old runs' checkpoint.pt as safetensors + training state",
@@ -31,22 +34,33 @@ def add_export(sub) -> None:
     p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory (needs poskit[hf])",
                        description="Write RUN (a `poskit train` directory) as a Hugging Face directory: config.json "
                                    "(PoskitConfig), model.safetensors, poskit_run.json (run config, task, vocabulary). "
-                                   "See docs/hf.md.")
+                                   "--format llama writes a native LlamaForCausalLM instead (a RoPE run with "
+                                   "Llama's architecture: mlp=swiglu; loads without poskit). See docs/hf.md.")
     p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="poskit",
+                   help="poskit: PoskitForCausalLM, any encoding (default); llama: transformers' own "
+                        "LlamaForCausalLM, for runs whose architecture is Llama's (refused naming the first "
+                        "model field that is not)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists and is not empty")
     add_run_flags(p, quiet="no summary line", workers=False)
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
-    """`poskit export RUN --hf DIR`: a trained run as a Hugging Face directory (needs the `hf` extra)."""
+    """`poskit export RUN --hf DIR [--format llama]`: a trained run as a Hugging Face directory (needs the `hf`
+    extra)."""
     try:
         from poskit.hf import export_run
+        from poskit.hf.llama import export_llama
     except ImportError as e:  # transformers missing: one line naming the extra
         raise ValueError(str(e)) from None
-    out = export_run(args.run, args.hf, overwrite=args.overwrite)
+    if args.format == "llama":
+        out = export_llama(args.run, args.hf, overwrite=args.overwrite)
+        how = "a native LlamaForCausalLM: transformers.AutoModelForCausalLM.from_pretrained, no poskit needed"
+    else:
+        out = export_run(args.run, args.hf, overwrite=args.overwrite)
+        how = "load with `import poskit.hf` and transformers.AutoModelForCausalLM.from_pretrained"
     if not args.quiet:
-        print(f"{args.run} -> {out}: config.json + model.safetensors (load with `import poskit.hf` and "
-              "transformers.AutoModelForCausalLM.from_pretrained; see docs/hf.md)")
+        print(f"{args.run} -> {out}: config.json + model.safetensors ({how}; see docs/hf.md)")
     return 0

@@ -71,8 +71,11 @@ def add_study(sub) -> None:
 
 
 def cmd_study(args) -> int:
+    import time
+
     from poskit.experiments.registry import experiment
 
+    started = time.perf_counter()
     exp = experiment(args.name, "study", arg="NAME")
     study, out = exp.settings, Path(args.out or f"runs/study-{args.name}")
     groups = sorted({r.group for r in study.runs})
@@ -88,9 +91,9 @@ def cmd_study(args) -> int:
                 if r.group == args.attention and r.config.get("seed", 0) == 0 and (out / r.name).exists()}
         if not runs:
             raise ValueError(f"--attention: group {args.attention!r} has no trained runs in {out} yet")
-    from poskit.report.study import write_study_report
+    from poskit.experiments.study import write_report
 
-    paths = write_study_report(study, out)
+    paths = write_report(exp, out, started)  # the table, plot and results record
     if runs:
         from poskit.report.lookup_plot import write_lookup_report
 

@@ -10,7 +10,8 @@ import argparse
 
 import torch
 
-from .. import attention_scores, available_encodings, build_encoding
+from ..attention import attention_scores
+from ..encodings import available_encodings, build_encoding
 
 DEFAULT_OPTIONS = {
     "rope-linear": dict(factor=4.0),

@@ -1,13 +1,19 @@
-"""`poskit compare`: train every (encoding, seed) pair, then one results.json, a markdown table and a plot."""
+"""`poskit compare`: train every (encoding, seed) pair, then one results.json, a markdown table and a plot.
+
+The output directory is poskit's own (training/run_dir.py): checked before anything is written (a directory
+that is not empty and not a compare directory is refused), then claimed and locked for the whole compare."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.encodings.spec import EncodingSpec
 from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
+from poskit.report.record import relative_to
 from poskit.tasks import task_split_names
 from poskit.training import (
     CONFIG_FILE,
@@ -20,9 +26,10 @@ from poskit.training import (
 )
 from poskit.training.checkpoint_store import has_checkpoint
 from poskit.training.distributed import processes_from_env
+from poskit.training.run_dir import check, owned
 
 from .jobs import TrainJob, train_job
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, safe_label
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, is_legacy_compare, safe_label
 from .parallel import check_workers, run_parallel
 
 
@@ -57,6 +64,7 @@ def plan_compare(base: TrainConfig, encodings: list[EncodingSpec | str], seeds: 
                          f"{[s.label for s in specs]}")
     out_dir = Path(out_dir)
     check_writable_dir(out_dir, "out")
+    check(out_dir, "compare", legacy=is_legacy_compare)  # not empty and not a compare directory: refused here
     jobs, labels, dirs = [], [], {}
     for spec in specs:
         label = spec.label
@@ -78,19 +86,45 @@ def plan_compare(base: TrainConfig, encodings: list[EncodingSpec | str], seeds: 
     return ComparePlan(base, out_dir, split, list(seeds), jobs, labels, dirs)
 
 
+@contextlib.contextmanager
+def compare_dir(out_dir):
+    """Own and lock a compare's output directory for the block (on the main process: under torchrun the other
+    ranks train the same runs and leave the directory to rank 0)."""
+    if not processes_from_env().is_main:
+        yield Path(out_dir)
+        return
+    with owned(out_dir, "compare", legacy=is_legacy_compare) as directory:
+        yield directory
+
+
 def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: bool = False,
                     title: str | None = None) -> dict:
     """Train the planned runs in parallel single-thread processes; write out_dir/{results.json, results.md,
-    compare.png}. Returns the results dict.
+    compare.png}, results.json as a results record (kind "compare", report/record.py). Returns the results dict.
 
     Under torchrun (several processes) the runs are trained one after another, each by all the processes
     together, and rank 0 alone writes the outputs (the other ranks return an empty dict)."""
+    started = time.perf_counter()
+    with compare_dir(plan.out_dir):
+        results = train_and_report(plan, workers=workers, quiet=quiet, title=title)
+        if results:
+            from .evidence import compare_record
+
+            arguments = {"base": plan.base.to_dict(), "encodings": list(plan.dirs), "seeds": plan.seeds}
+            compare_record(plan.out_dir, results, plan.dirs, kind="compare", name=plan.base.task,
+                           arguments=arguments, started=started, files=[COMPARE_MD, COMPARE_PLOT])
+    return results
+
+
+def train_and_report(plan: ComparePlan, *, workers: int | None = None, quiet: bool = False,
+                     title: str | None = None) -> dict:
+    """The work of a compare inside its owned directory: train, then results.json (the summary; the caller
+    turns it into its results record), results.md and compare.png. Returns the summary ({} on ranks other
+    than 0 under torchrun)."""
     out_dir, dirs = plan.out_dir, plan.dirs
     procs = processes_from_env()
     if procs.active:
         workers = 1
-    if procs.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
     if not quiet and procs.is_main:
         print(f"compare: {plan.base.task}, {len(plan.jobs)} runs ({len(dirs)} encodings x {len(plan.seeds)} "
               f"seeds) -> {out_dir}", file=sys.stderr, flush=True)
@@ -100,7 +134,8 @@ def execute_compare(plan: ComparePlan, *, workers: int | None = None, quiet: boo
     results = aggregate_compare(dirs, split=plan.split)
     results["seeds"] = plan.seeds
     results["config"] = plan.base.to_dict()
-    results["runs"] = {label: [str(d) for d in ds] for label, ds in dirs.items()}
+    # run directories relative to the output directory: a results file holds no machine path
+    results["runs"] = {label: [relative_to(d, out_dir) for d in ds] for label, ds in dirs.items()}
     eval_metric = results["metric"]
     curves = {label: learning_curves(ds, eval_metric) for label, ds in dirs.items()}
     atomic_write_json(out_dir / COMPARE_JSON, results)

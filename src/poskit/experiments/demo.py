@@ -94,8 +94,38 @@ def run_demo(out_dir=DEMO.out_dir, encodings=DEMO.encodings, train_seconds: floa
     atomic_write_json(out_dir / DEMO_JSON, report)
     md.append(f"\nTotal time: {total:.0f} s.\n")
     (out_dir / DEMO_MD).write_text("\n".join(md))
+    arguments = {"encodings": labels, "train_seconds": train_seconds, "context": context, "lengths": lengths,
+                 "n_chars": n_chars, "diagnostic": diagnostic, "diagnostic_steps": diagnostic_steps, "seed": seed}
+    _write_record(settings, out_dir, report, arguments, t_start)
     print(f"demo finished in {total:.0f} s; summary in {out_dir / DEMO_MD}")
     return report
+
+
+def _write_record(settings: DemoSettings, out_dir: Path, report: dict, arguments: dict, started: float) -> None:
+    """results.json, the demo's results record (report/record.py): the language models' final numbers and
+    their length sweep, the diagnostic's runs; `arguments` are recorded where they differ from the defaults."""
+    from poskit.report.aggregate import compare_measurements, run_measurement
+    from poskit.training import RESULTS_FILE
+    from poskit.training.files import read_results
+
+    from .evidence import demo_defaults, measurements_of, reproduction_paper, write_record
+
+    lm = {label: [run_measurement(read_results(out_dir / DEMO_LM_DIR / safe_label(label) / RESULTS_FILE),
+                                  out_dir / DEMO_LM_DIR / safe_label(label), out_dir)]
+          for label in report["steps"]}
+    groups = {DEMO_LM_DIR: lm}
+    if "diagnostic" in report:
+        runs = report["diagnostic"]["runs"]
+        groups[DEMO_DIAGNOSTIC_DIR] = compare_measurements(
+            {label: [out_dir / DEMO_DIAGNOSTIC_DIR / r for r in rs] for label, rs in runs.items()}, out_dir)
+    defaults = demo_defaults(settings)
+    changed = {k: v for k, v in arguments.items() if v != defaults.get(k)}
+    details = {k: v for k, v in report.items() if k not in ("sweeps", "lm_table")}
+    details["extrapolation"] = {"context": report["context"], "sweeps": report["sweeps"]}
+    write_record(out_dir, kind="demo", name="demo", arguments=changed,
+                 measurements=measurements_of("perplexity", "test", groups), started=started,
+                 paper=reproduction_paper(settings), details=details,
+                 files=[DEMO_MD, EXTRAPOLATION_PLOT, f"{DEMO_DIAGNOSTIC_DIR}/{COMPARE_PLOT}"])
 
 
 def _language_models(configs: dict[str, TrainConfig], windows: list[int], out_dir: Path, *, context, train_seconds,

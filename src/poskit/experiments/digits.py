@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..training.files import atomic_write_json, check_writable_dir, read_results
+from ..training.files import check_writable_dir, read_results
 from ..training.recipes.vit import ViTConfig, ViTRecipe
 from ..training.run import run as run_training
 from ..training.run_dir import owned
@@ -157,10 +157,30 @@ def run_digits(settings: DigitsSettings, out_dir, *, quiet: bool = False) -> dic
         results = {"settings": asdict(settings), "wall_seconds": round(time.perf_counter() - start, 1),
                    "encodings": {e: {k: _summary(rs, k) for k in keys} | {"steps": rs[0]["steps"]}
                                  for e, rs in runs.items()}}
-        atomic_write_json(out / "results.json", results)
         (out / "results.md").write_text(f"# digits ViT\n\n{results_table(results)}\n")
         plot_results(results, out / "digits_vit.png")
+        _write_record(settings, out, runs, results, start)
     return results
+
+
+def _write_record(settings: DigitsSettings, out: Path, runs: dict[str, list[dict]], results: dict,
+                  start: float) -> None:
+    """results.json: the results record (report/record.py) with the summary's fields beside it; the arguments
+    are the settings that differ from the registry's defaults (what `poskit digits` flags changed)."""
+    from .configs.digits import DIGITS
+    from .evidence import measurements_of, write_record
+
+    default = asdict(DIGITS)
+    arguments = {k: v for k, v in asdict(settings).items() if v != default[k]}
+    sizes = [*settings.eval_sizes, "canvas"]
+    groups = {"": {enc: [{"seed": seed, "run": f"{enc}/seed{seed}", "steps": r.get("steps"),
+                          "train_seconds": r.get("train_seconds"),
+                          "splits": {f"{split}@{z}": {"accuracy": r[f"{split}@{z}"]}
+                                     for split in ("test", "validation") for z in sizes}}
+                         for seed, r in zip(settings.seeds, rs)] for enc, rs in runs.items()}}
+    write_record(out, kind="demo", name="digits", arguments=arguments, started=start, details=results,
+                 measurements=measurements_of("accuracy", f"test@{settings.eval_sizes[0]}", groups),
+                 files=["results.md", "digits_vit.png"])
 
 
 def run(experiment, *, out_dir, quiet: bool = False, **changes) -> dict:

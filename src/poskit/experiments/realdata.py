@@ -3,17 +3,17 @@ report NLL, not perplexity) and, where the reproduction declares one, a zero-sho
 the trained runs through `poskit extrapolate` (PoPE paper Fig. 2)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.evaluate import ROPE_SCALINGS, parse_lengths
 from poskit.report import markdown_table, mean_std
 from poskit.training import RESULTS_FILE, atomic_write_json, check_writable_dir
+from poskit.training.files import read_results
 
-from .outputs import COMPARE_JSON, COMPARE_MD, EXTRAPOLATION_MD
+from .outputs import COMPARE_JSON, COMPARE_MD, EXTRAPOLATION_DIR, EXTRAPOLATION_MD
 
-EXTRAPOLATION_DIR = "extrapolation"  # the sweep's sub-directory of the reproduction's output
+__all__ = ["EXTRAPOLATION_DIR", "SweepPlan", "add_nll", "plan_sweep", "run_sweep"]
 
 
 def _pm(values: list[float]) -> str:
@@ -27,7 +27,7 @@ def add_nll(results: dict, plan, out: Path) -> None:
     nll, rows = {}, []
     splits = None
     for label, dirs in plan.dirs.items():
-        runs = [json.loads((Path(d) / RESULTS_FILE).read_text()) for d in dirs]
+        runs = [read_results(Path(d) / RESULTS_FILE) for d in dirs]
         splits = splits or [plan.split] + [s for s in runs[0]["splits"] if s != plan.split]
         nll[label] = {}
         for s in splits:

@@ -10,15 +10,20 @@ reproduction are in experiments/configs/, and experiments/registry.py names them
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 from poskit.encodings.spec import EncodingSpec, parse_value
 from poskit.report import variants_table
 from poskit.training import TrainConfig, atomic_write_json
 
-from .compare import execute_compare, plan_compare
+from poskit.training.run_dir import check
+
+from .compare import compare_dir, plan_compare, train_and_report
 from .configs import Reproduction, Variant
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT, safe_label
+from .evidence import measurements_of, reproduction_paper, write_record
+from .outputs import (COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, EXTRAPOLATION_DIR, EXTRAPOLATION_PLOT,
+                      TRAINING_LOSS_PLOT, is_legacy_compare, safe_label)
 from .overrides import apply_overrides
 from .realdata import add_nll, plan_sweep, run_sweep
 from .registry import experiment
@@ -79,6 +84,21 @@ def preset_config(r: Reproduction, preset: str | None) -> dict:
     return cfg
 
 
+def reproduction_config(r: Reproduction, preset: str | None, steps: int | None, overrides: list[str] | None) -> dict:
+    """The base config a reproduction's runs start from: the preset's, with `steps` and the key=value
+    `overrides` applied (the encoding and seed are set per run)."""
+    cfg = preset_config(r, preset)
+    if steps is not None:
+        cfg["max_steps"] = steps
+    apply_overrides(cfg, overrides or [])
+    return cfg
+
+
+def reproduction_specs(r: Reproduction, encodings) -> list[EncodingSpec]:
+    """The encoding specs a reproduction runs: `encodings` (specs or their text), else its own."""
+    return [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
+
+
 def run_reproduction(name: str, **arguments) -> dict:
     """Run the reproduction `name` of the registry (experiments/registry.py), whichever its runner: the
     arguments are those of `reproduce` below, which every reproduction's runner takes."""
@@ -95,63 +115,87 @@ def reproduce(exp, *, out_dir=None, seeds=None, encodings=None, steps: int | Non
     before the first one trains. Language-model reproductions also report the NLL per token (`nll` in
     results.json, a second table in results.md) and, where the reproduction declares one, a
     length-extrapolation sweep of the trained runs (<out>/extrapolation/), and where it asks for one, a
-    training-loss plot of every run (training_loss.png)."""
+    training-loss plot of every run (training_loss.png). results.json is the reproduction's results record
+    (report/record.py): provenance, the resolved configuration, every seed's numbers and the paper's."""
+    started = time.perf_counter()
     name, r = exp.name, exp.settings
     chosen = select_variants(r, variants)
-    cfg = preset_config(r, preset)
-    if steps is not None:
-        cfg["max_steps"] = steps
-    apply_overrides(cfg, overrides or [])
-    specs = [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
+    cfg = reproduction_config(r, preset, steps, overrides)
+    specs = reproduction_specs(r, encodings)
     out = Path(out_dir or f"runs/reproduce-{name}")
     title = f"reproduce {name}: {r.paper}"
+    arguments = {"seeds": list(seeds) if seeds is not None else None,
+                 "encodings": [s.label for s in specs] if encodings is not None else None, "steps": steps,
+                 "overrides": list(overrides or []), "variants": variants, "preset": preset}
+    record = {"name": name, "arguments": arguments, "started": started, "paper": reproduction_paper(r)}
     if not chosen:
-        return _reproduce_one(r, cfg, specs, seeds, out, title, workers=workers, resume=resume, quiet=quiet)
+        return _reproduce_one(r, cfg, specs, seeds, out, title, record, workers=workers, resume=resume, quiet=quiet)
     if _get(cfg, r.variant_field) != _get(r.config, r.variant_field):
         raise ValueError(f"{r.variant_field} is what the {name} reproduction varies; choose among "
                          f"{[v.value for v in r.variants]} with --variants instead of overriding it")
-    return _reproduce_variants(r, chosen, cfg, specs, seeds, out, title, workers=workers, resume=resume,
+    return _reproduce_variants(r, chosen, cfg, specs, seeds, out, title, record, workers=workers, resume=resume,
                                quiet=quiet)
 
 
-def _reproduce_one(r: Reproduction, cfg: dict, specs, seeds, out: Path, title: str, *, workers, resume,
-                   quiet) -> dict:
-    """One compare (a reproduction without variants), then its NLL table, sweep and loss plot."""
+def _reproduce_one(r: Reproduction, cfg: dict, specs, seeds, out: Path, title: str, record: dict, *, workers,
+                   resume, quiet) -> dict:
+    """One compare (a reproduction without variants), then its NLL table, sweep, loss plot and results record,
+    all inside the owned and locked output directory."""
     plan = plan_compare(TrainConfig.from_dict(cfg), specs, list(seeds or r.seeds), out, workers=workers,
                         resume=resume, split=r.split)
     sweep_plan = plan_sweep(r, plan, out, workers) if r.extrapolation else None
-    results = execute_compare(plan, workers=workers, quiet=quiet, title=title)
-    if results["metric"] == "perplexity":
-        add_nll(results, plan, out)
-    if sweep_plan is not None:
-        results["extrapolation"] = run_sweep(sweep_plan, quiet)
-        atomic_write_json(out / COMPARE_JSON, results)
-    if r.training_loss_plot:
-        plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
+    with compare_dir(out):
+        results = train_and_report(plan, workers=workers, quiet=quiet, title=title)
+        if not results:  # a rank other than 0 under torchrun: rank 0 writes the outputs
+            return results
+        if results["metric"] == "perplexity":
+            add_nll(results, plan, out)
+        if sweep_plan is not None:
+            results["extrapolation"] = run_sweep(sweep_plan, quiet)
+            atomic_write_json(out / COMPARE_JSON, results)
+        if r.training_loss_plot:
+            plot_training_loss(plan.dirs, out / TRAINING_LOSS_PLOT, results["metric"], title)
+        from poskit.report.aggregate import compare_measurements
+
+        write_record(out, kind="reproduction", **record, details=results,
+                     measurements=measurements_of(results["metric"], results["split"],
+                                                  {"": compare_measurements(plan.dirs, out)}),
+                     files=[COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT, f"{EXTRAPOLATION_DIR}/{EXTRAPOLATION_PLOT}"])
     return results
 
 
-def _reproduce_variants(r: Reproduction, chosen: list[Variant], cfg: dict, specs, seeds, out: Path, title: str, *,
-                        workers, resume, quiet) -> dict:
+def _reproduce_variants(r: Reproduction, chosen: list[Variant], cfg: dict, specs, seeds, out: Path, title: str,
+                        record: dict, *, workers, resume, quiet) -> dict:
     """One compare per chosen variant under <out>/<field>_<value>/ (all planned before the first trains), then
     one results.json and one table with a column naming the variant of each row."""
+    check(out, "compare", legacy=is_legacy_compare)  # the parent directory too, before anything is written
     plans = []
     for v in chosen:
         vcfg = apply_overrides(copy.deepcopy(cfg), [f"{r.variant_field}={v.value}"])
         label = f"{r.variant_name}={v.value}"
         plans.append((v, label, plan_compare(TrainConfig.from_dict(vcfg), specs, list(seeds or v.seeds or r.seeds),
                                              out / safe_label(label), workers=workers, resume=resume, split=r.split)))
-    per_variant = {}
-    for v, label, plan in plans:
-        per_variant[v.value] = execute_compare(plan, workers=workers, quiet=quiet, title=f"{title} [{label}]")
-    first = next(iter(per_variant.values()))
-    results = {"task": first["task"], "metric": first["metric"], "split": first["split"],
-               "variant_field": r.variant_field,
-               "variants": {str(value): {**res, "dir": safe_label(f"{r.variant_name}={value}")}
-                            for value, res in per_variant.items()}}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / COMPARE_JSON, results)
-    plots = "\n".join(f"![{r.variant_name}={value}]({safe_label(f'{r.variant_name}={value}')}/{COMPARE_PLOT})"
-                      for value in per_variant)
-    (out / COMPARE_MD).write_text(f"# {title}\n\n{variants_table(r.variant_name, per_variant)}\n\n{plots}\n")
+    from poskit.report.aggregate import compare_measurements
+
+    with compare_dir(out):
+        per_variant, groups = {}, {}
+        for v, label, plan in plans:
+            with compare_dir(plan.out_dir):
+                per_variant[v.value] = train_and_report(plan, workers=workers, quiet=quiet, title=f"{title} [{label}]")
+            if not per_variant[v.value]:  # a rank other than 0 under torchrun
+                continue
+            groups[str(v.value)] = compare_measurements(plan.dirs, out)
+        if not groups:
+            return {}
+        first = next(iter(per_variant.values()))
+        results = {"task": first["task"], "metric": first["metric"], "split": first["split"],
+                   "variant_field": r.variant_field,
+                   "variants": {str(value): {**res, "dir": safe_label(f"{r.variant_name}={value}")}
+                                for value, res in per_variant.items()}}
+        atomic_write_json(out / COMPARE_JSON, results)
+        pngs = [f"{safe_label(f'{r.variant_name}={value}')}/{COMPARE_PLOT}" for value in per_variant]
+        plots = "\n".join(f"![{r.variant_name}={value}]({png})" for value, png in zip(per_variant, pngs))
+        (out / COMPARE_MD).write_text(f"# {title}\n\n{variants_table(r.variant_name, per_variant)}\n\n{plots}\n")
+        write_record(out, kind="reproduction", **record, details=results, files=[COMPARE_MD, *pngs],
+                     measurements=measurements_of(first["metric"], first["split"], groups, r.variant_field))
     return results

@@ -10,7 +10,11 @@ Between intervals the stop rule reads the run's validation curve (metrics.jsonl)
 *learned* (validation metric past `learned_at`) or has *plateaued* (no gain of `min_gain` in the best value
 for `patience` evaluations, once `min_steps` are done); otherwise it runs to max_steps. A stopped run is
 evaluated on every split (the same evaluation as a finished run's results.json) and the outcome goes to
-`<run>/study.json`; the study's table and plots are built from those files alone (report/study.py).
+`<run>/study.json`; the study's table and plots are built from those files alone (report/study.py), and its
+results record (results.json, report/record.py) from the same outcomes.
+
+The study directory is poskit's own (training/run_dir.py, kind "study"): a runner claims and locks it for its
+whole life, so a second runner on the same directory is refused at once; a worker holds a lock of its own run.
 """
 from __future__ import annotations
 
@@ -25,16 +29,20 @@ from pathlib import Path
 from poskit.util.file_lock import file_lock
 from poskit.training import TrainConfig, atomic_write_json
 from poskit.training.files import read_json, read_metrics
+from poskit.training.run_dir import RunDirError, check, owned
+
+from poskit.report.study import OUTCOME_FILE, outcome, validation_curve
 
 from .configs.records import StopRule, Study, StudyRun
+from .outputs import is_legacy_study
 
-OUTCOME_FILE = "study.json"
 SPEC_FILE = "study_spec.json"
 LOG_DIR = "logs"
-RUNNER_LOCK = ".study.lock"  # held by the one runner of a study directory while it runs
+_REPORT_ONLY = ("wait for it or stop it first (`poskit study NAME --report-only` writes the report and plots "
+                "without running anything)")
 
 
-class StudyBusy(ValueError):
+class StudyBusy(RunDirError):
     """Another process already runs this study directory (or this run of it)."""
 
 
@@ -47,23 +55,8 @@ def exclusive(lock_path: Path, what: str):
         try:
             held.enter_context(file_lock(lock_path, wait=False))
         except BlockingIOError:  # (only the acquisition: an error of the locked work is not "busy")
-            raise StudyBusy(f"{what} is already running in another process (lock {lock_path}); wait for it or "
-                            "stop it first (`poskit study NAME --report-only` writes the report and plots "
-                            "without running anything)") from None
+            raise StudyBusy(f"{what} is already running in another process (lock {lock_path}); {_REPORT_ONLY}") from None
         yield
-
-
-def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
-    """[(step, accuracy)] of a run's periodic evaluations."""
-    if not (Path(run_dir) / "metrics.jsonl").exists():
-        return []
-    return [(m["step"], m["accuracy"]) for m in read_metrics(run_dir)
-            if m.get("split") == split and "accuracy" in m]
-
-
-def outcome(run_dir) -> dict | None:
-    path = Path(run_dir) / OUTCOME_FILE
-    return read_json(path, "a study run's outcome") if path.exists() else None
 
 
 def advance(study: Study, run: StudyRun, out_dir, quiet: bool = True) -> dict:
@@ -128,14 +121,56 @@ def run_study(study: Study, out_dir, workers: int = 2, nice: int = 19, poll_seco
     for r in study.runs:
         r.train_config()  # every run's config is checked before the first one starts
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive(out_dir / RUNNER_LOCK, f"a study runner on {out_dir}"):  # before the spec or a log changes
+    check(out_dir, "study", legacy=is_legacy_study)  # not a study directory: refused, naming what it holds
+    with contextlib.ExitStack() as held:
+        try:  # claimed and locked before the spec or a log changes
+            held.enter_context(owned(out_dir, "study", legacy=is_legacy_study))
+        except RunDirError as e:  # checked above, so the directory is busy: another runner holds it
+            raise StudyBusy(f"{e}; {_REPORT_ONLY}") from None
         return _run_queue(study, out_dir, workers, nice, poll_seconds, python)
 
 
 def run(experiment, *, out_dir, workers: int = 2) -> list[dict]:
     """The registry's runner (`poskit study NAME`): run_study on the experiment's study."""
     return run_study(experiment.settings, out_dir, workers=workers)
+
+
+def write_report(experiment, out_dir, started: float | None = None) -> list[Path]:
+    """The study's table and plot (report/study.py) and its results record (results.json) of every finished
+    run, written at any time (a running study's unfinished runs are left out of the record). A directory that
+    is not a study directory is refused before anything is written. `started`: the time.perf_counter() of the
+    command's start (the record's wall time)."""
+    from poskit.report.study import write_study_report
+
+    from .evidence import measurements_of, reproduction_paper, write_record
+
+    started = time.perf_counter() if started is None else started
+    out_dir = Path(out_dir)
+    study = experiment.settings
+    check(out_dir, "study", legacy=is_legacy_study)
+    paths = write_study_report(study, out_dir)
+    groups: dict = {}
+    for r in study.runs:
+        o = outcome(out_dir / r.name)
+        if o is None:
+            continue
+        label = r.config["model"]["encoding"]
+        options = r.config["model"].get("encoding_options") or {}
+        if options:
+            from poskit.encodings.spec import EncodingSpec
+
+            label = EncodingSpec.from_config(label, options).label
+        groups.setdefault(r.group or r.name, {}).setdefault(label, []).append(
+            {"seed": o["seed"], "run": r.name, "steps": o["steps"], "train_seconds": o["train_seconds"],
+             "stop": o["stop"], "splits": {s: {k: v for k, v in m.items() if isinstance(v, (int, float))}
+                                           for s, m in o["splits"].items()}})
+    record = write_record(out_dir, kind="study", name=experiment.name, arguments={},
+                          measurements=measurements_of("accuracy", study.metric_split, groups), started=started,
+                          paper=reproduction_paper(study), files=[p.name for p in paths],
+                          details={"question": study.question,
+                                   "finished": sum(len(v) for g in groups.values() for v in g.values()),
+                                   "planned": len(study.runs)})
+    return [*paths, out_dir / "results.json"] if record else paths
 
 
 def _run_queue(study: Study, out_dir: Path, workers: int, nice: int, poll_seconds: float, python: str) -> list[dict]:

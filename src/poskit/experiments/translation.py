@@ -17,9 +17,11 @@ from pathlib import Path
 from ..encodings.spec import EncodingSpec
 from ..training.files import atomic_write_json, check_writable_dir, read_metrics
 from ..training.recipes.seq2seq import CONFIG, Seq2SeqConfig, load_pairs, require_scorer, train_seq2seq
+from ..report.record import relative_to
 from ..training.run_dir import owned
 from .configs import TranslationReproduction
 from .configs.records import derive
+from .evidence import measurements_of, reproduction_paper, write_record
 from .outputs import COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT, safe_label
 from .overrides import apply_overrides
 from .parallel import check_workers, run_parallel
@@ -53,18 +55,26 @@ def _settings(name: str) -> TranslationReproduction:
     return found[name]
 
 
-def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list | None = None,
-                     seeds: list[int] | None = None, steps: int | None = None,
-                     overrides: list[str] | None = None) -> list[tuple[str, int, Seq2SeqConfig]]:
-    """Every run's (encoding spec label, seed, config), each config validated: nothing runs unless all are valid.
-    `encodings`: EncodingSpecs or their text (default: the reproduction's)."""
-    r = _settings(name)
+def translation_config(r: TranslationReproduction, name: str, preset: str, steps: int | None,
+                       overrides: list[str] | None) -> dict:
+    """The Seq2SeqConfig fields every run of the reproduction starts from (the encoding and seed are set per
+    run): the preset's changes, `steps` and the key=value `overrides` applied."""
     if preset not in r.presets:
         raise ValueError(f"preset must be one of {sorted(r.presets)} for {name}, got {preset!r}")
     base = derive(r.config, r.presets[preset])
     if steps is not None:
         base["max_steps"] = steps
     apply_overrides(base, list(overrides or []))
+    return base
+
+
+def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list | None = None,
+                     seeds: list[int] | None = None, steps: int | None = None,
+                     overrides: list[str] | None = None) -> list[tuple[str, int, Seq2SeqConfig]]:
+    """Every run's (encoding spec label, seed, config), each config validated: nothing runs unless all are valid.
+    `encodings`: EncodingSpecs or their text (default: the reproduction's)."""
+    r = _settings(name)
+    base = translation_config(r, name, preset, steps, overrides)
     specs = [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
     labels = [s.label for s in specs]
     if not specs or len(set(labels)) != len(labels):
@@ -88,15 +98,22 @@ def reproduce(exp, *, out_dir=None, seeds=None, encodings=None, steps: int | Non
     "paper" preset is the papers' Transformer-base, any other the CPU-scale default."""
     if variants is not None:
         raise ValueError(f"--variants does not apply to {exp.name} (it has no variants)")
+    arguments = {"seeds": list(seeds) if seeds is not None else None,
+                 "encodings": [EncodingSpec.of(e).label for e in encodings] if encodings is not None else None,
+                 "steps": steps, "overrides": list(overrides or []), "variants": None, "preset": preset}
     return run_translation(exp.name, out_dir=out_dir or f"runs/reproduce-{exp.name}",
                            preset="paper" if preset == "paper" else "cpu", encodings=encodings, seeds=seeds,
-                           steps=steps, workers=workers, resume=resume, quiet=quiet, overrides=overrides)
+                           steps=steps, workers=workers, resume=resume, quiet=quiet, overrides=overrides,
+                           arguments=arguments)
 
 
 def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", encodings: list | None = None,
                     seeds: list[int] | None = None, steps: int | None = None, workers: int | None = None,
-                    resume: bool = False, quiet: bool = False, overrides: list[str] | None = None) -> dict:
-    """Run (or resume) the reproduction; writes results.json, results.md and convergence.png in out_dir."""
+                    resume: bool = False, quiet: bool = False, overrides: list[str] | None = None,
+                    arguments: dict | None = None) -> dict:
+    """Run (or resume) the reproduction; writes results.json (its results record, report/record.py),
+    results.md and convergence.png in out_dir. `arguments`: those of `poskit reproduce` that chose this run
+    (recorded; by default the ones given here)."""
     check_workers(workers)
     out = Path(out_dir)
     check_writable_dir(out, "out")
@@ -120,7 +137,27 @@ def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", 
         (out / RESULTS_MD).write_text(markdown(report))
         plot_convergence(report, {enc: [_curve(d) for e, _, _, d in runs if e == enc] for enc in report["encodings"]},
                          out / CONVERGENCE_PNG)
+        if arguments is None:
+            arguments = {"seeds": list(seeds) if seeds is not None else None,
+                         "encodings": [EncodingSpec.of(e).label for e in encodings] if encodings is not None else None,
+                         "steps": steps, "overrides": list(overrides or []), "variants": None,
+                         "preset": "paper" if preset == "paper" else None}
+        write_record(out, kind="reproduction", name=name, arguments=arguments, started=t0, details=report,
+                     measurements=measurements_of("bleu", "test", {"": measurements(runs, results, out)}),
+                     paper=reproduction_paper(_settings(name)), files=[RESULTS_MD, CONVERGENCE_PNG])
     return report
+
+
+def measurements(runs, results: list[dict], out: Path) -> dict:
+    """{encoding: [run, ...]} for the results record: BLEU, chrF and NLL on the test split, NLL on validation."""
+    by_label: dict = {}
+    for (enc, seed, _, run_dir), res in zip(runs, results):
+        by_label.setdefault(enc, []).append({
+            "seed": seed, "run": relative_to(run_dir, out), "steps": res.get("steps"),
+            "train_seconds": res.get("train_seconds"),
+            "splits": {"test": {"bleu": res["bleu"], "chrf": res["chrf"], "nll": res["test_nll"]},
+                       "validation": {"nll": res["validation_nll"]}}})
+    return by_label
 
 
 def _legacy_out(directory: Path) -> bool:

@@ -1,11 +1,11 @@
 """Seeds -> mean and standard deviation; metrics logs -> learning curves."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from poskit.training import RESULTS_FILE, read_metrics
+from poskit.training.files import read_results
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -32,7 +32,7 @@ def aggregate_compare(runs: dict[str, list[Path]], split: str = "test") -> dict:
     """
     out: dict = {"task": None, "metric": None, "split": split, "encodings": {}}
     for enc, dirs in runs.items():
-        results = [json.loads((Path(d) / RESULTS_FILE).read_text()) for d in dirs]
+        results = [read_results(Path(d) / RESULTS_FILE) for d in dirs]
         if not results:
             raise ValueError(f"no runs for encoding {enc!r}")
         task, metric = results[0]["task"], results[0]["metric"]
@@ -48,6 +48,27 @@ def aggregate_compare(runs: dict[str, list[Path]], split: str = "test") -> dict:
         entry["train_seconds"] = [r["train_seconds"] for r in results]
         out["encodings"][enc] = entry
     return out
+
+
+def _numbers(values: dict) -> dict:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def run_measurement(results: dict, run_dir, out_dir) -> dict:
+    """One run's entry in a results record's measurements: its seed, its directory relative to the output
+    directory, steps, training time and every numeric metric of every split."""
+    from .record import relative_to
+
+    return {"seed": results.get("seed"), "run": relative_to(run_dir, out_dir), "steps": results.get("steps"),
+            "train_seconds": results.get("train_seconds"),
+            "splits": {s: _numbers(m) for s, m in results.get("splits", {}).items() if isinstance(m, dict)}}
+
+
+def compare_measurements(runs: dict[str, list[Path]], out_dir) -> dict[str, list[dict]]:
+    """{label: [run_measurement, ...]} of a compare's run directories (each results.json read through the one
+    checked reader)."""
+    return {label: [run_measurement(read_results(Path(d) / RESULTS_FILE), d, out_dir) for d in dirs]
+            for label, dirs in runs.items()}
 
 
 def learning_curves(dirs: list[Path], metric: str) -> tuple[list[int], list[float], list[float]]:

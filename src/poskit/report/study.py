@@ -9,16 +9,32 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from poskit.training.files import read_json, read_metrics
+
 from .figure import save_figure
 from .plots import color, plt
 
+OUTCOME_FILE = "study.json"  # a finished study run's outcome, in its run directory
 STUDY_MD = "study.md"
 STUDY_PNG = "study.png"
 
 
-def _row(study, run, out_dir) -> dict:
-    from poskit.experiments.study import outcome, validation_curve
+def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
+    """[(step, accuracy)] of a run's periodic evaluations."""
+    if not (Path(run_dir) / "metrics.jsonl").exists():
+        return []
+    return [(m["step"], m["accuracy"]) for m in read_metrics(run_dir)
+            if m.get("split") == split and "accuracy" in m]
 
+
+
+def outcome(run_dir) -> dict | None:
+    path = Path(run_dir) / OUTCOME_FILE
+    return read_json(path, "a study run's outcome") if path.exists() else None
+
+
+
+def _row(study, run, out_dir) -> dict:
     run_dir = Path(out_dir) / run.name
     cfg = run.config
     o = outcome(run_dir)

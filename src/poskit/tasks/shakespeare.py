@@ -35,10 +35,10 @@ live when ``L`` exceeds the training context.
 from __future__ import annotations
 
 import functools
-import re
 import numpy as np
 import torch
 
+from ..data.sources.plays import strip_markdown
 from ..util.validate import check_bool, check_int, check_real
 from .data import Vocab
 from .passkey import check_passkey_fraction
@@ -48,14 +48,6 @@ from .windows import WindowedLM
 DEFAULT_HELD_OUT = ("macbeth", "twelfth-night")
 
 
-def strip_markdown(text: str) -> str:
-    """Remove the plays' markdown markup (see module docstring)."""
-    text = re.sub(r"(?m)^#+[ \t]*", "", text)
-    text = text.replace("*", "").replace("_", "")
-    text = re.sub(r"\\(.)", r"\1", text)
-    text = re.sub(r"(?m)[ \t]+$", "", text)
-    text = re.sub(r"\n{3,}", "\n\n", text)
-    return text
 
 
 @functools.lru_cache(maxsize=2)

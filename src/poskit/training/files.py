@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 from ..util.durable import fsync_dir, write_synced
+from ..util.version import __version__
 from .config import TrainConfig
 
 CONFIG_FILE, METRICS_FILE, CHECKPOINT_FILE, RESULTS_FILE = "config.json", "metrics.jsonl", "checkpoint.json", "results.json"
@@ -40,8 +41,6 @@ def does_not_fit(path, error: Exception, what: str = "the run's model and optimi
 
 def code_version() -> str:
     """poskit's version, recorded in run directories, checkpoints and results."""
-    from .. import __version__
-
     return __version__
 
 

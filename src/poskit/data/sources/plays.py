@@ -2,18 +2,28 @@
 document per play."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator
 
 from .base import Document, Source
 from .locations import find_files
 
-__all__ = ["read_play", "SOURCE"]
+__all__ = ["read_play", "strip_markdown", "SOURCE"]
+
+
+def strip_markdown(text: str) -> str:
+    """Remove the plays' markdown markup (heading marks, emphasis, backslash escapes, trailing blanks, runs of
+    blank lines); the `shakespeare` task's docstring says what remains."""
+    text = re.sub(r"(?m)^#+[ \t]*", "", text)
+    text = text.replace("*", "").replace("_", "")
+    text = re.sub(r"\\(.)", r"\1", text)
+    text = re.sub(r"(?m)[ \t]+$", "", text)
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text
 
 
 def read_play(path: Path) -> Iterator[Document]:
-    from ...tasks.shakespeare import strip_markdown
-
     yield path.stem, strip_markdown(path.read_text(encoding="utf-8"))
 
 

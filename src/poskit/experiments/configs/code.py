@@ -2,7 +2,7 @@
 the Python standard library's own sources, held out by module (the paper's Llama-2 code mix is not available
 offline; bytes at CPU scale, as `text` says why)."""
 from .corpus_lm import corpus_lm_config
-from .records import Reproduction
+from .records import PaperNumbers, Reproduction
 
 CODE = Reproduction(
     paper="CoPE paper, Table 5 right (code, 4 layers, d 256, 8 heads, context 4096; RoPE 4.1, CoPE 3.9 test "
@@ -15,6 +15,10 @@ CODE = Reproduction(
                             final_eval_batches=64),
     encodings="cope:p_max=64,relative:max_distance=256,rope,pope",
     seeds=(0, 1),
+    paper_numbers=(PaperNumbers(source="CoPE paper, Table 5 right", metric="code test perplexity per token",
+                                columns=("test",), rows={"learned": (4.7,), "rope": (4.1,), "cope": (3.9,)},
+                                note="Absolute PE is poskit's learned; CoPE + RoPE (4.0) has no poskit encoding; "
+                                     "Llama-2 tokens, not bytes"),),
     paper_preset={  # §5.5: 4 layers, 8 heads, d 256, context 4096, lr 5e-4; GPT-2 BPE stands in for Llama-2's
         "task_options.tokenizer": "gpt2", "task_options.max_documents": None, "task_options.context": 4096,
         "model.d_model": 256, "model.n_layers": 4, "model.n_heads": 8, "lr": 5e-4, "min_lr": 5e-5,

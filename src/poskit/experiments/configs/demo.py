@@ -42,4 +42,5 @@ DEMO = DemoSettings(
     workers=2,  # parallel single-thread processes (2 cores)
     language_model=LM_TRAIN,  # the LMs above, each with the demo's context, time budget and seed
     diagnostic=DIAGNOSTIC,  # flip-flop, shortened (demo_diagnostic.py)
+    paper="PoPE paper, Fig. 2 (zero-shot length extrapolation; a figure, no numbers)",
 )

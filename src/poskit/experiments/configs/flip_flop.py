@@ -1,6 +1,6 @@
 """`poskit reproduce flip-flop`: CoPE paper, Table 2 left, scaled down to one CPU core."""
 from .common import COPE_TASKS_RECIPE
-from .records import Reproduction
+from .records import PaperNumbers, Reproduction
 
 FLIP_FLOP = Reproduction(
     paper="CoPE paper, Table 2 left (4 layers, d 256, 10k steps, lr 3e-4; length 512)",
@@ -18,4 +18,8 @@ FLIP_FLOP = Reproduction(
     },
     encodings="none,rope,pope,alibi,cope",  # every family: no position, rotary, polar, bias, contextual
     seeds=(0, 1, 2),  # three seeds: mean and standard deviation
+    paper_numbers=(PaperNumbers(
+        source="CoPE paper, Table 2 left", metric="test error (%)", columns=("in-distribution", "OOD"),
+        rows={"learned": (6.8, 21.7), "rope": (1.8, 20.3), "cope": (0.0, 4.9)},
+        note="error, not accuracy; Absolute PE is poskit's learned; length 512, 4 layers d 256, 10k steps"),),
 )

@@ -11,7 +11,7 @@ the step count was then doubled to fill the budget, not changed to move the resu
 `--preset paper` runs the paper's task and model (App. B) for a GPU user.
 """
 from .common import OPTIMIZER_AND_LOGGING
-from .indirect_indexing_study import SMALL_SHIFTS_VARIANT
+from .indirect_indexing_study import PAPER_TABLE_1, SMALL_SHIFTS_VARIANT
 from .records import Reproduction
 
 # the variant is the study's (options of the indirect-indexing task; docs/reproductions.md): 16 letters, strings
@@ -38,6 +38,7 @@ INDIRECT_INDEXING = Reproduction(
     },
     encodings="rope,pope:delta_init=uniform",  # the paper's comparison, PoPE with its uniform delta init
     seeds=(0, 1, 2),  # the paper's three seeds: mean and standard deviation
+    paper_numbers=(PAPER_TABLE_1,),
     paper_preset={  # App. B, Tables 6-7 (Indirect Idx. column); the task's paper preset: 1M fixed training
         # examples, 10k validation and test examples
         "task_options": {},  # the paper's task itself: no variant options (52 letters, one query per string)

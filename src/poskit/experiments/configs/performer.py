@@ -1,4 +1,4 @@
-"""`poskit reproduce performer`: RoFormer (paper 002) section 4.4 / Fig. 4 right, linear attention with and
+"""`poskit reproduce performer`: RoFormer (paper 002) section 4.4 / Fig. 2 right, linear attention with and
 without RoPE on a character-level Wikipedia LM, scaled down to one CPU core.
 
 The paper trains a 12-layer, 768-wide, 12-head char-level PerFormer on Enwik8 (learning rate 1e-4, batch 128,
@@ -7,13 +7,14 @@ Wikipedia extract of poskit.data (`lm-wiki`; plain text, not Enwik8's raw XML) a
 the `bytes` tokenizer: one token per character for ASCII text), causal linear attention with elu(x) + 1
 features (Katharopoulos et al., the map RoFormer names; the paper's Performer uses random features instead),
 and pope beside rope (PoPE in linear attention: the softplus magnitudes are the features,
-attention/linear.py says how). `--preset paper` sets the paper's sizes (PAPER below): a GPU run.
+attention/linear.py says how). The default's "none" has no positions at all; the paper's baseline, through the
+performer-pytorch code it used, has learned absolute positions (`--encodings none,learned,rope,pope`). `--preset paper` sets the paper's sizes (PAPER below): a GPU run.
 """
 from .common import OPTIMIZER_AND_LOGGING
 from .records import Reproduction
 
 PERFORMER = Reproduction(
-    paper="RoFormer, section 4.4 / Fig. 4 right (12-layer char PerFormer on Enwik8, with and without RoPE)",
+    paper="RoFormer, section 4.4 / Fig. 2 right (12-layer char PerFormer on Enwik8, with and without RoPE)",
     summary="linear attention: none, rope, pope on byte-level wiki, context 128, 2 layers d 128, 1000 steps of "
             "16 windows, 2 seeds: 56 min for seed 0 on a heavily loaded 2-core machine (not measured idle)",
     config={

@@ -6,6 +6,29 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class PaperNumbers:
+    """Numbers a paper reports for the table or figure an experiment scales down, in the paper's own metric,
+    kept beside poskit's numbers in the experiment's results file and tables (copied from the paper's text)."""
+
+    source: str
+    """Which table of which paper, e.g. "CoPE paper, Table 2 left"."""
+    metric: str
+    """What the numbers are, with their unit and split, e.g. "test error (%)"."""
+    columns: tuple
+    """The paper's column of each number, e.g. ("in-distribution", "OOD")."""
+    rows: dict
+    """poskit encoding name (or spec label) -> the paper's numbers, one per column (None where it has none)."""
+    note: str = ""
+    """How the paper's set-up differs from poskit's, where that matters for reading the numbers side by side."""
+
+    def __post_init__(self):
+        for key, values in self.rows.items():
+            if len(values) != len(self.columns):
+                raise ValueError(f"paper numbers of {key!r} must give one value per column {list(self.columns)}, "
+                                 f"got {list(values)}")
+
+
+@dataclass(frozen=True)
 class Variant:
     """One sub-run of a reproduction with variants."""
 
@@ -42,6 +65,8 @@ class Reproduction:
     (test-time rope variants), "n_chars": tokens per length or None}; None: no sweep."""
     training_loss_plot: bool = False
     """Also plot every run's training loss against step (training_loss.png), as papers plotting loss curves do."""
+    paper_numbers: tuple = ()
+    """The paper's numbers for this table (PaperNumbers records); empty where the paper has none (a figure)."""
 
     @property
     def variant_name(self) -> str:
@@ -85,6 +110,10 @@ class DemoSettings:
     """TrainConfig fields of the language models (the encoding, context, time budget and seed are set per run)."""
     diagnostic: Diagnostic
     """The short compare run after the language models."""
+    paper: str | None = None
+    """Which figure of which paper the demo shows at CPU scale."""
+    paper_numbers: tuple = ()
+    """The paper's numbers (PaperNumbers); empty: the paper gives a figure, not numbers."""
 
 
 def derive(base: dict, changes: dict) -> dict:
@@ -161,6 +190,10 @@ class Study:
     rule: StopRule = StopRule()
     metric_split: str = "test"
     """The split of the reported accuracy."""
+    paper: str | None = None
+    """Which table of which paper the study is about."""
+    paper_numbers: tuple = ()
+    """The paper's numbers (PaperNumbers); empty where it has none."""
 
     @property
     def summary(self) -> str:

@@ -6,7 +6,7 @@ GFLOP per step of 16 x 128 tokens, 5-6 s on one loaded core, so 400 steps of 8 r
 only unigram statistics; byte-level modelling of the same text keeps every position-dependent effect and fits
 the budget. `--preset paper` uses GPT-2 BPE and the paper's 124M model (context 1024)."""
 from .corpus_lm import GPT2_SMALL, OPENWEBTEXT_SCHEDULE, corpus_lm_config
-from .records import Reproduction
+from .records import PaperNumbers, Reproduction
 
 TEXT = Reproduction(
     paper="PoPE paper, Table 4 (OpenWebText, 124M: RoPE 21.55, PoPE 21.33 validation perplexity)",
@@ -15,5 +15,10 @@ TEXT = Reproduction(
     config=corpus_lm_config("lm-wiki", task_options={"tokenizer": "bytes"}),
     encodings="rope,pope,none,alibi",  # delta init 0 for OpenWebText (Table 6): pope's default
     seeds=(0, 1),
+    paper_numbers=(PaperNumbers(source="PoPE paper, Table 4", metric="validation perplexity per GPT-2 token",
+                                columns=("124M", "253M", "774M"),
+                                rows={"rope": (21.55, 18.88, 15.85), "pope": (21.33, 18.55, 15.45)},
+                                note="OpenWebText BPE tokens, not bytes: the levels are not comparable, only the "
+                                     "direction"),),
     paper_preset={"task_options.tokenizer": "gpt2", **GPT2_SMALL, **OPENWEBTEXT_SCHEDULE},  # context 1024
 )
