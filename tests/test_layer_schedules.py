@@ -218,3 +218,15 @@ def test_hf_model_keeps_each_layers_own_rope_base(tmp_path):
                                   ref.encoding_modules()):
         assert torch.equal(ours.inv_freq, theirs.inv_freq) and torch.equal(back.inv_freq, theirs.inv_freq)
     assert len({float(e.inv_freq[1]) for e in ref.encoding_modules()}) == 2  # two bases, so the check can fail
+
+
+def test_native_llama_export_refuses_a_schedule_naming_layer_encodings():
+    # a native LlamaForCausalLM has one RoPE in every layer: a schedule is refused at the config, naming the field
+    hf()
+    from poskit.hf.llama import llama_config
+
+    base = dict(mlp="swiglu", encoding="rope")
+    llama_config(config(**base))  # the same config without a schedule is a Llama
+    with pytest.raises(ValueError, match=r"^layer_encodings must be null \(one RoPE in every layer\)") as err:
+        llama_config(config(layer_encodings=["*", "none"], **base))
+    assert "\n" not in str(err.value)
