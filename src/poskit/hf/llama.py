@@ -293,7 +293,7 @@ def model_config_from_llama(config: LlamaConfig, *, layout: str = "half") -> Mod
         raise ConfigError("rope_parameters['partial_rotary_factor']", "1.0 (LlamaForCausalLM rotates every channel "
                           "of a head)", fraction)
     name, options = rope_hf.from_hf(rope, head_dim=head_dim, max_position_embeddings=config.max_position_embeddings,
-                                    layout=layout)
+                                    layout=layout).to_config()
     poskit_config = PoskitConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
