@@ -26,8 +26,8 @@ def test_compare_extrapolate_and_export_the_new_encodings(tmp_path):
     labels = [s.label for s in EncodingSpec.parse_list(NEW)]
     assert sorted(results["encodings"]) == sorted(labels)
     assert all(e["mean"] > 1 for e in results["encodings"].values())  # perplexities of trained models
-    runs = [str(d) for ds in results["runs"].values() for d in ds]
-    irope_run = results["runs"]["irope:nope_every=2"][0]
+    runs = [str(out / d) for ds in results["runs"].values() for d in ds]  # recorded relative to the output folder
+    irope_run = out / results["runs"]["irope:nope_every=2"][0]
     cfg = json.loads((Path(irope_run) / "config.json").read_text())
     assert cfg["model"]["encoding"] == "irope" and cfg["model"]["layer_encodings"] is None
 
