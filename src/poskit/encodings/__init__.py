@@ -1,6 +1,6 @@
 """Every positional encoding, one module per family; importing this package registers them all."""
 from . import alibi, cope, learned, legendre, none, pope, relative, rotary, sinusoidal  # noqa: F401  (they register)
-from . import dynamic, fire, kerple, t5, xpos  # noqa: F401  (the field's other encodings)
+from . import dynamic, fire, irope, kerple, mrope, t5, xpos  # noqa: F401  (the field's other encodings)
 from . import registration  # noqa: F401  (marks encodings registered in a module: registration.py says why)
 from .base import KINDS, PositionalEncoding, available_encodings, build_encoding, register
 from .projection import project_parameters_

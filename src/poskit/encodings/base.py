@@ -107,6 +107,14 @@ class PositionalEncoding(nn.Module):
         and the KV cache stores them beside the keys. Every other encoding refuses gate_keys."""
         return False
 
+    #: Coordinates per position that a *model* may give this encoding (M-RoPE's 3: time, height, width); the
+    #: model turns them into scalar text positions for attention plus per-token offsets that `encode` rotates
+    #: into q and k (models/decoder.py, models/block.py). 0: the model gives scalar positions only.
+    coordinate_axes: ClassVar[int] = 0
+    #: A classmethod (options) -> the pattern of per-layer specs a model repeats over its layers ("*" is this
+    #: encoding; irope's "none" on every k-th layer), or None: every layer of a model uses this encoding.
+    layer_pattern: ClassVar = None
+
     def __init__(self, *, head_dim: int, num_heads: int):
         super().__init__()
         check_int(head_dim, "head_dim", minimum=1)

@@ -20,10 +20,11 @@ from transformers import GenerationConfig, PretrainedConfig
 import poskit
 from poskit.util.config_check import ConfigError
 from poskit.encodings import DEFAULT_ENCODING, rope_hf
-from poskit.encodings.base import encoding_class
+from poskit.encodings.base import OPTION_CHECKS, encoding_class
+from poskit.encodings.mrope import MultimodalRoPE
 from poskit.encodings.rotary import RotaryEncoding
 from poskit.encodings.spec import EncodingSpec
-from poskit.models.decoder import ModelConfig, decoder_mlp
+from poskit.models.decoder import MODEL_ENCODING, ModelConfig, decoder_mlp
 
 _DEFAULT = ModelConfig()
 
@@ -46,6 +47,7 @@ MODEL_FIELDS = {
     "initializer_range": "init_std",
     "is_causal": "causal",
     "attention_type": "attention",
+    "layer_encodings": "layer_encodings",
 }
 _HF_NAME = {poskit_name: hf_name for hf_name, poskit_name in MODEL_FIELDS.items()}
 
@@ -106,7 +108,16 @@ class PoskitConfig(PretrainedConfig):
     the top level or inside position_encoding_options (encodings/rope_hf.py reads them). They are stored as
     poskit's options of the rope encoding, and a rope dict's rope_type picks the variant when
     position_encoding is plain "rope" ({"rope_type": "yarn", ...} -> "rope-yarn"). Two fields that give one
-    option different values are refused, naming both.
+    option different values are refused, naming both. For position_encoding "mrope" (Qwen2-VL's text model)
+    rope_theta and a rope dict of rope_type "default" or "mrope" with mrope_section (and Qwen3-VL's
+    mrope_interleaved) are read the same way.
+
+    layer_encodings: the encoding of each attention layer where they differ (ModelConfig.layer_encodings: specs,
+    "*" for position_encoding, a shorter list repeated over the layers). Hugging Face's names for schedules are
+    accepted and stored as layer_encodings: Llama 4's no_rope_layers (1 = RoPE, 0 = no position, one per layer)
+    or no_rope_layer_interval (no position on every k-th layer), and Gemma's sliding_window_pattern (every k-th
+    layer is global, the others local) with rope_local_base_freq (the RoPE base of the local layers; the global
+    ones keep position_encoding, rope_theta included). poskit reads the bases only: it has no sliding window.
 
     poskit_fingerprint: what the weights were trained as (`fingerprint()`, written by `poskit export`): the
     values of FINGERPRINT_FIELDS and their sha256. A config whose fields differ from it (config.json edited to
@@ -134,6 +145,7 @@ class PoskitConfig(PretrainedConfig):
     initializer_range: float | int = _DEFAULT.init_std
     is_causal: bool = _DEFAULT.causal
     attention_type: str = _DEFAULT.attention
+    layer_encodings: list[str] | None = None
     max_position_embeddings: int | None = None
     poskit_fingerprint: dict | None = None
     use_cache: bool = True
@@ -143,6 +155,7 @@ class PoskitConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         hf_rope = {key: kwargs.pop(key) for key in _HF_ROPE_FIELDS if key in kwargs}
+        hf_layers = {key: kwargs.pop(key) for key in _HF_LAYER_FIELDS if key in kwargs}
         unknown = sorted(set(kwargs) - _TRANSFORMERS_KEYWORDS)
         if unknown:
             fields = sorted(f.name for f in dataclasses.fields(self) if not f.name.startswith("_"))
@@ -151,6 +164,7 @@ class PoskitConfig(PretrainedConfig):
             self.position_encoding_options = {}
         self._read_spec_text()
         self._read_hf_rope_fields(hf_rope)
+        self._read_hf_layer_fields(hf_layers)
         if self.poskit_fingerprint is not None:
             self._check_fingerprint()
         kwargs["auto_map"] = {**(kwargs.get("auto_map") or {}), **AUTO_MAP}
@@ -235,6 +249,10 @@ class PoskitConfig(PretrainedConfig):
             return  # to_model_config names what is wrong
         is_rope = (self.position_encoding in poskit.available_encodings()
                    and encoding_class(self.position_encoding) is RotaryEncoding)
+        if (self.position_encoding in poskit.available_encodings()
+                and encoding_class(self.position_encoding) is MultimodalRoPE):
+            self.position_encoding_options = _mrope_options(options, given)
+            return
         if given and not is_rope:
             raise ValueError(f"{sorted(given)[0]} is a RoPE field; position_encoding {self.position_encoding!r} is not "
                              "a rope encoding (rope, rope-yarn, ...)")
@@ -257,6 +275,58 @@ class PoskitConfig(PretrainedConfig):
             self.position_encoding_options = rope_hf.resolve_options(scaling, head_dim, merged)
         except ValueError as e:
             raise ValueError(f"position_encoding {self.position_encoding!r}: {e}") from None
+
+    def _read_hf_layer_fields(self, fields: dict) -> None:
+        """Turn HF's per-layer fields (Llama 4's NoPE layers, Gemma's local RoPE base) into layer_encodings."""
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not given:
+            return
+        if self.layer_encodings is not None:
+            raise ValueError(f"{sorted(given)[0]} and layer_encodings both give the encoding of each layer: give one")
+        n = self.num_hidden_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return  # to_model_config names num_hidden_layers
+        if "no_rope_layers" in given and "no_rope_layer_interval" in given:
+            raise ValueError("no_rope_layers and no_rope_layer_interval both say which layers have no position: "
+                             "give one")
+        local = {"sliding_window_pattern", "rope_local_base_freq"} & set(given)
+        if local and len(local) == 1:
+            raise ValueError("sliding_window_pattern (which layers are local) and rope_local_base_freq (their RoPE "
+                             "base) go together: give both (poskit reads the local base, it has no sliding window)")
+        if local and len(given) > 2:
+            raise ValueError(f"{sorted(set(given) - local)[0]} and sliding_window_pattern both set the encoding of "
+                             "each layer: give one schedule")
+        if "no_rope_layers" in given:
+            flags = given["no_rope_layers"]
+            if (not isinstance(flags, (list, tuple)) or len(flags) < n
+                    or any(isinstance(f, bool) or f not in (0, 1) for f in flags)):
+                raise ConfigError("no_rope_layers", f"a list of at least num_hidden_layers={n} flags, 1 = RoPE and "
+                                  "0 = no position", flags)
+            schedule = [MODEL_ENCODING if f else "none" for f in flags[:n]]
+        elif "no_rope_layer_interval" in given:
+            every = given["no_rope_layer_interval"]
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ConfigError("no_rope_layer_interval", "an int >= 1 (no position on every k-th layer)", every)
+            schedule = [MODEL_ENCODING if (i + 1) % every else "none" for i in range(n)]  # as HF's Llama 4
+        else:
+            every, base = given["sliding_window_pattern"], given["rope_local_base_freq"]
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ConfigError("sliding_window_pattern", "an int >= 1 (every k-th layer global)", every)
+            if not (isinstance(self.position_encoding, str) and self.position_encoding in poskit.available_encodings()
+                    and isinstance(encoding_class(self.position_encoding), type)
+                    and issubclass(encoding_class(self.position_encoding), RotaryEncoding)):
+                raise ValueError(f"rope_local_base_freq is the RoPE base of local layers; position_encoding "
+                                 f"{self.position_encoding!r} is not a rope encoding")
+            own = self.position_encoding_options if isinstance(self.position_encoding_options, dict) else {}
+            local_options = {"base": base, **{k: own[k] for k in ("layout", "rotary_dim") if k in own}}
+            try:
+                local_spec = str(EncodingSpec("rope", local_options))
+                OPTION_CHECKS["base"](base)
+            except ValueError as e:
+                raise ValueError(f"rope_local_base_freq: {e}") from None
+            schedule = [local_spec if (i + 1) % every else MODEL_ENCODING for i in range(n)]  # as HF's Gemma 3
+        # a schedule that gives every layer the model's encoding is no schedule
+        self.layer_encodings = None if all(e == MODEL_ENCODING for e in schedule) else schedule
 
     def to_model_config(self, *, default_width: bool = False) -> ModelConfig:
         """The `ModelConfig` of this config (validated; errors name the Hugging Face field)."""
@@ -300,6 +370,53 @@ class PoskitConfig(PretrainedConfig):
 #: Hugging Face's RoPE fields a config may carry beside position_encoding_options (as Llama's config does)
 _HF_ROPE_FIELDS = ("rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor",
                    "original_max_position_embeddings", "rope_interleave")
+#: Hugging Face's per-layer fields, read into layer_encodings (Llama 4's NoPE layers, Gemma 3's local RoPE base)
+_HF_LAYER_FIELDS = ("no_rope_layers", "no_rope_layer_interval", "sliding_window_pattern", "rope_local_base_freq")
+#: the keys of an HF rope dict that a Qwen2-VL-style config gives M-RoPE -> its option (rope_type names the kind)
+_MROPE_DICT_KEYS = {"rope_type": None, "type": None, "rope_theta": "base", "mrope_section": "mrope_section",
+                    "mrope_interleaved": "mrope_interleaved"}
+
+
+def _mrope_options(options: dict, given: dict) -> dict:
+    """position_encoding_options of mrope with HF's rope_theta and rope dict (rope_type "default" or "mrope",
+    rope_theta, mrope_section, mrope_interleaved), top level or inside the options, read into its own options;
+    two values for one option are refused, naming both."""
+    unknown = sorted(set(given) - {"rope_theta", "rope_parameters", "rope_scaling"})
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not read for position_encoding 'mrope' (it takes rope_theta and a rope "
+                         "dict with mrope_section)")
+    hf = {k: options[k] for k in ("rope_theta", "rope_parameters", "rope_scaling") if options.get(k) is not None}
+    for key, value in given.items():
+        if key in hf and hf[key] != value:
+            raise ValueError(f"{key}={value!r} and position_encoding_options[{key!r}]={hf[key]!r} disagree: give one "
+                             "of them")
+        hf[key] = value
+    merged = {k: v for k, v in options.items() if k not in ("rope_theta", "rope_parameters", "rope_scaling")}
+    sources = {k: f"position_encoding_options[{k!r}]" for k in merged}
+
+    def put(option, value, source):
+        if option in merged and merged[option] != value:
+            raise ValueError(f"{source}={value!r} and {sources[option]}={merged[option]!r} disagree: give one of them")
+        merged[option], sources[option] = value, source
+
+    for name in ("rope_parameters", "rope_scaling"):
+        table = hf.get(name)
+        if table is None:
+            continue
+        if not isinstance(table, dict) or set(table) - set(_MROPE_DICT_KEYS):
+            raise ValueError(f"{name} of position_encoding 'mrope' must be a dict of {sorted(_MROPE_DICT_KEYS)}, got "
+                             f"{table!r}")
+        rope_type = table.get("rope_type", table.get("type"))
+        if rope_type not in (None, "default", "mrope"):
+            raise ValueError(f"{name}['rope_type'] must be 'default' or 'mrope' for position_encoding 'mrope' "
+                             f"(poskit computes no scaled M-RoPE), got {rope_type!r}")
+        for key, option in _MROPE_DICT_KEYS.items():
+            if option is not None and table.get(key) is not None:
+                value = table[key]
+                put(option, list(value) if isinstance(value, (list, tuple)) else value, f"{name}[{key!r}]")
+    if hf.get("rope_theta") is not None:
+        put("base", hf["rope_theta"], "rope_theta")
+    return merged
 
 
 def _as_json(value):

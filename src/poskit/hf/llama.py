@@ -139,6 +139,8 @@ def llama_config(model_config: ModelConfig, **config_kwargs) -> LlamaConfig:
         raise _refuse("attention", "'softmax'", cfg.attention)
     if cfg.mlp != "swiglu":
         raise _refuse("mlp", "'swiglu' (Llama's gated SiLU MLP)", cfg.mlp)
+    if cfg.layer_encodings is not None:
+        raise _refuse("layer_encodings", "null (one RoPE in every layer)", cfg.layer_encodings)
     rope, dynamic_positions, _ = _llama_rope(cfg)
     if cfg.d_model % cfg.n_heads:
         raise _refuse("d_model", f"a multiple of n_heads={cfg.n_heads} (LlamaConfig requires hidden_size % "

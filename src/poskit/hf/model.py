@@ -26,7 +26,10 @@ import poskit
 from poskit.attention.reference import softmax_rows
 from poskit.util.config_check import ConfigError
 from poskit.encodings.base import PositionalEncoding
+from poskit.encodings.mrope import coordinates_from_hf
+from poskit.encodings.spec import EncodingSpec
 from poskit.models import Transformer
+from poskit.models.decoder import layer_spec
 
 from .cache import PoskitCache
 from .config import PoskitConfig
@@ -103,7 +106,19 @@ class PoskitPreTrainedModel(PreTrainedModel):
         # undo that. What transformers does need from here are the encodings' non-persistent buffers (frequencies,
         # slopes), which from_pretrained leaves empty because no checkpoint holds them.
         if isinstance(module, PositionalEncoding):
-            _recompute_derived_buffers(module, self.config)
+            _recompute_derived_buffers(module, self._spec_of(module), self.config.hidden_size)
+
+    def _spec_of(self, encoding: PositionalEncoding) -> EncodingSpec:
+        """The spec `encoding` was built from: its layer's (`layer_spec`: layers of a schedule differ) where it is
+        the encoding of an attention layer of the model's Transformer, else the model's own; a "none" standing
+        in for an absolute encoding inside the layers was built without options."""
+        cfg = self.config.to_model_config()
+        for transformer in (m for m in self.modules() if isinstance(m, Transformer)):
+            for i, block in enumerate(transformer.blocks):
+                if block.attn.encoding is encoding:
+                    spec = layer_spec(cfg, i)
+                    return spec if spec.name == encoding.name else EncodingSpec(encoding.name)
+        return cfg.encoding_spec if encoding.name == cfg.encoding else EncodingSpec(encoding.name)
 
 
 class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
@@ -115,7 +130,10 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
     attention_mask (B, T), or (B, cached + T) with a cache: 1 = real token, 0 = padding, left or right; a
     token's position counts only the real tokens before it, so a padded row computes what it computes alone.
     position_ids (B, T) or (1, T) integers >= 0, when given, are the new tokens' positions instead (for every
-    encoding: an absolute one added at the embeddings, q/k rotations, biases, the cache). inputs_embeds
+    encoding: an absolute one added at the embeddings, q/k rotations, biases, the cache). A model whose layers
+    take coordinates (position_encoding "mrope") also takes Qwen2-VL's (3, B, T) or (3, 1, T) position_ids
+    (time, height, width: `poskit.encodings.mrope.mrope_positions`, then `coordinates_to_hf`); text after them is
+    decoded without position_ids, continuing at cache position + rope_deltas as Qwen2-VL does. inputs_embeds
     (B, T, hidden_size) replaces input_ids (exactly one of the two).
     """
 
@@ -156,7 +174,9 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
                             f"{list(_LOSS_KEYWORDS)}")
         check_token_inputs(input_ids, inputs_embeds, self.config.hidden_size, self.config.vocab_size)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        check_position_ids(position_ids, batch, length)
+        coordinates = _coordinates(position_ids, batch, length)
+        if coordinates is None:
+            check_position_ids(position_ids, batch, length)
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
                                 else output_hidden_states)
@@ -177,7 +197,7 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
         implementation = self.config._attn_implementation
         _check_attn_implementation(implementation)
         with _recording(self.model, output_hidden_states, output_attentions) as recorded:
-            logits = self.model(input_ids, position_ids, cache=kv, attention_mask=attention_mask,
+            logits = self.model(input_ids, position_ids if coordinates is None else coordinates, cache=kv, attention_mask=attention_mask,
                                 inputs_embeds=inputs_embeds, backend=ATTN_IMPLEMENTATIONS[implementation])
 
         loss = None
@@ -208,6 +228,20 @@ class PoskitForCausalLM(PoskitPreTrainedModel, GenerationMixin):
         model_kwargs["past_key_values"] = PoskitCache(self.config.num_hidden_layers, max_length=max_cache_length + 1)
 
 
+def _coordinates(position_ids, batch: int, length: int) -> torch.Tensor | None:
+    """Qwen2-VL's (3, 1|B, T) M-RoPE position_ids as poskit's coordinates (1|B, T, 3); None for other position_ids
+    (check_position_ids names what is wrong with them). Whether the model takes coordinates, the model says."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 3:
+        return None
+    coordinates = coordinates_from_hf(position_ids)  # refuses a non-integer tensor or a first axis other than 3
+    if coordinates.shape[1] != length or coordinates.shape[0] not in (1, batch):
+        raise ValueError(f"position_ids must have shape (3, {batch}, {length})" + (f" or (3, 1, {length})" if batch != 1
+                         else "") + f" (time, height, width per new token), got {tuple(position_ids.shape)}")
+    if coordinates.numel() and int(coordinates.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0, got a minimum of {int(coordinates.min())}")
+    return coordinates
+
+
 def _check_loaded(model: PoskitForCausalLM, info: dict, init_missing: bool, source, seed_state) -> None:
     """Raise ValueError naming every tensor that from_pretrained found missing, unexpected or of another shape;
     with `init_missing`, give the missing ones a newly built model's values instead."""
@@ -234,18 +268,15 @@ def _check_loaded(model: PoskitForCausalLM, info: dict, init_missing: bool, sour
                 target.copy_(fresh[name.removeprefix("model.")].to(target.dtype))
 
 
-def _recompute_derived_buffers(encoding: PositionalEncoding, config: PoskitConfig) -> None:
-    """Fill `encoding`'s non-persistent buffers with the values a freshly built twin has: they are functions of
-    the encoding's options (which poskit checkpoints do not store either: poskit rebuilds them at construction)."""
+def _recompute_derived_buffers(encoding: PositionalEncoding, spec: EncodingSpec, dim: int) -> None:
+    """Fill `encoding`'s non-persistent buffers with the values a freshly built twin of `spec` has: they are
+    functions of the encoding's options (which poskit checkpoints do not store either: poskit rebuilds them at
+    construction)."""
     derived = [(name, buf) for name, buf in _non_persistent_buffers(encoding)]
     if not derived:
         return
-    # the model's own encoding carries the config's options; any other (the "none" inside the layers of a model
-    # with an absolute encoding) was built without options
-    options = config.position_encoding_options if encoding.name == config.position_encoding else {}
     with torch.device("cpu"):  # from_pretrained builds under the meta device: the twin needs real values
-        twin = poskit.build_encoding(encoding.name, head_dim=encoding.head_dim, num_heads=encoding.num_heads,
-                                     dim=config.hidden_size, **options)
+        twin = spec.build(head_dim=encoding.head_dim, num_heads=encoding.num_heads, dim=dim)
     fresh = dict(_non_persistent_buffers(twin))
     with torch.no_grad():
         for name, buf in derived:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..attention import engine as _engine
 from .attention import Attention
 
 MLP_ACTIVATIONS = ("gelu", "swiglu", "relu")
@@ -73,12 +74,33 @@ class SelfAttention(Attention):
         # the names the decoder's attention layers had before they were poskit.nn.Attention
         self.n_heads, self.n_kv, self.hd = self.num_heads, self.num_kv_heads, self.head_dim
 
-    def forward(self, x: torch.Tensor, positions, cache=None, real=None, backend: str = "auto") -> torch.Tensor:
-        # x: (B, T, dim); positions: (1|B, T) (or None: the engine's default); real: (B, T) bool or None
+    def forward(self, x: torch.Tensor, positions, cache=None, real=None, backend: str = "auto",
+                offsets=None) -> torch.Tensor:
+        # x: (B, T, dim); positions: (1|B, T) (or None: the engine's default); real: (B, T) bool or None;
+        # offsets: (1|B, T, n) per-token coordinate offsets from the positions (M-RoPE's vision tokens) or None
         if self.linear:
             return self._linear(x, positions, cache, real)
+        if offsets is not None and self.encoding.coordinate_axes:
+            return self._attend_offsets(x, positions, offsets, cache, real, backend)
         return self.attend(x, positions, real, causal=self.causal, cache=cache, layer_idx=self.layer_idx,
                            backend=backend)
+
+    def _attend_offsets(self, x, positions, offsets, cache, real, backend):
+        """attend() with q and k first rotated by their tokens' coordinate offsets (`encode`), for an encoding that
+        takes coordinates (M-RoPE): the engine then applies it at the scalar positions, so that attention stays
+        causal by position and the KV cache holds keys rotated to their whole coordinates (encodings/mrope.py)."""
+        B, T, _ = x.shape
+        q = self.encoding.encode(self._heads(self.q_proj(x), self.num_heads), offsets)
+        k = self.encoding.encode(self._heads(self.k_proj(x), self.num_kv_heads), offsets)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if cache is not None:
+            out = _engine.cached_attention(q, k, v, self.encoding, cache, self.layer_idx, positions,
+                                           attention_mask=real, backend=backend)
+        else:
+            out = _engine.attention(q, k, v, self.encoding, attn_mask=None if real is None else real[:, None, None, :],
+                                    is_causal=self.causal, enable_gqa=True, q_positions=positions,
+                                    k_positions=positions, backend=backend)
+        return self.drop(self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)))
 
     def _linear(self, x, positions, cache, real):
         from ..attention.linear import linear_attention
@@ -134,8 +156,10 @@ class Block(nn.Module):
         return norm(x + self.drop(branch(x)))
 
     def forward(self, x: torch.Tensor, positions, cache=None, real=None, context: Context | None = None,
-                backend: str = "auto") -> torch.Tensor:  # (B, T, dim) -> (B, T, dim)
-        x = self._residual(x, self.norm1, lambda h: self.attn(h, positions, cache, real, backend=backend))
+                backend: str = "auto", offsets=None) -> torch.Tensor:  # (B, T, dim) -> (B, T, dim)
+        # offsets: per-token coordinate offsets for an attention whose encoding takes coordinates (SelfAttention)
+        extra = {} if offsets is None else {"offsets": offsets}
+        x = self._residual(x, self.norm1, lambda h: self.attn(h, positions, cache, real, backend=backend, **extra))
         if self.cross_attn is not None:
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn.attend(
                 h, positions, None, causal=False, kv=context.kv, kv_positions=context.positions, kv_real=context.real,

@@ -24,13 +24,17 @@ from torch import nn
 from poskit.attention.kv_cache import KVCache
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.encodings import DEFAULT_ENCODING, build_encoding
-from poskit.encodings.spec import EncodingSpec
+from poskit.encodings.base import as_position_tensor, encoding_class
+from poskit.encodings.mrope import text_positions
+from poskit.encodings.spec import EncodingSpec, SpecError
 
 from .batch import ModelBatch, build_batch, real_tokens
 from .block import MLP, Block, RMSNorm, SelfAttention, run_block
 
 MLP_KINDS = ("gelu", "swiglu")
 ATTENTION_KINDS = ("softmax", "linear")  # linear: RoFormer eq. 19 (attention/linear.py), causal
+#: the entry of ModelConfig.layer_encodings that stands for the model's own encoding (encoding, encoding_options)
+MODEL_ENCODING = "*"
 
 
 @dataclass
@@ -74,6 +78,13 @@ class ModelConfig:
     """"softmax" (poskit.attention) or "linear": causal linear attention with elu(x) + 1 features and the encoding
     applied after the feature map (RoFormer eq. 19; linear_attention in attention/linear.py). Linear needs an encoding
     that declares a linear_form (rope family, pope, none, absolute); no KV cache (generate with use_cache=False)."""
+    layer_encodings: list[str] | None = None
+    """The encoding inside each attention layer, where layers differ (Llama 4's layers without position, Gemma's
+    local and global RoPE bases): encoding specs ("rope:base=10000", "none"), one per layer, or a shorter pattern
+    repeated over the layers (layer i takes entry i % len, as HF's no_rope_layer_interval and
+    sliding_window_pattern count); "*" is the model's own encoding (`encoding` with `encoding_options`). None:
+    every layer uses the model's encoding (or the pattern that encoding declares, as irope does). E.g.
+    ["*", "*", "*", "none"]: no position on every 4th layer."""
 
     def __post_init__(self):
         check_field_types(self)
@@ -103,9 +114,9 @@ class ModelConfig:
             raise ConfigError("init_std", "> 0", self.init_std)
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError("attention", f"one of {list(ATTENTION_KINDS)}", self.attention)
-        if self.attention == "linear" and _layer_encoding(self).linear_form is None:
-            raise ConfigError("encoding", "an encoding that declares a linear_form with attention='linear' (rope "
-                              "family but rope-dynamic, pope with softplus, none, absolute ones)", self.encoding)
+        _check_layer_encodings(self)
+        if self.attention == "linear":
+            _check_linear_forms(self)
 
     @property
     def encoding_spec(self) -> EncodingSpec:
@@ -137,12 +148,92 @@ def decoder_mlp(cfg: ModelConfig) -> MLP:
     return MLP(cfg.d_model, hidden, cfg.mlp, bias=cfg.bias)
 
 
-def _layer_encoding(cfg: ModelConfig):
-    """The encoding used inside one attention layer: "none" when the model's encoding is absolute.
+def layer_schedule(cfg: ModelConfig) -> list[str] | None:
+    """The per-layer pattern of `cfg`: its layer_encodings, or the one its encoding declares (`layer_pattern`,
+    e.g. irope's), or None when every layer uses the model's encoding."""
+    if cfg.layer_encodings is not None:
+        return cfg.layer_encodings
+    declared = encoding_class(cfg.encoding).layer_pattern
+    return None if declared is None else declared(cfg.encoding_options)
+
+
+def layer_spec(cfg: ModelConfig, layer_idx: int) -> EncodingSpec:
+    """The EncodingSpec of the encoding inside attention layer `layer_idx` as the config gives it ("*" entries and
+    layers without a schedule: the model's `encoding_spec`, absolute ones included; `_layer_encoding` turns those
+    into "none")."""
+    schedule = layer_schedule(cfg)
+    entry = MODEL_ENCODING if schedule is None else schedule[layer_idx % len(schedule)]
+    if entry == MODEL_ENCODING:
+        return cfg.encoding_spec
+    return EncodingSpec.parse(entry)
+
+
+def _layer_field(cfg: ModelConfig, layer_idx: int) -> tuple[str, object]:
+    """The config field that sets layer `layer_idx`'s encoding, and its value (for errors)."""
+    schedule = layer_schedule(cfg)
+    if schedule is None or schedule[layer_idx % len(schedule)] == MODEL_ENCODING:
+        return "encoding", cfg.encoding
+    n = layer_idx % len(schedule)
+    return (f"layer_encodings[{n}]", schedule[n]) if cfg.layer_encodings is not None else ("encoding", cfg.encoding)
+
+
+def _check_layer_encodings(cfg: ModelConfig) -> None:
+    """ConfigError naming the field for a schedule that cannot be built: not a list of 1..n_layers specs, an
+    unknown encoding or option, an absolute encoding inside a layer, a second pattern. Each entry is built on the
+    meta device, which draws nothing from the random generator."""
+    schedule, declared = cfg.layer_encodings, encoding_class(cfg.encoding).layer_pattern
+    if schedule is None:  # a declared pattern counts layers as HF does: a shorter model has no layer that differs
+        if declared is not None:
+            declared(cfg.encoding_options)
+        return
+    if declared is not None:
+        raise ConfigError("layer_encodings", f"null with encoding {cfg.encoding!r}, which declares its own layer "
+                          "pattern (give one of the two)", schedule)
+    if not 1 <= len(schedule) <= cfg.n_layers:
+        raise ConfigError("layer_encodings", f"a list of 1 to n_layers={cfg.n_layers} encoding specs (one per layer, "
+                          "or a pattern repeated over the layers), or null", schedule)
+    for i, text in enumerate(schedule):
+        if text == MODEL_ENCODING:
+            continue
+        field = f"layer_encodings[{i}]"
+        try:  # the one parser and error format of encoding specs, naming this entry as encoding_options are named
+            spec = EncodingSpec.parse(text)
+        except SpecError as e:
+            raise ConfigError(field if e.option is None else f"{field}.{e.option}", e.requirement, e.value) from None
+        cls = encoding_class(spec.name)
+        if cls.kind == "absolute":
+            raise ConfigError(field, "an encoding inside attention (an absolute encoding is added once, at the "
+                              "embeddings: make it the model's `encoding`)", text)
+        if cls.layer_pattern is not None:
+            raise ConfigError(field, "the encoding of one layer (this one declares a pattern over layers)", text)
+        try:
+            with torch.device("meta"):
+                spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{field} {text!r}: {e}") from None
+
+
+def _check_linear_forms(cfg: ModelConfig) -> None:
+    """ConfigError naming the field unless every layer's encoding enters linear attention (`linear_form`)."""
+    if layer_schedule(cfg) is None:  # one probe, built as before (models seeded as before draw the same numbers)
+        probes = [_layer_encoding(cfg)]
+    else:  # one per layer, on the meta device: they draw nothing from the random generator
+        with torch.device("meta"):
+            probes = [_layer_encoding(cfg, i) for i in range(cfg.n_layers)]
+    for i, probe in enumerate(probes):
+        if probe.linear_form is None:
+            field, value = _layer_field(cfg, i)
+            raise ConfigError(field, "an encoding that declares a linear_form with attention='linear' (rope family "
+                              "but rope-dynamic, pope with softplus, none, absolute ones)", value)
+
+
+def _layer_encoding(cfg: ModelConfig, layer_idx: int = 0):
+    """The encoding used inside attention layer `layer_idx`: its spec (`layer_spec`), or "none" where that is the
+    model's absolute encoding.
 
     The probe is built (not only looked up by kind) for every layer: building an encoding with trainable
     parameters draws from the random generator, and models seeded as before must initialise as before."""
-    probe = cfg.encoding_spec.build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
+    probe = layer_spec(cfg, layer_idx).build(head_dim=cfg.dim_head, num_heads=cfg.n_heads, dim=cfg.d_model)
     if probe.kind == "absolute":
         return build_encoding("none", head_dim=cfg.dim_head, num_heads=cfg.n_heads)
     return probe
@@ -151,7 +242,8 @@ def _layer_encoding(cfg: ModelConfig):
 def decoder_block(cfg: ModelConfig, layer_idx: int) -> Block:
     """One pre-norm block of the decoder (RMSNorm, attention, RMSNorm, MLP), parts built in this order."""
     return Block(norm1=RMSNorm(cfg.d_model, cfg.norm_eps),
-                 attn=SelfAttention(cfg.d_model, cfg.n_heads, cfg.kv_heads, _layer_encoding(cfg), head_dim=cfg.dim_head,
+                 attn=SelfAttention(cfg.d_model, cfg.n_heads, cfg.kv_heads, _layer_encoding(cfg, layer_idx),
+                                    head_dim=cfg.dim_head,
                                     bias=cfg.bias, causal=cfg.causal, layer_idx=layer_idx,
                                     linear=cfg.attention == "linear"),
                  norm2=RMSNorm(cfg.d_model, cfg.norm_eps), mlp=decoder_mlp(cfg), pre_norm=True,
@@ -220,7 +312,11 @@ class Transformer(nn.Module):
         (a sequence-classification head reads them too).
 
         positions: (T,) or (B, T) int64; default arange(T), continuing after the cache's last position, and
-        with padding counting only real tokens (a padded sequence gets the positions it has alone).
+        with padding counting only real tokens (a padded sequence gets the positions it has alone). A model whose
+        layers take coordinates (mrope, encodings/mrope.py) also takes (1|B, T, 3) (time, height, width)
+        coordinates: attention then runs at their text positions (`mrope.text_positions`: the default positions
+        plus rope_deltas on a new sequence, continuing the cache's otherwise), and each token's offsets from its
+        text position rotate its query and key, so that decoding after a multimodal prompt needs no positions.
         cache: a `KVCache(n_layers)` that this call appends to (incremental decoding).
         attention_mask: (B, T) 1/True = real token, 0 = padding (Hugging Face's convention), left or right
         padding alike; with a cache also (B, cached + T), whose cached part must be the one already stored.
@@ -237,8 +333,11 @@ class Transformer(nn.Module):
         if self.abs_encoding is not None:
             x = x + self.abs_encoding.embed(batch.positions).to(x.dtype)  # (1|B, T, d_model)
         x = self.drop(x)
+        # coordinates (M-RoPE): each token's offsets from its text position, rotated into q and k by the layers
+        extra = {} if not _are_coordinates(positions) else {
+            "offsets": torch.as_tensor(positions, device=x.device).long() - batch.positions.unsqueeze(-1)}
         for block in self.blocks:
-            x = run_block(self, block, x, batch.positions, cache=cache, real=batch.real, backend=backend)
+            x = run_block(self, block, x, batch.positions, cache=cache, real=batch.real, backend=backend, **extra)
         return self.norm(x)  # (B, T, d_model)
 
     def batch(self, tokens: torch.Tensor | None, positions: torch.Tensor | None = None,
@@ -263,7 +362,28 @@ class Transformer(nn.Module):
                              "attends to later tokens too, so run it on the whole sequence with cache=None")
         if cache is not None and cache.num_layers != len(self.blocks):
             raise ValueError(f"cache must have num_layers={len(self.blocks)}, got {cache.num_layers}")
-        return build_batch(inputs, positions=positions, attention_mask=attention_mask, cache=cache)
+        if not _are_coordinates(positions):
+            return build_batch(inputs, positions=positions, attention_mask=attention_mask, cache=cache)
+        coordinates = self._check_coordinates(positions, inputs)
+        batch = build_batch(inputs, attention_mask=attention_mask, cache=cache)  # the order of the new tokens
+        if cache is not None and cache.length:  # a continuation: its text positions continue the cache's
+            return batch
+        return ModelBatch(batch.inputs, text_positions(coordinates, batch.positions, batch.real), batch.real)
+
+    def _check_coordinates(self, positions, inputs: torch.Tensor) -> torch.Tensor:
+        """positions (1|B, T, n) validated as the coordinates this model's layers take (ValueError otherwise)."""
+        axes = {b.attn.encoding.coordinate_axes for b in self.blocks
+                if b.attn.encoding.kind != "none"}
+        if len(axes) != 1 or 0 in axes:
+            names = sorted({b.attn.encoding.name for b in self.blocks})
+            raise ValueError(f"positions of shape {tuple(positions.shape)} are coordinates, which a model takes only "
+                             "when the encoding of every attention layer takes them (mrope) or is none; this model's "
+                             f"layers use {names}: give (T,) or (B, T) positions")
+        if self.config.attention == "linear":
+            raise ValueError("positions with coordinates are not supported with attention='linear': give (T,) or "
+                             "(B, T) positions")
+        B, T = inputs.shape[:2]
+        return as_position_tensor(positions, T, B, inputs.device, "positions", coords=axes.pop())
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
@@ -333,6 +453,11 @@ class Transformer(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, 1, generator=generator)
+
+
+def _are_coordinates(positions) -> bool:
+    """Whether model positions carry a trailing coordinate axis ((1|B, T, n): M-RoPE's time, height, width)."""
+    return isinstance(positions, torch.Tensor) and positions.dim() == 3
 
 
 def _last_real(logits: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
