@@ -80,10 +80,6 @@ def load_plays(strip: bool = True) -> dict[str, str]:
     return plays
 
 
-def play_names() -> list[str]:
-    return list(load_plays(True))
-
-
 class Shakespeare(WindowedLM, Described):
     """Character-level LM on Shakespeare (see module docstring).  Implements the Task protocol."""
 
