@@ -267,7 +267,7 @@ class PoskitConfig(PretrainedConfig):
         named = [rope_hf.HF_ROPE_TYPES.get(t.get("rope_type", t.get("type")))
                  for t in (merged.get(k) for k in rope_hf.HF_DICTS) if isinstance(t, dict)]
         named = [n for n in named if n is not None]
-        if named and self.position_encoding == "rope":
+        if named and rope_hf.encoding_scaling(self.position_encoding) == "none":
             self.position_encoding = rope_hf.encoding_name(named[0])  # the dict picks the variant of plain rope
         head_dim = self.head_dim if self.head_dim is not None else _quotient(self.hidden_size, self.num_attention_heads)
         try:

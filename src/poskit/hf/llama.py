@@ -237,7 +237,8 @@ def export_llama(run_dir, directory, *, overwrite: bool = False, progress: bool 
         raise ValueError(f"run {str(run_dir)!r} holds a {type(model).__name__}, not a decoder language model: only "
                          "those have a native Llama form")
     kwargs = dict(pad_token_id=task.vocab.pad_id)
-    if model.config.encoding != "rope-dynamic":  # rope-dynamic's is its original_max_positions (llama_config)
+    dynamic = model.config.encoding in LLAMA_ENCODINGS and rope_hf.encoding_scaling(model.config.encoding) == "dynamic"
+    if not dynamic:  # dynamic RoPE's max_position_embeddings is its original_max_positions (llama_config)
         kwargs["max_position_embeddings"] = task.max_input_len
     try:
         hf = to_llama(model, **kwargs)
