@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import poskit
-from poskit.attention import cpu_flash
+from cpu_kernel_helpers import documented_cpu_path_holds
 from poskit.attention.engine import route
 from poskit.encodings.base import encoding_class
 
@@ -49,8 +49,4 @@ def test_the_cpu_path_column_is_the_planners_choice(name, enters, path):
         warnings.simplefilter("ignore")  # an encoding in no model: UntrainedEncodingWarning is beside the point
         enc = poskit.build_encoding(name, head_dim=32, num_heads=4, **EXTENSION_OPTIONS.get(name, {}))
         chosen = route(enc, torch.randn(1, 4, 64, 32), is_causal=True)
-    if path == "cpu-flash" and not cpu_flash.available():
-        expected = next(v for k, v in sorted(WITHOUT_KERNEL.items(), key=lambda kv: -len(kv[0])) if enters.startswith(k))
-        assert chosen == expected
-    else:
-        assert chosen == path
+    assert documented_cpu_path_holds(path, chosen), (path, chosen)
