@@ -12,7 +12,6 @@ record in experiments/configs/ (demo.py, demo_diagnostic.py), which the registry
 """
 from __future__ import annotations
 
-import copy
 import shutil
 import sys
 import time
@@ -29,6 +28,7 @@ from .configs.records import DemoSettings
 from .jobs import ExtrapolationJob, TrainJob, train_job
 from .outputs import COMPARE_PLOT, DEMO_DIAGNOSTIC_DIR, DEMO_JSON, DEMO_LM_DIR, DEMO_MD, EXTRAPOLATION_PLOT, safe_label
 from .parallel import check_workers, run_parallel
+from .resolution import lm_config
 
 
 def _say(msg: str, quiet: bool) -> None:
@@ -36,15 +36,6 @@ def _say(msg: str, quiet: bool) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def lm_config(encoding: EncodingSpec | str, context: int, train_seconds: float, seed: int,
-              settings: DemoSettings = DEMO) -> TrainConfig:
-    cfg = copy.deepcopy(settings.language_model)
-    cfg["task_options"] = {"context": context}
-    cfg["model"]["encoding"], cfg["model"]["encoding_options"] = EncodingSpec.of(encoding).to_config()
-    # no periodic evaluation or checkpoints inside the budget; the final split evaluation is kept short
-    # because the extrapolation sweep that follows evaluates the test text at every length anyway
-    cfg.update(train_seconds=train_seconds, seed=seed, eval_every=10**9, checkpoint_every=10**9, final_eval_batches=4)
-    return TrainConfig.from_dict(cfg)
 
 
 def run_demo(out_dir=DEMO.out_dir, encodings=DEMO.encodings, train_seconds: float = DEMO.train_seconds,

@@ -42,7 +42,7 @@ def resolve_reproduction(name: str, arguments: dict) -> dict:
     from .configs import TranslationReproduction
     from .overrides import apply_overrides
     from .registry import experiment
-    from .reproduce import reproduction_config, reproduction_specs, select_variants
+    from .resolution import reproduction_config, reproduction_specs, select_variants
 
     r = experiment(name, "reproduction").settings
     if isinstance(r, TranslationReproduction):
@@ -67,7 +67,7 @@ def _resolve_translation(name: str, r, arguments: dict) -> dict:
     from poskit.encodings.spec import EncodingSpec
     from poskit.training.recipes.seq2seq import Seq2SeqConfig
 
-    from .translation import translation_config
+    from .resolution import translation_config
 
     preset = "paper" if arguments.get("preset") == "paper" else "cpu"
     base = translation_config(r, name, preset, arguments.get("steps"), arguments.get("overrides"))
@@ -107,7 +107,7 @@ def resolve_study(name: str, arguments: dict) -> dict:
 def resolve_demo(name: str, arguments: dict) -> dict:
     from poskit.encodings.spec import EncodingSpec
 
-    from .demo import lm_config
+    from .resolution import lm_config
     from .registry import experiment
 
     settings = experiment(name, "demo").settings

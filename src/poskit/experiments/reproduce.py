@@ -13,7 +13,6 @@ import copy
 import time
 from pathlib import Path
 
-from poskit.encodings.spec import EncodingSpec, parse_value
 from poskit.report import variants_table
 from poskit.training import TrainConfig, atomic_write_json
 
@@ -27,21 +26,11 @@ from .outputs import (COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, EXTRAPOLATION_DIR,
 from .overrides import apply_overrides
 from .realdata import add_nll, plan_sweep, run_sweep
 from .registry import experiment
+from .resolution import preset_config, reproduction_config, reproduction_specs, select_variants
 
 __all__ = ["Reproduction", "Variant", "preset_config", "reproduce", "run_reproduction", "select_variants"]
 
 
-def select_variants(r: Reproduction, spec: str | None, name: str = "--variants") -> list[Variant]:
-    """The variants to run: all of them, or those whose values `spec` lists ("1,5")."""
-    if spec is None:
-        return list(r.variants)
-    allowed = [v.value for v in r.variants]
-    if not allowed:
-        raise ValueError(f"{name} applies only to reproductions with variants; this one has none")
-    wanted = [parse_value(s.strip()) for s in str(spec).split(",") if s.strip()]
-    if not wanted or any(w not in allowed for w in wanted):
-        raise ValueError(f"{name} must be a comma-separated subset of {allowed} ({r.variant_name}), got {spec!r}")
-    return [v for v in r.variants if v.value in wanted]
 
 
 def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, title: str) -> Path:
@@ -53,6 +42,14 @@ def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, tit
     return plot_runs(runs, path, metric=metric, title=title)
 
 
+
+
+
+
+
+
+
+
 def _get(config: dict, dotted: str):
     node = config
     for part in dotted.split("."):
@@ -60,43 +57,6 @@ def _get(config: dict, dotted: str):
             return None
         node = node[part]
     return node
-
-
-def preset_config(r: Reproduction, preset: str | None) -> dict:
-    """The base config of reproduction `r` at `preset`: "default" (or None) its CPU-scale config; "paper" that
-    config with the reproduction's `paper_preset` changes and the task's paper preset (config "preset")."""
-    if preset not in (None, "default", "paper"):
-        raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
-    cfg = copy.deepcopy(r.config)
-    if preset == "paper":
-        from poskit.tasks import _lookup
-
-        cfg["preset"] = "paper"
-        # the CPU config's own task options (e.g. context 256) would override the task's paper sizes (explicit
-        # options win in build_task): drop those the task's paper preset sets, so that its values apply
-        paper_task = getattr(_lookup(cfg["task"]), "paper_params", {})
-        cfg["task_options"] = {k: v for k, v in cfg.get("task_options", {}).items() if k not in paper_task}
-        for dotted, value in r.paper_preset.items():
-            node, *path = [cfg, *dotted.split(".")]
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            node[path[-1]] = copy.deepcopy(value)
-    return cfg
-
-
-def reproduction_config(r: Reproduction, preset: str | None, steps: int | None, overrides: list[str] | None) -> dict:
-    """The base config a reproduction's runs start from: the preset's, with `steps` and the key=value
-    `overrides` applied (the encoding and seed are set per run)."""
-    cfg = preset_config(r, preset)
-    if steps is not None:
-        cfg["max_steps"] = steps
-    apply_overrides(cfg, overrides or [])
-    return cfg
-
-
-def reproduction_specs(r: Reproduction, encodings) -> list[EncodingSpec]:
-    """The encoding specs a reproduction runs: `encodings` (specs or their text), else its own."""
-    return [EncodingSpec.of(e) for e in encodings] if encodings is not None else EncodingSpec.parse_list(r.encodings)
 
 
 def run_reproduction(name: str, **arguments) -> dict:

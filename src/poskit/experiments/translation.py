@@ -20,12 +20,11 @@ from ..training.recipes.seq2seq import CONFIG, Seq2SeqConfig, load_pairs, requir
 from ..report.record import relative_to
 from ..training.run_dir import owned
 from .configs import TranslationReproduction
-from .configs.records import derive
 from .evidence import measurements_of, reproduction_paper, write_record
 from .outputs import COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT, safe_label
-from .overrides import apply_overrides
 from .parallel import check_workers, run_parallel
 from .registry import experiments
+from .resolution import translation_config
 
 __all__ = ["run_translation", "reproduce", "RESULTS_JSON", "RESULTS_MD", "CONVERGENCE_PNG"]
 
@@ -55,17 +54,6 @@ def _settings(name: str) -> TranslationReproduction:
     return found[name]
 
 
-def translation_config(r: TranslationReproduction, name: str, preset: str, steps: int | None,
-                       overrides: list[str] | None) -> dict:
-    """The Seq2SeqConfig fields every run of the reproduction starts from (the encoding and seed are set per
-    run): the preset's changes, `steps` and the key=value `overrides` applied."""
-    if preset not in r.presets:
-        raise ValueError(f"preset must be one of {sorted(r.presets)} for {name}, got {preset!r}")
-    base = derive(r.config, r.presets[preset])
-    if steps is not None:
-        base["max_steps"] = steps
-    apply_overrides(base, list(overrides or []))
-    return base
 
 
 def plan_translation(name: str = "translation", *, preset: str = "cpu", encodings: list | None = None,
