@@ -1,6 +1,6 @@
 """The package's layers (docs/architecture.md): every import inside src/poskit, at module level or inside a
-function, points to a lower layer or stays inside its own package. A module that needs something above it is
-in the wrong layer, or the thing it needs is."""
+function, points to a lower layer or stays inside its own package, and no two modules import each other through
+a circle. A module that needs something above it is in the wrong layer, or the thing it needs is."""
 import ast
 import pathlib
 
@@ -62,3 +62,40 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     (tmp_path / "util" / "bad.py").write_text("def f():\n    from poskit.cli import main\n")
     monkeypatch.setattr(__import__(__name__), "SRC", tmp_path)
     assert list(_imports(tmp_path / "util" / "bad.py")) == [(2, "poskit.cli")]
+
+
+def _module_of(path: pathlib.Path) -> str:
+    parts = ["poskit", *path.relative_to(SRC).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circle_between_modules():
+    # imports inside functions count too: a circle hidden in a function is still two modules that need each other
+    modules = {_module_of(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, imported in _imports(path):
+            while imported not in modules and "." in imported:  # `from poskit.x import name`: the module x
+                imported = imported.rsplit(".", 1)[0]
+            if imported != name and not name.startswith(imported + "."):  # a package's own __init__ is not a circle
+                targets.add(imported)
+        graph[name] = targets
+    circles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    # a package's __init__ re-exporting its modules, which import siblings through it, is not counted: only
+    # circles that do not pass through a package's __init__
+    real = [c for c in circles if not any(modules[m].name == "__init__.py" for m in c[:-1])]
+    assert not real, "\n".join(" -> ".join(c) for c in real)
