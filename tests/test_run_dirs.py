@@ -169,7 +169,7 @@ def test_other_commands_cannot_claim_a_run_and_a_run_cannot_claim_theirs(kind, f
         claim(run, kind)
     other = claim(tmp_path / kind, kind)
     assert check(other, kind) == "own" and json.loads((other / MARKER_FILE).read_text())["kind"] == kind
-    with pytest.raises(RunDirError, match=f"is a poskit {kind} directory"):
+    with pytest.raises(RunDirError, match=f"is a poskit directory of kind .{kind}."):
         train(TrainConfig.from_dict(TINY), other, quiet=True)
     assert snapshot(run) == before
 
