@@ -36,12 +36,13 @@ from poskit.util.config_check import ConfigError, check_field_types
 from ..checkpoint import checkpoint_config, read_checkpoint
 from ..checkpoint_store import CHECKPOINTS_DIR, checkpoint_path, has_checkpoint
 from ..config import TrainConfig
-from ..distributed import check_batch_split, from_main, local_rows
+from ..distributed import check_batch_split, from_main
 from ..files import (CHECKPOINT_FILE, CONFIG_FILE, LEGACY_CHECKPOINT_FILE, RESULTS_FILE, RunFileError,
                      does_not_fit, read_bytes, read_json, read_metrics, read_results)
 from ..rng import seed_everything
-from ..step import DECAY_RULE, build_model, build_task_for, evaluate, lm_step_loss, make_optimizer
+from ..step import build_model, build_task_for, evaluate
 from .base import Loop, Recipe, config_dict
+from .lm import LMSteps
 
 #: the default learning rate is the parent's peak lr times this (PI and YaRN: 2e-5 after 3e-4, 1e-5 after 1.5e-4)
 LR_RATIO = 1 / 15
@@ -133,7 +134,7 @@ def lr_at(step: int, cfg: ExtendConfig) -> float:
     return cfg.lr
 
 
-class ExtendRecipe(Recipe):
+class ExtendRecipe(LMSteps, Recipe):
     """`parent_weights`: the parent model's state dict, loaded into the model with the new encoding (a resumed
     run then replaces them with its checkpoint's); None only where a checkpoint supplies the weights."""
 
@@ -183,23 +184,12 @@ class ExtendRecipe(Recipe):
         self.data_gen = torch.Generator().manual_seed(cfg.seed + 1_000_003)
         return model
 
-    def optimizer(self, model, rule: str = DECAY_RULE):
-        return make_optimizer(model, self.train_cfg, rule)
+    @property
+    def train_config(self) -> TrainConfig:
+        return self.train_cfg
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.config)
-
-    def next_batch(self, step: int, procs):
-        return local_rows(self.task.train_batch(self.config.batch_size, self.data_gen, step=step), procs)
-
-    def data_state(self) -> dict:
-        return {"data_generator": self.data_gen.get_state()}
-
-    def load_data_state(self, state: dict) -> None:
-        self.data_gen.set_state(state["data_generator"].cpu())
-
-    def loss(self, net, batch, procs):
-        return lm_step_loss(net, batch, self.train_cfg, procs)
 
     def _evaluate(self, trainer, split: str, max_batches: int | None):
         return trainer.on_main(lambda: evaluate(trainer.model, self.task, split, max_batches))

@@ -18,7 +18,32 @@ from ..tensorboard_log import check_tensorboard_available
 from .base import Loop, Recipe
 
 
-class LMRecipe(Recipe):
+class LMSteps:
+    """The training steps every language-model recipe shares: the optimizer's groups, a batch of the task's
+    training stream from the recipe's seeded generator (`data_gen`) with its state for checkpoints, and the loss,
+    all read from the recipe's `train_config` (its TrainConfig)."""
+
+    @property
+    def train_config(self) -> TrainConfig:
+        raise NotImplementedError
+
+    def optimizer(self, model, rule: str = DECAY_RULE):
+        return make_optimizer(model, self.train_config, rule)
+
+    def next_batch(self, step: int, procs):
+        return local_rows(self.task.train_batch(self.train_config.batch_size, self.data_gen, step=step), procs)
+
+    def data_state(self) -> dict:
+        return {"data_generator": self.data_gen.get_state()}
+
+    def load_data_state(self, state: dict) -> None:
+        self.data_gen.set_state(state["data_generator"].cpu())
+
+    def loss(self, net, batch, procs):
+        return lm_step_loss(net, batch, self.train_config, procs)
+
+
+class LMRecipe(LMSteps, Recipe):
     config_type = TrainConfig
     writer = "poskit's trainer"
     state_entries = {"elapsed": (int, float), "loss_acc": (list, tuple), "data_generator": torch.Tensor,
@@ -81,23 +106,12 @@ class LMRecipe(Recipe):
     def model_config(self, model) -> dict:
         return dataclasses.replace(self.config.model, vocab_size=len(self.task.vocab)).to_dict()
 
-    def optimizer(self, model, rule: str = DECAY_RULE):
-        return make_optimizer(model, self.config, rule)
+    @property
+    def train_config(self) -> TrainConfig:
+        return self.config
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.config)
-
-    def next_batch(self, step: int, procs):
-        return local_rows(self.task.train_batch(self.config.batch_size, self.data_gen, step=step), procs)
-
-    def data_state(self) -> dict:
-        return {"data_generator": self.data_gen.get_state()}
-
-    def load_data_state(self, state: dict) -> None:
-        self.data_gen.set_state(state["data_generator"].cpu())
-
-    def loss(self, net, batch, procs):
-        return lm_step_loss(net, batch, self.config, procs)
 
     def _evaluate(self, trainer, split: str, max_batches: int | None):
         return trainer.on_main(lambda: evaluate(trainer.model, self.task, split, max_batches, self.config.bf16))
