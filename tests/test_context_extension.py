@@ -104,7 +104,7 @@ def test_a_tiny_run_end_to_end_through_the_registry_and_its_resume(monkeypatch, 
     out = tmp_path / "out"
     results = experiment("context-extension", "reproduction").run(out_dir=out, workers=1, quiet=True, quick=True)
     saved = json.loads((out / "results.json").read_text())
-    assert saved == json.loads(json.dumps(results))
+    assert saved["rows"] == json.loads(json.dumps(results["rows"]))
     rows = {(r["setup"], r["method"], r["scale"], r["step"]) for r in results["rows"]}
     assert rows == {("rope", "none", None, 0), ("rope", "pi", 2, 0), ("rope", "pi", 2, 1), ("rope", "dynamic", 2, 0),
                     ("pope", "none", None, 0), ("pope", "pope", 2, 0), ("pope", "pope", 2, 1)}
@@ -119,6 +119,7 @@ def test_a_tiny_run_end_to_end_through_the_registry_and_its_resume(monkeypatch, 
     for name in ("results.md", "steps-rope.png", "steps-pope.png", "passkey/rope-pi-s2-step1.png"):
         assert (out / name).is_file(), name
     assert (out / "extend" / "seed0" / "rope" / "pi-s2" / "checkpoint.json").is_file()
+    _check_record(out, results)
     # resumed: every evaluation is read back, nothing is trained or evaluated again
     evals = sorted((out / "evals").rglob("step-*.json"))
     stamps = {p: p.stat().st_mtime_ns for p in evals}
@@ -127,6 +128,39 @@ def test_a_tiny_run_end_to_end_through_the_registry_and_its_resume(monkeypatch, 
     assert again["rows"] == results["rows"] and {p: p.stat().st_mtime_ns for p in evals} == stamps
     with pytest.raises(ValueError, match="pass --resume to continue it"):
         experiment("context-extension", "reproduction").run(out_dir=out, workers=1, quiet=True, quick=True)
+
+
+def _check_record(out, results):
+    """The run's results.json is a results record (report/record.py): provenance, the resolved configuration that
+    today's code resolves again (not stale), one group per (setup, s) with the numbers at the extended context."""
+    from poskit.experiments.evidence import resolve_today
+    from poskit.report.record import read_record
+    from poskit.report.results_tables import summary_table, values_table
+    from poskit.report.staleness import stale_label
+
+    record = read_record(out / "results.json")
+    assert (record.name, record.kind) == ("context-extension", "reproduction")
+    assert record.command.startswith("poskit reproduce context-extension --quick --out ")
+    assert record.arguments["quick"] is True and stale_label(record, resolve_today) is None
+    assert set(record.resolved["encodings"]) == {"rope", "rope-linear", "rope-dynamic", "pope"}
+    assert record.resolved["grid"]["steps"] == [0, 1] and record.resolved["base"]["max_steps"] == 2
+    groups = record.measurements["groups"]
+    assert list(groups) == ["rope s=2", "pope s=2"]
+    assert list(groups["rope s=2"]) == ["none", "pi", "dynamic"] and list(groups["pope s=2"]) == ["none", "pope"]
+    pi = next(r for r in results["rows"] if (r["method"], r["step"]) == ("pi", 1))
+    [run] = groups["rope s=2"]["pi"]
+    assert run["steps"] == 1 and run["splits"]["extended"]["perplexity"] == pi["perplexity"]["64"]
+    assert run["splits"]["step 0"]["perplexity"] == next(
+        r for r in results["rows"] if (r["method"], r["step"]) == ("pi", 0))["perplexity"]["64"]
+    assert run["splits"]["1x"]["perplexity"] == pi["perplexity"]["32"]
+    assert run["splits"]["extended"]["regression_1x"] == pi["regression_1x"]
+    # the none row of a group is the base at the group's length
+    [none] = groups["pope s=2"]["none"]
+    assert none["splits"]["extended"]["perplexity"] == next(
+        r for r in results["rows"] if (r["setup"], r["method"]) == ("pope", "none"))["perplexity"]["64"]
+    # the generated tables of docs/ can be made from it
+    assert "| rope s=2 | pi |" in values_table(record, split="extended")
+    assert "step 1 perplexity" in summary_table(record)
 
 
 def test_the_command_line_runs_the_quick_grid_and_refuses_quick_elsewhere(monkeypatch, tmp_path, capsys):

@@ -23,140 +23,27 @@ length up to which every evaluated length reaches it (0: not even the base conte
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.encodings import rope_scaling
 from poskit.encodings.spec import EncodingSpec
-from poskit.training import TrainConfig, atomic_write_json, check_writable_dir, load_run
+from poskit.training import atomic_write_json, check_writable_dir, load_run
 from poskit.training.files import read_json
 from poskit.training.recipes.extend import load_extend_run
 from poskit.training.run_dir import LOCK_FILE, MARKER_FILE, owned
 
-from .configs.context_extension import CONTEXT_EXTENSION, ContextExtension, Grid, Method
-from .jobs import TrainJob, train_job
-from .outputs import COMPARE_JSON as RESULTS_JSON, COMPARE_MD as RESULTS_MD, safe_label
-from .overrides import apply_overrides
+from poskit.report.record import paper_block
+
+from .configs.context_extension import Method
+from .context_extension_plan import ChainJob, Evaluation, Plan, _methods, parse_scales, plan
+from .evidence import write_record
+from .jobs import train_job
+from .outputs import COMPARE_MD as RESULTS_MD, safe_label
 from .parallel import check_workers, run_parallel
-
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What every checkpoint is evaluated on."""
-
-    lengths: tuple
-    """Tokens."""
-    base_context: int
-    split: str
-    n_chars: int
-    depths: tuple
-    trials: int
-
-
-@dataclass(frozen=True)
-class ChainJob:
-    """One method at one scale on one base model: extended stepwise to each step and evaluated there (one
-    process; the steps build on each other)."""
-
-    setup: str
-    seed: int
-    method: str
-    encoding: str | None
-    """The extension's spec; None: the base model itself (zero-shot, step 0)."""
-    scale: int | None
-    context: int | None
-    steps: tuple
-    parent: str
-    run_dir: str | None
-    eval_dir: str
-    evaluation: Evaluation
-    checkpoint_every: int
-
-
-@dataclass
-class Plan:
-    settings: ContextExtension
-    grid: Grid
-    out_dir: Path
-    seeds: tuple
-    scales: tuple
-    steps: tuple
-    bases: list
-    """TrainJob per (seed, setup)."""
-    base_keys: list
-    """(seed, setup) of each base job."""
-    chains: list
-    """ChainJob, each method of each setup at each scale (zero-shot methods once per setup)."""
-
-
-def _methods(settings: ContextExtension, grid: Grid, setup) -> tuple:
-    """The setup's methods in the grid; "none" (the base model itself) always: the others are compared to it."""
-    return tuple(m for m in setup.methods if grid.methods is None or m.name in grid.methods or m.name == "none")
-
-
-def plan(settings: ContextExtension = CONTEXT_EXTENSION, out_dir="runs/reproduce-context-extension", *,
-         quick: bool = False, seeds=None, steps: int | None = None, scales=None, overrides=()) -> Plan:
-    """The sub-runs of the grid (`quick`: the quick one), with the command's restrictions: `seeds`, `steps` (the
-    fine-tuning length: the grid's evaluated steps up to it, and it), `scales` (a subset of s values or others),
-    `overrides` (key=value on the base models' TrainConfig). Checks everything; writes nothing."""
-    grid = settings.grid(quick)
-    seeds = (0,) if seeds is None else tuple(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds must be distinct non-negative integers, got {list(seeds)}")
-    scales = grid.scales if scales is None else tuple(scales)
-    if not scales or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in scales) \
-            or len(set(scales)) != len(scales):
-        raise ValueError(f"--variants (the scales s) must be distinct positive integers, got {list(scales)}")
-    evaluated = grid.steps
-    if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"--steps (the fine-tuning steps) must be a non-negative integer, got {steps!r}")
-        evaluated = tuple(sorted({s for s in grid.steps if s <= steps} | {steps}))
-    base_cfg = copy.deepcopy(settings.pretrain)
-    base_cfg["max_steps"] = grid.pretrain_steps
-    apply_overrides(base_cfg, list(overrides or ()))
-    context = settings.context
-    if base_cfg.get("task_options", {}).get("context", context) != context:
-        raise ValueError(f"task_options.context is the experiment's base context {context}; it cannot be overridden")
-    out_dir = Path(out_dir)
-    evaluation = Evaluation(tuple(context * m for m in grid.lengths), context, settings.split, grid.n_chars,
-                            tuple(grid.depths), grid.trials)
-    bases, base_keys, chains = [], [], []
-    for seed in seeds:
-        for name in grid.setups:
-            setup = settings.setup(name)
-            cfg = copy.deepcopy(base_cfg)
-            spec = EncodingSpec.parse(setup.encoding)
-            cfg["model"] = {**cfg["model"], "encoding": spec.name, "encoding_options": spec.options}
-            cfg["task_options"] = {**cfg["task_options"], "passkey_fraction": setup.passkey_fraction}
-            cfg["seed"] = seed
-            TrainConfig.from_dict(cfg)  # checked here, before anything runs
-            base_dir = out_dir / "bases" / f"seed{seed}" / name
-            bases.append(TrainJob(cfg, str(base_dir), resume=True, quiet=True))
-            base_keys.append((seed, name))
-            for method in _methods(settings, grid, setup):
-                for scale in (scales if method.encoding is not None else (None,)):
-                    label = method.name if scale is None else f"{method.name}-s{scale}"
-                    own = [s for s in evaluated if method.fine_tune or s == 0]
-                    if method.unchanged:
-                        own = [s for s in own if s > 0]  # its step 0 is the base model, evaluated as "none"
-                    if not own:
-                        continue
-                    chains.append(ChainJob(
-                        name, seed, method.name, method.encoding, scale, None if scale is None else context * scale,
-                        tuple(own), str(base_dir),
-                        None if method.encoding is None else str(out_dir / "extend" / f"seed{seed}" / name / label),
-                        str(out_dir / "evals" / f"seed{seed}" / name / label), evaluation, settings.checkpoint_every))
-    return Plan(settings, grid, out_dir, seeds, scales, evaluated, bases, base_keys, chains)
-
 
 # -- the jobs (top-level: run in worker processes)
 
@@ -226,9 +113,12 @@ def _cost(c: ChainJob) -> float:
     return max(c.steps) + 20 * len(c.steps)
 
 
-def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = False, command: str = "") -> dict:
-    """Train the bases, run the chains, aggregate: results.json, results.md and the plots in the plan's out_dir.
-    An output directory that holds anything is refused without `resume`."""
+def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = False,
+             arguments: dict | None = None) -> dict:
+    """Train the bases, run the chains, aggregate: results.json (the results record, report/record.py, with every
+    row of `aggregate` beside it), results.md and the plots in the plan's out_dir. `arguments` are the command's
+    (what its record resolves again); None: the plan's grid as planned. An output directory that holds anything is
+    refused without `resume`."""
     check_workers(workers)
     check_writable_dir(p.out_dir, "out")
     if p.out_dir.is_dir() and not resume and any(f.name not in (MARKER_FILE, LOCK_FILE) for f in p.out_dir.iterdir()):
@@ -247,11 +137,57 @@ def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = F
                             labels=[_label(p.chains[i]) for i in order], quiet=quiet)
         chains = [done[order.index(i)] for i in range(len(p.chains))]
         results = aggregate(p, [o.results for o in outcomes], [r for records in chains for r in records],
-                            time.perf_counter() - t0, command)
-        atomic_write_json(p.out_dir / RESULTS_JSON, results)
+                            time.perf_counter() - t0)
         plots = write_plots(p, results)
+        record = write_record(p.out_dir, kind="reproduction", name="context-extension",
+                              arguments=arguments if arguments is not None else plan_arguments(p),
+                              measurements=measurements(p, results), started=t0,
+                              paper=paper_block(p.settings.paper, ()), files=[RESULTS_MD, *plots], details=results)
+        results = {**results, "command": record.command, "wall_seconds": record.wall_seconds}
         (p.out_dir / RESULTS_MD).write_text(markdown(p, results, plots))
     return results
+
+
+def plan_arguments(p: Plan) -> dict:
+    """The command arguments that give plan `p` (a plan made from Python rather than by the command)."""
+    return {"quick": p.grid.name == "quick", "seeds": list(p.seeds),
+            "steps": None if p.steps == p.grid.steps else max(p.steps),
+            "variants": None if p.scales == p.grid.scales else ",".join(map(str, p.scales)), "overrides": []}
+
+
+def measurements(p: Plan, results: dict) -> dict:
+    """The record's measurements: one group per (setup, s), one entry per method and seed, with the numbers at
+    the extended context 64 s ("extended": at the method's last step; "step N": the perplexity there; "1x": the
+    perplexity at the base context). The zero-shot rows ("none", dynamic NTK) sit in every group of their setup."""
+    groups: dict = {}
+    context = p.settings.context
+    for name in p.grid.setups:
+        methods = _methods(p.settings, p.grid, p.settings.setup(name))
+        for scale in p.scales:
+            length = str(context * scale)
+            group = groups.setdefault(f"{name} s={scale}", {})
+            for method in methods:
+                for seed in p.seeds:
+                    rows = _series(results, name, seed, method.name, scale)
+                    if not rows:
+                        continue
+                    end = max(rows, key=lambda r: r["step"])
+                    accuracy = {str(b["length"]): b["accuracy"] for b in end["passkey"]["by_length"]}
+                    extended = {"perplexity": end["perplexity"].get(length),
+                                "last_perplexity": end["last_perplexity"].get(length),
+                                "regression_1x": end["regression_1x"], "passkey": accuracy.get(length),
+                                "passkey_1x": accuracy.get(str(context)),
+                                "effective_window": end["effective_window"], "passkey_context": end["passkey_context"],
+                                "token_fraction": end["token_fraction"]}
+                    splits = {"extended": {k: v for k, v in extended.items() if v is not None},
+                              "1x": {"perplexity": end["perplexity"].get(str(context))}}
+                    for r in rows:
+                        splits[f"step {r['step']}"] = {"perplexity": r["perplexity"].get(length)}
+                    group.setdefault(method.name, []).append(
+                        {"seed": seed, "run": f"evals/seed{seed}/{name}/" + (method.name if end["scale"] is None
+                                                                             else f"{method.name}-s{scale}"),
+                         "steps": end["step"], "train_seconds": end.get("train_seconds"), "splits": splits})
+    return {"metric": "perplexity", "split": "extended", "variant_field": None, "groups": groups}
 
 
 def reproduce(experiment, *, out_dir, seeds=None, encodings=None, steps=None, workers=None, resume=False,
@@ -264,17 +200,12 @@ def reproduce(experiment, *, out_dir, seeds=None, encodings=None, steps=None, wo
     if preset not in (None, "default"):
         raise ValueError(f"--preset: context-extension has only its CPU-scale grids (default and --quick), got "
                          f"{preset!r}")
-    scales = None
-    if variants:
-        try:
-            scales = [int(v) for v in str(variants).split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"--variants are the scales s of context-extension, e.g. 4,8; got {variants!r}") from None
-    p = plan(experiment.settings, out_dir, quick=quick, seeds=seeds, steps=steps, scales=scales,
+    p = plan(experiment.settings, out_dir, quick=quick, seeds=seeds, steps=steps, scales=parse_scales(variants),
              overrides=overrides or ())
-    flags = " --quick" if quick else ""
+    arguments = {"quick": bool(quick), "seeds": None if seeds is None else list(seeds), "steps": steps,
+                 "variants": variants, "overrides": list(overrides or ())}
     return run_plan(p, workers=workers or experiment.settings.workers, resume=resume, quiet=quiet,
-                    command=f"poskit reproduce {experiment.name}{flags}")
+                    arguments=arguments)
 
 
 # -- aggregation
@@ -340,7 +271,7 @@ def _row(record: dict, base: dict, threshold: float, pretrain_tokens: int) -> di
         "effective_window": window, "passkey_context": passkey_context}
 
 
-def aggregate(p: Plan, base_results: list[dict], records: list[dict], seconds: float, command: str = "") -> dict:
+def aggregate(p: Plan, base_results: list[dict], records: list[dict], seconds: float) -> dict:
     """One dict with every number: the command, the grid, the YaRN bands, the base models, and one row per
     (setup, seed, method, scale, step) (an unchanged method's step 0 is its base model's row)."""
     threshold = p.settings.passkey_threshold
@@ -359,7 +290,7 @@ def aggregate(p: Plan, base_results: list[dict], records: list[dict], seconds: f
                                      "encoding": res["encoding"], "tokens": pretrain, "splits": res["splits"]}
              for (seed, name), res in zip(p.base_keys, base_results)}
     timings = _timings(p, base_results, records)
-    return {"command": command, "experiment": "context-extension", "grid": dataclasses.asdict(p.grid),
+    return {"experiment": "context-extension", "grid": dataclasses.asdict(p.grid),
             "seeds": list(p.seeds), "scales": list(p.scales), "steps": list(p.steps),
             "settings": {"paper": p.settings.paper, "context": p.settings.context, "split": p.settings.split,
                          "passkey_threshold": threshold, "pretrain": p.settings.pretrain,
@@ -370,7 +301,8 @@ def aggregate(p: Plan, base_results: list[dict], records: list[dict], seconds: f
                                                "(YaRN)",
                             "regression_1x": "perplexity at the base context minus the base model's",
                             "token_fraction": "fine-tuning tokens / the base model's pre-training tokens"},
-            "bands": _bands(p), "bases": bases, "rows": rows, "timings": timings, "wall_seconds": round(seconds, 1)}
+            "bands": _bands(p), "bases": bases, "rows": rows, "timings": timings,
+            "grid_seconds": round(seconds, 1)}
 
 
 def _timings(p: Plan, base_results: list[dict], records: list[dict]) -> dict:

@@ -15,19 +15,10 @@ from pathlib import Path
 
 from poskit.report.record import ResultsRecord, new_record, paper_block, relative_to, resolve_encodings
 
+from .resolution import without_run_fields
+
 __all__ = ["ANALYSES", "analysis_record", "compare_record", "equivalent_command", "resolve", "resolve_today",
            "write_record"]
-
-
-def without_run_fields(config: dict) -> dict:
-    """A training config without what is set per run (the encoding and the seed): the base of a comparison."""
-    out = copy.deepcopy(config)
-    out.pop("seed", None)
-    model = out.get("model")
-    if isinstance(model, dict):
-        model.pop("encoding", None)
-        model.pop("encoding_options", None)
-    return out
 
 
 def _train_config(fields: dict) -> dict:
@@ -42,11 +33,16 @@ def resolve_reproduction(name: str, arguments: dict) -> dict:
     from .configs import TranslationReproduction
     from .overrides import apply_overrides
     from .registry import experiment
+    from .configs.context_extension import ContextExtension
     from .resolution import reproduction_config, reproduction_specs, select_variants
 
     r = experiment(name, "reproduction").settings
     if isinstance(r, TranslationReproduction):
         return _resolve_translation(name, r, arguments)
+    if isinstance(r, ContextExtension):
+        from .context_extension_plan import resolve_plan
+
+        return resolve_plan(r, arguments)
     cfg = reproduction_config(r, arguments.get("preset"), arguments.get("steps"), arguments.get("overrides"))
     specs = reproduction_specs(r, arguments.get("encodings"))
     seeds = arguments.get("seeds")
@@ -200,7 +196,7 @@ def equivalent_command(kind: str, name: str, arguments: dict, out_dir) -> list[s
         for flag, key in (("--steps", "steps"), ("--preset", "preset")):
             if a.get(key) is not None:
                 cmd += [flag, str(a[key])]
-        return cmd + out + list(a.get("overrides") or [])
+        return cmd + (["--quick"] if a.get("quick") else []) + out + list(a.get("overrides") or [])
     if kind == "compare":
         return ["poskit", "compare", "--task", str(a["base"].get("task")), "--encodings", _listed(a["encodings"]),
                 "--seeds", _listed(a["seeds"])] + out

@@ -18,7 +18,7 @@ from .configs.records import DemoSettings, derive
 from .overrides import apply_overrides
 
 __all__ = ["lm_config", "preset_config", "reproduction_config", "reproduction_specs", "select_variants",
-           "translation_config"]
+           "translation_config", "without_run_fields"]
 
 
 def select_variants(r: Reproduction, spec: str | None, name: str = "--variants") -> list[Variant]:
@@ -94,3 +94,14 @@ def lm_config(encoding: EncodingSpec | str, context: int, train_seconds: float, 
     # because the extrapolation sweep that follows evaluates the test text at every length anyway
     cfg.update(train_seconds=train_seconds, seed=seed, eval_every=10**9, checkpoint_every=10**9, final_eval_batches=4)
     return TrainConfig.from_dict(cfg)
+
+
+def without_run_fields(config: dict) -> dict:
+    """A training config without what is set per run (the encoding and the seed): the base of a comparison."""
+    out = copy.deepcopy(config)
+    out.pop("seed", None)
+    model = out.get("model")
+    if isinstance(model, dict):
+        model.pop("encoding", None)
+        model.pop("encoding_options", None)
+    return out
