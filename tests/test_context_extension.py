@@ -18,7 +18,7 @@ def test_the_default_grid_plans_every_method_at_every_scale_in_its_own_directory
     grid = CONTEXT_EXTENSION.default
     assert [job.run_dir for job in p.bases] == [str(tmp_path / "out" / "bases" / "seed0" / s) for s in grid.setups]
     configs = {name: job.config for (_, name), job in zip(p.base_keys, p.bases)}
-    assert configs["rope"]["task_options"] == {"context": 64, "passkey_fraction": 0.25}
+    assert configs["rope"]["task_options"] == {"context": 64, "passkey_fraction": 0.5}
     assert configs["rope-control"]["task_options"]["passkey_fraction"] == 0.0
     assert configs["rope-b500"]["model"]["encoding_options"] == {"base": 500}
     assert configs["pope"]["model"]["encoding"] == "pope"

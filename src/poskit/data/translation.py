@@ -17,7 +17,6 @@ every load, rebuilt with one line on stderr when anything differs).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time

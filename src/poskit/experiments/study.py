@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from poskit.util.file_lock import file_lock
-from poskit.training import TrainConfig, atomic_write_json
+from poskit.training import atomic_write_json
 from poskit.training.files import read_json, read_metrics
 from poskit.training.run_dir import RunDirError, check, owned
 

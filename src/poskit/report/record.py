@@ -44,7 +44,6 @@ import contextlib
 import contextvars
 import datetime as _dt
 import inspect
-import json
 import math
 import os
 import platform
