@@ -286,6 +286,45 @@ def test_an_hf_export_is_a_parent_with_its_weights_hash_as_provenance(rope_run, 
     assert json.loads((out / "results.json").read_text())["source"] == "hf"
 
 
+def test_an_extension_run_exports_with_its_new_encoding_context_and_parent(rope_run, tmp_path):
+    """`poskit export` of a `poskit extend` run: the scaled encoding and the new context travel with the weights,
+    both formats give the extension's own logits, and poskit_run.json carries the extension's provenance."""
+    pytest.importorskip("transformers", reason="transformers is not installed: pip install -c constraints.txt "
+                                               '-e ".[hf]"')
+    import transformers
+
+    from poskit.hf.convert import to_poskit
+
+    ext = tmp_path / "ext"
+    extend(rope_run, "rope-yarn:factor=2", CONTEXT, 1, ext, quiet=True, **FAST)
+    model, _, cfg = load_extend_run(ext)
+    ids = torch.randint(0, model.config.vocab_size, (2, CONTEXT))
+    with torch.no_grad():
+        expected = model(ids)
+    assert main(["export", str(ext), "--hf", str(tmp_path / "hf"), "--quiet"]) == 0
+    info = json.loads((tmp_path / "hf" / "poskit_run.json").read_text())
+    assert info["train_config"]["task_options"]["context"] == CONTEXT
+    assert info["extension"]["parent"]["checkpoint_sha256"] == cfg.parent["checkpoint_sha256"]
+    assert info["extension"]["model"]["encoding"] == "rope-yarn" and info["extension"]["max_steps"] == 1
+    back = to_poskit(tmp_path / "hf")
+    assert back.config.encoding == "rope-yarn" and back.config.encoding_options["factor"] == 2.0
+    with torch.no_grad():
+        assert torch.allclose(back(ids), expected, atol=1e-5, rtol=0)
+    # the native Llama form of an extension of a Llama-shaped run (Llama's own yarn rope_parameters)
+    parent = tiny_run(tmp_path / "llama-parent", "rope",
+                      model={"d_model": 16, "n_layers": 1, "n_heads": 2, "encoding": "rope", "mlp": "swiglu"})
+    extend(parent, "rope-yarn:factor=2", CONTEXT, 1, tmp_path / "llama-ext", quiet=True, **FAST)
+    llama_model, _, _ = load_extend_run(tmp_path / "llama-ext")
+    llama_dir = tmp_path / "llama"
+    assert main(["export", str(tmp_path / "llama-ext"), "--hf", str(llama_dir), "--format", "llama", "--quiet"]) == 0
+    llama = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    assert llama.config.rope_parameters["rope_type"] == "yarn"
+    with torch.no_grad():
+        assert torch.allclose(llama(ids).logits, llama_model(ids), atol=1e-4, rtol=0)
+    # a decoder reloaded from the export is the extension, for passkey and for a further extension
+    assert load_decoder(tmp_path / "hf").context == CONTEXT
+
+
 def test_an_hf_export_without_the_hf_extra_is_refused_naming_the_argument_and_the_extra(monkeypatch, tmp_path):
     export = tmp_path / "hf"
     export.mkdir()

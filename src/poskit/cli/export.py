@@ -32,11 +32,12 @@ def cmd_convert_checkpoint(args) -> int:
 
 def add_export(sub) -> None:
     p = sub.add_parser("export", help="write a trained run as a Hugging Face model directory (needs poskit[hf])",
-                       description="Write RUN (a `poskit train` directory) as a Hugging Face directory: config.json "
-                                   "(PoskitConfig), model.safetensors, poskit_run.json (run config, task, vocabulary). "
+                       description="Write RUN (a `poskit train` or `poskit extend` directory) as a Hugging Face "
+                                   "directory: config.json (PoskitConfig), model.safetensors, poskit_run.json (run "
+                                   "config, task, vocabulary; an extension's parent and schedule). "
                                    "--format llama writes a native LlamaForCausalLM instead (a RoPE run with "
                                    "Llama's architecture: mlp=swiglu; loads without poskit). See docs/hf.md.")
-    p.add_argument("run", metavar="RUN", help="run directory of `poskit train`")
+    p.add_argument("run", metavar="RUN", help="run directory of `poskit train` or `poskit extend`")
     p.add_argument("--hf", required=True, metavar="DIR", help="output directory (written whole, then renamed)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="poskit",
                    help="poskit: PoskitForCausalLM, any encoding (default); llama: transformers' own "

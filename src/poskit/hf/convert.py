@@ -2,7 +2,8 @@
 
 from_poskit(transformer)        -> PoskitForCausalLM holding the same weights
 to_poskit(directory)            -> poskit.models.Transformer of a saved PoskitForCausalLM directory
-export_run(run_dir, directory)  -> a `poskit train` run as a Hugging Face directory (`poskit export RUN --hf DIR`)
+export_run(run_dir, directory)  -> a `poskit train` or `poskit extend` run as a Hugging Face directory
+                                   (`poskit export RUN --hf DIR`)
 """
 from __future__ import annotations
 
@@ -56,8 +57,23 @@ def to_poskit(directory, *, dtype: torch.dtype | None = None) -> Transformer:
     return hf.model.eval()
 
 
+def load_for_export(run_dir):
+    """(model, task, TrainConfig, extension) of a run to export: a `poskit train` run (extension None) or a
+    `poskit extend` run (its TrainConfig view at the new context, and its ExtendConfig as a dict: the parent's
+    provenance travels with the export). A bad file is an error naming it."""
+    from poskit.training.recipes.extend import is_extend_run, load_extend_run
+    from poskit.training.run import load_run
+
+    if is_extend_run(run_dir):
+        model, task, cfg = load_extend_run(run_dir)
+        return model, task, cfg.train_config(), cfg.to_dict()
+    model, task, cfg = load_run(run_dir)
+    return model, task, cfg, None
+
+
 def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = False) -> Path:
-    """Write the trained run `run_dir` (a `poskit train` directory) as a Hugging Face directory: config.json
+    """Write the trained run `run_dir` (a `poskit train` or `poskit extend` directory) as a Hugging Face
+    directory: config.json
     (with `poskit_fingerprint`, what the run was trained as: a config edited later to another architecture or
     encoding is refused on load), model.safetensors, generation_config.json, poskit_run.json (the run's config,
     task and vocabulary), the auto-class module (PoskitConfig.save_pretrained) and poskit's marker of an export
@@ -68,24 +84,27 @@ def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = 
     or an earlier export; an earlier export is replaced only with `overwrite`, and a directory poskit did not
     write (or wrote as something else) never is. The directory is written under a temporary name beside it and
     renamed when complete, so it never holds half an export. progress: transformers' progress bar while writing."""
-    from poskit.training.run import load_run
-
     directory = Path(directory)
     _check_destination(Path(run_dir), directory, overwrite)
-    model, task, cfg = load_run(run_dir)  # checks every run file, naming the bad one
+    model, task, cfg, extension = load_for_export(run_dir)  # checks every run file, naming the bad one
     hf = from_poskit(model, max_position_embeddings=task.max_input_len, pad_token_id=task.vocab.pad_id)
     hf.config.poskit_fingerprint = hf.config.fingerprint()
-    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress)
+    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress,
+                        extension=extension)
 
 
-def write_export(run_dir, directory: Path, hf, task, cfg, *, overwrite: bool, progress: bool) -> Path:
-    """Write the transformers model `hf` of run `run_dir` (its task and config beside it in poskit_run.json) as
-    the export directory `directory`, whatever its format (poskit's own or a native one): staged under a
-    temporary name, marked as poskit's export, then renamed; an existing destination is locked and checked
-    again (`_check_destination`) while it is replaced. The caller checked the destination before loading."""
+def write_export(run_dir, directory: Path, hf, task, cfg, *, overwrite: bool, progress: bool,
+                 extension: dict | None = None) -> Path:
+    """Write the transformers model `hf` of run `run_dir` (its task and config beside it in poskit_run.json, and
+    for an extension run its ExtendConfig as "extension") as the export directory `directory`, whatever its
+    format (poskit's own or a native one): staged under a temporary name, marked as poskit's export, then
+    renamed; an existing destination is locked and checked again (`_check_destination`) while it is replaced.
+    The caller checked the destination before loading."""
     info = {"run_dir": str(Path(run_dir).resolve()), "task": task.name, "task_params": _jsonable(task.params),
             "vocab": {"tokens": list(task.vocab.tokens), "sep": task.vocab.sep, "pad_id": task.vocab.pad_id},
             "train_config": _jsonable(cfg.to_dict() if hasattr(cfg, "to_dict") else {})}
+    if extension is not None:
+        info["extension"] = _jsonable(extension)
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))

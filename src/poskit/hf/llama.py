@@ -218,21 +218,19 @@ def to_llama(model: Transformer, **config_kwargs) -> LlamaForCausalLM:
 
 
 def export_llama(run_dir, directory, *, overwrite: bool = False, progress: bool = False) -> Path:
-    """Write the trained run `run_dir` (a `poskit train` directory of a decoder LM) as a native LlamaForCausalLM
-    directory: config.json (a LlamaConfig, max_position_embeddings the run's context), model.safetensors,
+    """Write the trained run `run_dir` (a `poskit train` or `poskit extend` directory of a decoder LM) as a native
+    LlamaForCausalLM directory: config.json (a LlamaConfig, max_position_embeddings the run's context), model.safetensors,
     generation_config.json and poskit_run.json (the run's config, task and vocabulary). Loads with
     `transformers.AutoModelForCausalLM.from_pretrained(directory)`, no poskit needed.
 
     Everything is checked before anything is written, as for the poskit format (`export_run`): the
     destination, the run's files, and that its architecture is Llama's (else one error naming the first
     model.<field> Llama cannot express). Written under a temporary name beside `directory`, renamed when whole."""
-    from poskit.training.run import load_run
-
-    from .convert import _check_destination, write_export
+    from .convert import _check_destination, load_for_export, write_export
 
     directory = Path(directory)
     _check_destination(Path(run_dir), directory, overwrite)
-    model, task, cfg = load_run(run_dir)
+    model, task, cfg, extension = load_for_export(run_dir)
     if not isinstance(model, Transformer):
         raise ValueError(f"run {str(run_dir)!r} holds a {type(model).__name__}, not a decoder language model: only "
                          "those have a native Llama form")
@@ -244,7 +242,8 @@ def export_llama(run_dir, directory, *, overwrite: bool = False, progress: bool 
         hf = to_llama(model, **kwargs)
     except ConfigError as e:
         raise e.renamed(f"model.{e.field}") from None
-    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress)
+    return write_export(run_dir, directory, hf, task, cfg, overwrite=overwrite, progress=progress,
+                        extension=extension)
 
 
 # -- import ------------------------------------------------------------------------------------------------
