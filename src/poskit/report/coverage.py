@@ -176,8 +176,16 @@ ROWS = (
         "measured, one seed", "poskit reproduce text-extrapolation --encodings sinusoidal,none,alibi,rope,pope",
         "text-extrapolation",
         "The default runs none, alibi, rope, pope; sinusoidal needs --encodings. Partial: at 400 steps, 10x/1x: ALiBi 0.99, YaRN 1.28, NTK 1.50, RoPE 1.72, linear 2.59. The article's "
-        "linear and YaRN ratings assume fine-tuning; poskit scales at test time only. Sinusoidal not run. "
-        + _STALE),
+        "linear and YaRN ratings assume fine-tuning, which this row does not do (the next row does). Sinusoidal "
+        "not run. " + _STALE),
+    Row("001", "Table: comparing position encodings", "with fine-tuning (PI, NTK, YaRN; the article's sources)",
+        "RoPE extends 4-16x with a scaling plus a few hundred fine-tuning steps; YaRN best and fastest, PI "
+        "recovers, fine-tuned NTK worse than PI; passkey over the extended window (PI Table 4)",
+        "measured, one seed", "poskit reproduce context-extension", "context-extension",
+        "Only the quick grid ran (docs/extend.md, code of 2026-11-26 before the 3000-step base models): at s = 16 "
+        "after 100 steps YaRN 6.83, NTK 8.23, direct 9.27, PI 12.12 perplexity, PoPE unscaled 6.76; passkey 0 % "
+        "everywhere (its base models did not retrieve at 1x), so the passkey claims are not tested. Shakespeare "
+        "characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
     # ----------------------------------------------------------------------------------------- 002 RoFormer
     Row("002", "Fig. 1", "", "Diagram of RoPE's implementation", "not run (not applicable: a diagram)", "",
         notes="Eq. 34's element-wise form is rope with layout=\"interleaved\", tested against a float64 "
