@@ -272,13 +272,13 @@ ROWS = (
         "selective-copy", "The paper has no relative-PE row; poskit's is an extra."),
     Row("004", "Table 3", "3 variables", "Counting error: CoPE 1.2 < relative 17.8 < absolute 67.6 %",
         "reproduced in direction (3 seeds)", "poskit reproduce counting", "counting",
-        "Accuracy CoPE 84.23 ± 0.32 % vs relative 80.00 ± 0.17, RoPE 80.97 ± 1.56, PoPE 81.17 ± 1.51. 64 "
+        "Accuracy CoPE 83.87 ± 0.67 % vs relative 79.37 ± 0.15, RoPE 80.57 ± 0.59, PoPE 80.70 ± 0.30. 64 "
         "operations, not 512; fresh programs every batch. The gaps shrink with more variables; the paper's "
-        "grow. " + _STALE),
+        "grow."),
     Row("004", "Table 3", "1 and 5 variables", "CoPE 0.0 / 7.4 < relative 1.1 / 22.4 %",
         "measured, one seed", "poskit reproduce counting", "counting",
-        "1 variable: CoPE 100, relative 92.1 %. 5 variables: the four encodings within 0.4 points (CoPE 82.2, "
-        "relative 81.9 %). " + _STALE),
+        "1 variable: CoPE 99.0, relative 88.9 %. 5 variables: the four encodings within 1.1 points (CoPE 81.6, "
+        "relative 80.7, RoPE 81.8 %): CoPE is not ahead there."),
     Row("004", "Table 3", "absolute PE", "Absolute PE 5.3 / 67.6 / 71.5 %",
         "not run (not run yet)", "poskit reproduce counting --encodings learned,relative,rope,pope,cope",
         "counting"),
@@ -288,8 +288,8 @@ ROWS = (
     Row("004", "Table 4", "", "Counting OOD at 1 variable (w_pass 50 / 100 / 10): relative 1.1 / 8.8 / 34.1 "
         "vs CoPE 0.0 / 0.0 / 4.0 % error",
         "measured, one seed", "poskit reproduce counting", "counting",
-        "1 variable: CoPE 100 / 100 / 87.4 % vs relative 92.1 / 98.4 / 54.5 % accuracy. At 5 variables (one "
-        "seed) relative beats CoPE on ood_shorter (46.0 vs 41.2). " + _STALE),
+        "1 variable: CoPE 99.0 / 100 / 87.6 % vs relative 88.9 / 96.6 / 44.7 % accuracy (test / OOD "
+        "longer / OOD shorter). At 5 variables (one seed) CoPE and relative tie on ood_shorter (40.0 vs 40.1)."),
     Row("004", "Table 5 left", "CoPE vs relative",
         "Wikitext-103 test perplexity: CoPE 23.46 < relative 23.81 < absolute 24.87",
         "measured, one seed", "poskit reproduce text-cope", "text-cope",
