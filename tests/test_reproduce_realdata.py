@@ -132,3 +132,36 @@ def test_an_extrapolation_sweep_is_checked_before_training(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="extrapolation scalings must be among .*'stretch'"):
         run_reproduction("text-extrapolation", out_dir=tmp_path / "x", steps=1)
     assert not trained and not (tmp_path / "x").exists()
+
+
+def test_text_size_refuses_the_paper_preset_by_name():
+    with pytest.raises(ValueError, match=r"--preset paper is not available here: the PoPE paper's three sizes"):
+        preset_config(experiment("text-size", "reproduction").settings, "paper")
+
+
+@pytest.mark.slow  # loads a slice of the Wikipedia extract and trains four tiny models
+def test_text_size_sweeps_every_size_and_records_each_models_sweep(tmp_path, monkeypatch):
+    """A reproduction with variants and an extrapolation sweep (text-size: one compare per width) sweeps each
+    variant's runs and keeps every model's sweep in its record, named by its variant."""
+    from poskit.experiments.configs import Variant
+    from poskit.report.record import read_record
+    from poskit.report.results_tables import extrapolation_table_of
+
+    r = experiment("text-size", "reproduction").settings
+    _present(r.config["task"])
+    _replace_settings(monkeypatch, "text-size", variants=(Variant(8), Variant(16)),
+                      extrapolation={**r.extrapolation, "lengths": "1x,2x", "n_chars": 128})
+    tiny = [o for o in TINY if not o.startswith("model.d_model")]
+    out = tmp_path / "size"
+    results = run_reproduction("text-size", out_dir=out, steps=2, workers=1, quiet=True,
+                               overrides=tiny + ["task_options.max_documents=6"])
+    assert set(results["variants"]) == {"8", "16"}
+    sweeps = results["extrapolation"]["sweeps"]
+    assert {name.split(" ")[0] for name in sweeps} == {"d_model=8", "d_model=16"}
+    assert len(sweeps) == 4 and all(len(rows) == 2 for rows in sweeps.values())
+    for value in ("8", "16"):
+        assert (out / f"d_model_{value}" / "extrapolation" / "extrapolation.png").stat().st_size > 0
+    record = read_record(out / "results.json")
+    assert set(record.measurements["groups"]) == {"8", "16"}
+    table = extrapolation_table_of(record)
+    assert "| d_model=8 " in table and "| d_model=16 " in table and "2x (32)" in table

@@ -33,6 +33,7 @@ from .configs.selective_copy import SELECTIVE_COPY
 from .configs.text import TEXT
 from .configs.text_cope import TEXT_COPE
 from .configs.text_extrapolation import TEXT_EXTRAPOLATION
+from .configs.text_size import TEXT_SIZE
 from .configs.translation import TRANSLATION
 from .outputs import COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT
 
@@ -90,6 +91,7 @@ EXPERIMENTS: dict[tuple[str, str], Experiment] = {(e.kind, e.name): e for e in (
     Experiment("text-cope", "reproduction", TEXT_COPE, _LM, _COMPARE),
     Experiment("code", "reproduction", CODE, _LM, _COMPARE),
     Experiment("text-extrapolation", "reproduction", TEXT_EXTRAPOLATION, _LM, _COMPARE),
+    Experiment("text-size", "reproduction", TEXT_SIZE, _LM, _COMPARE),
     Experiment("ablations", "reproduction", ABLATIONS, _LM, _COMPARE),
     Experiment("context-extension", "reproduction", CONTEXT_EXTENSION, "poskit.experiments.context_extension:reproduce", _COMPARE),
     # encoder-only pre-training: RoFormer sec. 4.2

@@ -127,24 +127,33 @@ def _reproduce_one(r: Reproduction, cfg: dict, specs, seeds, out: Path, title: s
 def _reproduce_variants(r: Reproduction, chosen: list[Variant], cfg: dict, specs, seeds, out: Path, title: str,
                         record: dict, *, workers, resume, quiet) -> dict:
     """One compare per chosen variant under <out>/<field>_<value>/ (all planned before the first trains), then
-    one results.json and one table with a column naming the variant of each row."""
+    one results.json and one table with a column naming the variant of each row. A reproduction with an
+    extrapolation sweep sweeps each variant's runs (<out>/<field>_<value>/extrapolation/), and the record holds
+    every model's sweep, named "<field>=<value> <model>"."""
     check(out, "compare", legacy=is_legacy_compare)  # the parent directory too, before anything is written
     plans = []
     for v in chosen:
         vcfg = apply_overrides(copy.deepcopy(cfg), [f"{r.variant_field}={v.value}"])
         label = f"{r.variant_name}={v.value}"
-        plans.append((v, label, plan_compare(TrainConfig.from_dict(vcfg), specs, list(seeds or v.seeds or r.seeds),
-                                             out / safe_label(label), workers=workers, resume=resume, split=r.split)))
+        plan = plan_compare(TrainConfig.from_dict(vcfg), specs, list(seeds or v.seeds or r.seeds),
+                            out / safe_label(label), workers=workers, resume=resume, split=r.split)
+        sweep = plan_sweep(r, plan, plan.out_dir, workers) if r.extrapolation else None
+        plans.append((v, label, plan, sweep))
     from poskit.report.aggregate import compare_measurements
 
     with compare_dir(out):
-        per_variant, groups = {}, {}
-        for v, label, plan in plans:
+        per_variant, groups, sweeps = {}, {}, {}
+        for v, label, plan, sweep in plans:
             with compare_dir(plan.out_dir):
                 per_variant[v.value] = train_and_report(plan, workers=workers, quiet=quiet, title=f"{title} [{label}]")
+                if per_variant[v.value] and sweep is not None:
+                    per_variant[v.value]["extrapolation"] = run_sweep(sweep, quiet)
             if not per_variant[v.value]:  # a rank other than 0 under torchrun
                 continue
             groups[str(v.value)] = compare_measurements(plan.dirs, out)
+            if sweep is not None:
+                swept = per_variant[v.value]["extrapolation"]
+                sweeps.update({f"{label} {model}": rows for model, rows in swept["sweeps"].items()})
         if not groups:
             return {}
         first = next(iter(per_variant.values()))
@@ -152,6 +161,10 @@ def _reproduce_variants(r: Reproduction, chosen: list[Variant], cfg: dict, specs
                    "variant_field": r.variant_field,
                    "variants": {str(value): {**res, "dir": safe_label(f"{r.variant_name}={value}")}
                                 for value, res in per_variant.items()}}
+        if sweeps:
+            swept = first["extrapolation"]
+            results["extrapolation"] = {"lengths": swept["lengths"], "scalings": swept["scalings"],
+                                        "n_chars": swept["n_chars"], "sweeps": sweeps}
         atomic_write_json(out / COMPARE_JSON, results)
         pngs = [f"{safe_label(f'{r.variant_name}={value}')}/{COMPARE_PLOT}" for value in per_variant]
         plots = "\n".join(f"![{r.variant_name}={value}]({png})" for value, png in zip(per_variant, pngs))

@@ -40,6 +40,8 @@ def preset_config(r: Reproduction, preset: str | None) -> dict:
     config with the reproduction's `paper_preset` changes and the task's paper preset (config "preset")."""
     if preset not in (None, "default", "paper"):
         raise ValueError(f"preset must be one of ['default', 'paper'], got {preset!r}")
+    if preset == "paper" and r.no_paper_preset:
+        raise ValueError(f"--preset paper is not available here: {r.no_paper_preset}")
     cfg = copy.deepcopy(r.config)
     if preset == "paper":
         from poskit.tasks import _lookup

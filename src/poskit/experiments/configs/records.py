@@ -60,6 +60,9 @@ class Reproduction:
     """`--preset paper`: {dotted config key: value} changes to `config` that give the paper's model size and
     schedule (the task's own paper preset, e.g. its sequence length, is applied as well); empty: the
     reproduction has no paper preset beyond the task's."""
+    no_paper_preset: str = ""
+    """Why `--preset paper` is refused for this reproduction (e.g. the paper's runs differ in more than one
+    field per variant); empty: it is not."""
     extrapolation: dict | None = None
     """After training, a `poskit extrapolate` sweep of the trained runs: {"lengths": "1x,2x,...", "scalings":
     (test-time rope variants), "n_chars": tokens per length or None}; None: no sweep."""
