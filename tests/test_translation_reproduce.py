@@ -159,7 +159,32 @@ def test_a_legacy_checkpoint_pt_run_resumes_exactly(corpus_home, tmp_path, monke
     _assert_same_run(run, tmp_path / "straight", resumed, straight)
 
 
+@pytest.mark.slow
+@needs_corpus
+def test_bleu_every_logs_a_validation_bleu_curve_and_plots_it(corpus_home, tmp_path):
+    """bleu_every=N: validation BLEU and chrF at every N steps and at the end, in each run's metrics, the
+    results (bleu_curves) and bleu_curve.png: the learning curve that says where BLEU plateaus."""
+    from poskit.cli import main
+    from poskit.report.record import read_record
+
+    out = tmp_path / "curve"
+    assert main(["reproduce", "translation", "--out", str(out), "--encodings", "sinusoidal", "--seeds", "0",
+                 "--steps", "5", "--workers", "1", "--quiet", *TINY, "bleu_every=2", "bleu_pairs=6"]) == 0
+    logged = [json.loads(line) for line in (out / "sinusoidal-seed0" / "metrics.jsonl").read_text().splitlines()]
+    points = [r for r in logged if r.get("split") == "validation" and "bleu" in r]
+    assert [r["step"] for r in points] == [2, 4, 5]  # every 2 steps, and the last
+    assert all(math.isfinite(r["bleu"]) and math.isfinite(r["chrf"]) for r in points)
+    record = read_record(out / "results.json")
+    curve = record.details["bleu_curves"]["sinusoidal seed 0"]
+    assert curve["steps"] == [2, 4, 5] and curve["bleu"] == [r["bleu"] for r in points]
+    assert (out / "bleu_curve.png").stat().st_size > 1000 and "bleu_curve.png" in record.files
+
+
 def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"bleu_every must be a multiple of eval_every \(500\) or null"):
+        Seq2SeqConfig(bleu_every=250)
+    with pytest.raises(ValueError, match="bleu_pairs"):
+        Seq2SeqConfig(bleu_every=500, bleu_pairs=0)
     with pytest.raises(ValueError, match="direction"):
         Seq2SeqConfig(direction="fr-en")
     with pytest.raises(ValueError, match="model.src_vocab_size"):

@@ -29,6 +29,7 @@ from .resolution import translation_config
 __all__ = ["run_translation", "reproduce", "RESULTS_JSON", "RESULTS_MD", "CONVERGENCE_PNG"]
 
 RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG = COMPARE_JSON, COMPARE_MD, CONVERGENCE_PLOT
+BLEU_CURVE_PNG = "bleu_curve.png"  # with bleu_every=N: validation BLEU against training steps
 
 
 def _job(job: tuple) -> dict:
@@ -44,6 +45,15 @@ def _stats(values: list[float]) -> dict:
 def _curve(run_dir: Path) -> tuple[list[int], list[float]]:
     records = [r for r in read_metrics(run_dir) if "train_loss" in r]
     return [r["step"] for r in records], [r["train_loss"] for r in records]
+
+
+def _bleu_curve(run_dir: Path) -> dict | None:
+    """The validation BLEU and chrF a run logged (`bleu_every`), or None when it logged none."""
+    records = [r for r in read_metrics(run_dir) if r.get("split") == "validation" and "bleu" in r]
+    if not records:
+        return None
+    return {"steps": [r["step"] for r in records], "bleu": [r["bleu"] for r in records],
+            "chrf": [r["chrf"] for r in records]}
 
 
 def _settings(name: str) -> TranslationReproduction:
@@ -125,6 +135,11 @@ def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", 
         (out / RESULTS_MD).write_text(markdown(report))
         plot_convergence(report, {enc: [_curve(d) for e, _, _, d in runs if e == enc] for enc in report["encodings"]},
                          out / CONVERGENCE_PNG)
+        bleu_curves = {f"{enc} seed {seed}": c for enc, seed, _, d in runs if (c := _bleu_curve(d)) is not None}
+        if bleu_curves:  # the learning curve of validation BLEU (bleu_every=N)
+            report["bleu_curves"] = bleu_curves
+            atomic_write_json(out / RESULTS_JSON, report)
+            plot_bleu_curves(report, bleu_curves, out / BLEU_CURVE_PNG)
         if arguments is None:
             arguments = {"seeds": list(seeds) if seeds is not None else None,
                          "encodings": [EncodingSpec.of(e).label for e in encodings] if encodings is not None else None,
@@ -132,7 +147,7 @@ def run_translation(name: str = "translation", *, out_dir, preset: str = "cpu", 
                          "preset": "paper" if preset == "paper" else None}
         write_record(out, kind="reproduction", name=name, arguments=arguments, started=t0, details=report,
                      measurements=measurements_of("bleu", "test", {"": measurements(runs, results, out)}),
-                     paper=reproduction_paper(_settings(name)), files=[RESULTS_MD, CONVERGENCE_PNG])
+                     paper=reproduction_paper(_settings(name)), files=[RESULTS_MD, CONVERGENCE_PNG, BLEU_CURVE_PNG])
     return report
 
 
@@ -150,7 +165,7 @@ def measurements(runs, results: list[dict], out: Path) -> dict:
 
 def _legacy_out(directory: Path) -> bool:
     """An output directory of an older `poskit reproduce translation` (no marker): its report files and runs."""
-    return all(p.name in (RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG) or (p.is_dir() and (p / CONFIG).exists())
+    return all(p.name in (RESULTS_JSON, RESULTS_MD, CONVERGENCE_PNG, BLEU_CURVE_PNG) or (p.is_dir() and (p / CONFIG).exists())
                for p in directory.iterdir())
 
 
@@ -218,4 +233,24 @@ def plot_convergence(report: dict, curves: dict, path: Path) -> Path:
     ax2.set_ylabel("test BLEU")
     ax2.set_title("test BLEU (bars: mean, whiskers: std, dots: seeds)")
     fig.suptitle(f"reproduce {report['name']} ({report['preset']}): {report['setup']}", fontsize=10)
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_bleu_curves(report: dict, curves: dict, path: Path) -> Path:
+    """Validation BLEU (left) and chrF (right) against training steps, one line per run: where BLEU plateaus."""
+    from ..report.figure import save_figure
+    from ..report.plots import color, plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, c in curves.items():
+        enc = label.rsplit(" seed ", 1)[0]
+        for ax, key in zip(axes, ("bleu", "chrf")):
+            ax.plot(c["steps"], c[key], "-o", markersize=3, label=label, color=color(enc), linewidth=1.2)
+    for ax, key in zip(axes, ("BLEU", "chrF")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"validation {key} (first {report['config'].get('bleu_pairs')} pairs)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"reproduce {report['name']} ({report['preset']}): validation BLEU and chrF over training",
+                 fontsize=10)
     return save_figure(fig, path, dpi=110)

@@ -93,6 +93,12 @@ class Seq2SeqConfig:
     """Use only the first `limit` pairs of the corpus (a small slice for tests)."""
     test_limit: int | None = None
     """Translate only the first `test_limit` test pairs (quick checks; None: all)."""
+    bleu_every: int | None = None
+    """Validation BLEU and chrF (beam_size, as the test's) of the first `bleu_pairs` validation pairs at every
+    evaluation whose step is a multiple of this, and at the end: the learning curve that says where BLEU
+    plateaus. A multiple of eval_every; None: none (decoding costs far more than the validation loss)."""
+    bleu_pairs: int = 500
+    """Validation pairs translated for `bleu_every` (the first ones, the same at every evaluation)."""
 
     def __post_init__(self):
         check_field_types(self)
@@ -114,9 +120,13 @@ class Seq2SeqConfig:
             raise ConfigError("clip_norm", ">= 0", self.clip_norm)
         if not self.length_penalty >= 0:
             raise ConfigError("length_penalty", ">= 0", self.length_penalty)
-        for name in ("limit", "test_limit"):
+        for name in ("limit", "test_limit", "bleu_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(name, "a positive int or null", getattr(self, name))
+        if self.bleu_every is not None and self.bleu_every % self.eval_every:
+            raise ConfigError("bleu_every", f"a multiple of eval_every ({self.eval_every}) or null", self.bleu_every)
+        if self.bleu_pairs < 1:
+            raise ConfigError("bleu_pairs", "a positive int", self.bleu_pairs)
         for name in ("src_vocab_size", "tgt_vocab_size"):
             if name in self.model:
                 raise ConfigError(f"model.{name}", "left out (set vocab_size: the vocabulary is joint)",
@@ -300,7 +310,11 @@ class Seq2SeqRecipe(Recipe):
         return loss, float(loss.detach())
 
     def evaluate(self, trainer):
-        return "validation", {"loss": mean_nll(trainer.model, self.sets["validation"])}
+        metrics = {"loss": mean_nll(trainer.model, self.sets["validation"])}
+        every = self.config.bleu_every
+        if every is not None and (trainer.step % every == 0 or trainer.step == self.config.max_steps):
+            metrics.update(validation_scores(trainer.model, self.data, self.sets, self.config))
+        return "validation", metrics
 
     def final_results(self, trainer) -> dict:
         results = evaluate_run(trainer.model, self.data, self.sets, self.config)
@@ -323,6 +337,24 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
         raise ValueError(f"cfg must be a Seq2SeqConfig, got {type(cfg).__name__}")
     require_scorer()
     return run(Seq2SeqRecipe(cfg, label), run_dir, resume=resume, quiet=quiet, label=label)
+
+
+@torch.no_grad()
+def validation_scores(model, data, sets, cfg: Seq2SeqConfig) -> dict:
+    """BLEU and chrF of the first cfg.bleu_pairs validation pairs (the learning curve's points); the model's
+    training mode is kept."""
+    refs_lang = 1 if cfg.direction == "de-en" else 0
+    pairs = sets["validation"]
+    n = min(cfg.bleu_pairs, len(pairs))
+    references = [p[refs_lang] for p in data.pairs["validation"][:n]]
+    was = model.training
+    model.eval()
+    try:
+        hyps = [data.tokenizer.decode(h) for h in translate_pairs(model, PairSet(pairs.src[:n], pairs.tgt[:n]), cfg)]
+    finally:
+        model.train(was)
+    scores = corpus_scores(hyps, references)
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
 
 def evaluate_run(model, data, sets, cfg: Seq2SeqConfig) -> dict:
