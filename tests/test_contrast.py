@@ -48,12 +48,16 @@ def test_a_row_gives_both_rules_the_per_seed_difference_and_who_won_in_the_metri
     assert row[:4] == ["acc", "test accuracy (%)", "pope / pope:delta_projection=true", "false / true"]
     assert row[6] == "90.00 / 95.00, 60.00 / 10.00"
     assert row[7] == "-22.50"  # mean of +5 and -50 points
-    assert row[8] == "1 / 1 of 2"
+    assert row[8] == "1 / 1 / 0 of 2"
     # a loss: smaller is better, so the same signs count the other way
     loss = _record("loss", "loss", {"pope": [1.0, 2.0], "pope:delta_projection=true": [0.5, 1.5],
                                     "pope:softplus=false": [0, 0], "rope": [0, 0]})
     row = _rows(contrast_table([("loss", loss)], "delta_projection"))[0]
-    assert row[7] == "-0.5000" and row[8] == "0 / 2 of 2"
+    assert row[7] == "-0.5000" and row[8] == "0 / 2 / 0 of 2"
+    # values within TIE of each other are a tie, whatever their sign
+    close = _record("close", "loss", {"pope": [1.0, 2.0], "pope:delta_projection=true": [1.0005, 1.9],
+                                      "pope:softplus=false": [0, 0], "rope": [0, 0]})
+    assert _rows(contrast_table([("close", close)], "delta_projection"))[0][8] == "0 / 1 / 1 of 2"
 
 
 def test_a_missing_record_and_a_record_without_a_pair_get_a_row_that_says_so():

@@ -6,7 +6,8 @@ Two rows of a record form a pair when their encodings are the same encoding with
 except `option` (their constructor options with defaults, as the record resolved them; never their labels,
 so `pope` and `pope:delta_projection=false` are one rule). Each pair gives one row: the headline metric of
 both rules (mean ± std over seeds), the per-seed difference on the seeds both ran, and in how many of those
-seeds each rule was better. Which direction is better comes from the metric (`higher_is_better`).
+seeds each rule was better (a difference within `TIE` of the value is a tie). Which direction is better comes
+from the metric (`higher_is_better`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from .record import ResultsRecord
 from .results_tables import _pm, _unit, fmt
 from .tables import markdown_table
 
+TIE = 1e-3
+"""Two values of one seed within this fraction of the larger are a tie (rounding and run-to-run noise of
+identical trainings), counted apart from the wins."""
 _HIGHER = ("accuracy", "token_accuracy", "sequence_accuracy", "bleu", "chrf")
 _LOWER = ("loss", "nll", "perplexity", "last_perplexity")
 
@@ -72,8 +76,10 @@ def contrast_rows(name: str, record: ResultsRecord, option: str) -> list[list[st
             common = sorted(set(sa) & set(sb), key=str)
             diffs = [sb[s] - sa[s] for s in common]
             scale = 100.0 if metric == "accuracy" else 1.0
-            wins_b = sum((d > 0) == higher and d != 0 for d in diffs)
-            wins_a = sum((d < 0) == higher and d != 0 for d in diffs)
+            # a seed whose two values differ by at most TIE (relative) is a tie, not a win
+            decided = [d for s, d in zip(common, diffs) if abs(d) > TIE * max(abs(sa[s]), abs(sb[s]))]
+            wins_b = sum((d > 0) == higher for d in decided)
+            wins_a = len(decided) - wins_b
             mean_diff = mean_std(diffs)[0] * scale if diffs else None
             rows.append([name + (f" ({group})" if group else ""), f"{split} {_unit(metric)}",
                          f"{a} / {b}", f"{va} / {vb}",
@@ -81,7 +87,7 @@ def contrast_rows(name: str, record: ResultsRecord, option: str) -> list[list[st
                          ", ".join(f"{fmt(metric, sa[s])} / {fmt(metric, sb[s])}" for s in common) or "—",
                          "—" if mean_diff is None else f"{mean_diff:+.2f}" if metric == "accuracy"
                          else f"{mean_diff:+.4f}",
-                         f"{wins_a} / {wins_b} of {len(common)}"])
+                         f"{wins_a} / {wins_b} / {len(common) - len(decided)} of {len(common)}"])
     return rows
 
 
