@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -132,3 +133,63 @@ def test_stsb_correlations_equal_scipy():
     m = glue_metrics(GLUE_TASKS["stsb"], pred, gold)
     assert m["spearman"] == pytest.approx(stats.spearmanr(pred, gold).statistic, abs=1e-12)
     assert m["pearson"] == pytest.approx(stats.pearsonr(pred, gold).statistic, abs=1e-12)
+
+
+_DATA_HOME = os.environ.get("POSKIT_DATA")  # the machine's corpora (mlm_run points POSKIT_DATA elsewhere)
+
+
+def _wiki_or_skip(monkeypatch):
+    from poskit.data import CorpusNotPresent, get_corpus
+
+    if _DATA_HOME is None:
+        monkeypatch.delenv("POSKIT_DATA", raising=False)
+    else:
+        monkeypatch.setenv("POSKIT_DATA", _DATA_HOME)
+    try:
+        get_corpus("wiki").source.locate()
+    except CorpusNotPresent as e:
+        pytest.skip(str(e))
+
+
+def test_the_word_order_stand_in_differs_only_in_word_order_and_keeps_the_corpus_split(monkeypatch):
+    """Checked against the corpus text by an independent route: every label-1 sentence is a sentence of its
+    split's documents, every label-0 one a different order of such a sentence's words; the two splits share no
+    sentence; both labels look alike at the edges (no final stop, no capital first letter)."""
+    _wiki_or_skip(monkeypatch)
+    from collections import Counter
+
+    from poskit.tasks.word_order import word_order_dataset, word_order_sentences
+
+    data = word_order_dataset(seed=3)
+    again = word_order_dataset(seed=3)
+    assert data["train"]["sentence"] == again["train"]["sentence"]  # deterministic for a seed
+    for split, source in (("train", "validation"), ("validation", "test")):
+        originals = [" ".join(s.split()).rstrip(".!?") for s in word_order_sentences(source)]
+        by_words = {}
+        for o in originals:
+            by_words.setdefault(tuple(sorted(o.lower().split())), []).append(o.lower())
+        rows = data[split]
+        labels = Counter(rows["label"])
+        assert labels[0] > len(rows) // 4 and labels[1] > len(rows) // 4  # both labels, drawn at random
+        for sentence, label in zip(rows["sentence"], rows["label"]):
+            assert not sentence.endswith((".", "!", "?")) and not sentence[:1].isupper()
+            same_words = by_words[tuple(sorted(sentence.lower().split()))]
+            if label == 1:
+                assert sentence.lower() in same_words
+            else:
+                assert sentence.lower() not in same_words
+    assert not set(data["train"]["sentence"]) & set(data["validation"]["sentence"])
+
+
+def test_finetune_runs_end_to_end_on_the_offline_word_order_task(mlm_run, tmp_path, monkeypatch):
+    _wiki_or_skip(monkeypatch)
+    from poskit.experiments.finetune import finetune_glue
+
+    results = finetune_glue(mlm_run, "cola", data="word-order", out_dir=tmp_path / "ft", epochs=1, batch_size=8,
+                            max_length=24, max_train_examples=16, quiet=True)
+    assert results["train_examples"] == 16 and results["eval_examples"] > 500
+    assert all(math.isfinite(v) for k, v in results["final"].items() if k != "epoch")
+    with pytest.raises(ValueError, match="data 'word-order' is a single-sentence acceptability task in CoLA's "
+                                         "format: use it with --task cola, not 'sst2'"):
+        finetune_glue(mlm_run, "sst2", data="word-order", out_dir=tmp_path / "no", quiet=True)
+    assert not (tmp_path / "no").exists()

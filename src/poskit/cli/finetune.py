@@ -15,8 +15,10 @@ def add_finetune_glue(sub) -> None:
                                    "datasets package (the data extra).")
     p.add_argument("run", metavar="RUN", help="run directory of a masked-language-model run")
     p.add_argument("--task", required=True, choices=list(GLUE_TASKS), help="GLUE task")
-    p.add_argument("--data", help=f"a directory saved by DatasetDict.save_to_disk (hf:DIR), or a hub dataset "
-                                  f"(default {DEFAULT_GLUE_SOURCE}, needs the network)")
+    p.add_argument("--data", help=f"a directory saved by DatasetDict.save_to_disk (hf:DIR), a hub dataset "
+                                  f"(default {DEFAULT_GLUE_SOURCE}, needs the network), or word-order: an "
+                                  f"offline stand-in in CoLA's format (--task cola; is a sentence in its own word "
+                                  f"order?), built from the Wikipedia extract")
     p.add_argument("--epochs", type=int, default=3, help="epochs (default 3, the paper's)")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (default 5e-5; the paper tries 2-5e-5)")
     p.add_argument("--batch-size", type=int, default=32, help="examples per step (default 32, the paper's)")

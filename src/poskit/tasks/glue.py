@@ -2,7 +2,8 @@
 
 Read with the ``datasets`` package (the data extra): ``data`` is a directory written by
 ``DatasetDict.save_to_disk`` (no network) or a hub name, by default ``nyu-mll/glue`` with the task as its
-configuration (the user's network and Hugging Face cache). Each task's text columns, label count, evaluation
+configuration (the user's network and Hugging Face cache), or ``word-order``: an offline stand-in in CoLA's
+format built from the Wikipedia extract (tasks/word_order.py). Each task's text columns, label count, evaluation
 split and metrics are in :data:`GLUE_TASKS`. A sentence pair is joined with the pretrained task's
 end-of-document token between the two texts (the encoder has no [SEP]); texts longer than ``max_length`` tokens
 are cut to it and counted (``truncated`` in the results), as BERT's fine-tuning cuts at 512.
@@ -49,6 +50,13 @@ def load_glue(task: str, data: str | None = None):
     """The DatasetDict of GLUE ``task``: from the saved directory ``data`` (``hf:`` prefix allowed), or the hub
     dataset ``data`` (default nyu-mll/glue) with configuration ``task``."""
     check_choice(task, "task", list(GLUE_TASKS))
+    from .word_order import WORD_ORDER, word_order_dataset
+
+    if data == WORD_ORDER:  # the offline stand-in, in CoLA's format
+        if task != "cola":
+            raise ValueError(f"data {WORD_ORDER!r} is a single-sentence acceptability task in CoLA's format: use it "
+                             f"with --task cola, not {task!r}")
+        return word_order_dataset()
     try:
         import datasets
     except ModuleNotFoundError:
