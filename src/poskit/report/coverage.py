@@ -183,10 +183,10 @@ ROWS = (
         "RoPE extends 4-16x with a scaling plus a few hundred fine-tuning steps; YaRN best and fastest, PI "
         "recovers, fine-tuned NTK worse than PI; passkey over the extended window (PI Table 4)",
         "measured, one seed", "poskit reproduce context-extension", "context-extension",
-        "Only the quick grid ran (docs/extend.md, code of 2026-11-26 before the 3000-step base models): at s = 16 "
-        "after 100 steps YaRN 6.83, NTK 8.23, direct 9.27, PI 12.12 perplexity, PoPE unscaled 6.76; passkey 0 % "
-        "everywhere (its base models did not retrieve at 1x), so the passkey claims are not tested. Shakespeare "
-        "characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
+        "Only the quick grid ran (one seed, 11 min): at s = 16 after 100 steps YaRN 6.37, NTK 9.37, direct 11.09, "
+        "PI 12.40 perplexity, PoPE unscaled 6.11; YaRN best throughout, but NTK beats PI (YaRN reports the "
+        "opposite). Passkey: the RoPE base retrieves 83 % at 1x and every fine-tuned method loses it, so PI's "
+        "window claim is not reproduced. Shakespeare characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
     # ----------------------------------------------------------------------------------------- 002 RoFormer
     Row("002", "Fig. 1", "", "Diagram of RoPE's implementation", "not run (not applicable: a diagram)", "",
         notes="Eq. 34's element-wise form is rope with layout=\"interleaved\", tested against a float64 "
