@@ -48,6 +48,10 @@ def test_the_quick_grid_and_the_commands_restrictions(tmp_path):
     assert quick.grid is CONTEXT_EXTENSION.quick and len(quick.chains) < len(plan(CONTEXT_EXTENSION, tmp_path).chains)
     p = plan(CONTEXT_EXTENSION, tmp_path, seeds=[0, 1], steps=60, scales=[2, 4], overrides=["model.d_model=64"])
     assert p.steps == (0, 25, 50, 60) and p.scales == (2, 4) and p.seeds == (0, 1)
+    # the command's arguments, as the results record stores them and resolves them again
+    assert p.arguments == {"quick": False, "seeds": [0, 1], "steps": 60, "variants": "2,4",
+                           "overrides": ["model.d_model=64"]}
+    assert quick.arguments == {"quick": True, "seeds": None, "steps": None, "variants": None, "overrides": []}
     assert {c.scale for c in p.chains} == {None, 2, 4} and {c.seed for c in p.chains} == {0, 1}
     assert all(job.config["model"]["d_model"] == 64 for job in p.bases)
     for kwargs, message in [({"seeds": [0, 0]}, "--seeds must be distinct"), ({"scales": [0]}, "--variants"),

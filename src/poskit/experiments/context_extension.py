@@ -39,7 +39,7 @@ from poskit.training.run_dir import LOCK_FILE, MARKER_FILE, owned
 from poskit.report.record import paper_block
 
 from .configs.context_extension import Method
-from .context_extension_plan import ChainJob, Evaluation, Plan, _methods, parse_scales, plan
+from .context_extension_plan import ChainJob, Evaluation, Plan, grid_methods, parse_scales, plan
 from .evidence import write_record
 from .jobs import train_job
 from .outputs import COMPARE_MD as RESULTS_MD, safe_label
@@ -113,12 +113,10 @@ def _cost(c: ChainJob) -> float:
     return max(c.steps) + 20 * len(c.steps)
 
 
-def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = False,
-             arguments: dict | None = None) -> dict:
+def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = False) -> dict:
     """Train the bases, run the chains, aggregate: results.json (the results record, report/record.py, with every
-    row of `aggregate` beside it), results.md and the plots in the plan's out_dir. `arguments` are the command's
-    (what its record resolves again); None: the plan's grid as planned. An output directory that holds anything is
-    refused without `resume`."""
+    row of `aggregate` beside it), results.md and the plots in the plan's out_dir. An output directory that holds
+    anything is refused without `resume`."""
     check_workers(workers)
     check_writable_dir(p.out_dir, "out")
     if p.out_dir.is_dir() and not resume and any(f.name not in (MARKER_FILE, LOCK_FILE) for f in p.out_dir.iterdir()):
@@ -140,19 +138,12 @@ def run_plan(p: Plan, *, workers: int = 2, resume: bool = False, quiet: bool = F
                             time.perf_counter() - t0)
         plots = write_plots(p, results)
         record = write_record(p.out_dir, kind="reproduction", name="context-extension",
-                              arguments=arguments if arguments is not None else plan_arguments(p),
+                              arguments=p.arguments,
                               measurements=measurements(p, results), started=t0,
                               paper=paper_block(p.settings.paper, ()), files=[RESULTS_MD, *plots], details=results)
         results = {**results, "command": record.command, "wall_seconds": record.wall_seconds}
         (p.out_dir / RESULTS_MD).write_text(markdown(p, results, plots))
     return results
-
-
-def plan_arguments(p: Plan) -> dict:
-    """The command arguments that give plan `p` (a plan made from Python rather than by the command)."""
-    return {"quick": p.grid.name == "quick", "seeds": list(p.seeds),
-            "steps": None if p.steps == p.grid.steps else max(p.steps),
-            "variants": None if p.scales == p.grid.scales else ",".join(map(str, p.scales)), "overrides": []}
 
 
 def measurements(p: Plan, results: dict) -> dict:
@@ -162,7 +153,7 @@ def measurements(p: Plan, results: dict) -> dict:
     groups: dict = {}
     context = p.settings.context
     for name in p.grid.setups:
-        methods = _methods(p.settings, p.grid, p.settings.setup(name))
+        methods = grid_methods(p.settings, p.grid, p.settings.setup(name))
         for scale in p.scales:
             length = str(context * scale)
             group = groups.setdefault(f"{name} s={scale}", {})
@@ -202,10 +193,7 @@ def reproduce(experiment, *, out_dir, seeds=None, encodings=None, steps=None, wo
                          f"{preset!r}")
     p = plan(experiment.settings, out_dir, quick=quick, seeds=seeds, steps=steps, scales=parse_scales(variants),
              overrides=overrides or ())
-    arguments = {"quick": bool(quick), "seeds": None if seeds is None else list(seeds), "steps": steps,
-                 "variants": variants, "overrides": list(overrides or ())}
-    return run_plan(p, workers=workers or experiment.settings.workers, resume=resume, quiet=quiet,
-                    arguments=arguments)
+    return run_plan(p, workers=workers or experiment.settings.workers, resume=resume, quiet=quiet)
 
 
 # -- aggregation
@@ -345,7 +333,7 @@ def write_plots(p: Plan, results: dict) -> list[str]:
     written = []
     seed = p.seeds[0]
     for name in p.grid.setups:
-        methods = [m for m in _methods(p.settings, p.grid, p.settings.setup(name)) if m.name != "none"]
+        methods = [m for m in grid_methods(p.settings, p.grid, p.settings.setup(name)) if m.name != "none"]
         if not methods:
             continue
         fig, axes = plt.subplots(3, len(p.scales), figsize=(max(6.0, 4.2 * len(p.scales)), 9.5), squeeze=False)
@@ -415,7 +403,7 @@ def markdown(p: Plan, results: dict, plots: list[str]) -> str:
     seed, last = p.seeds[0], max(p.steps)
     lengths = [str(p.settings.context * m) for m in p.grid.lengths]
     for name in p.grid.setups:
-        methods = _methods(p.settings, p.grid, p.settings.setup(name))
+        methods = grid_methods(p.settings, p.grid, p.settings.setup(name))
         lines.append(f"## {name} (seed {seed})\n")
         by_length = []
         for scale in p.scales if len(methods) > 1 else ():

@@ -63,9 +63,12 @@ class Plan:
     """(seed, setup) of each base job."""
     chains: list
     """ChainJob, each method of each setup at each scale (zero-shot methods once per setup)."""
+    arguments: dict
+    """The command's arguments that give this plan (quick, seeds, steps, variants, overrides): what its results
+    record stores and `resolve_plan` resolves again."""
 
 
-def _methods(settings: ContextExtension, grid: Grid, setup) -> tuple:
+def grid_methods(settings: ContextExtension, grid: Grid, setup) -> tuple:
     """The setup's methods in the grid; "none" (the base model itself) always: the others are compared to it."""
     return tuple(m for m in setup.methods if grid.methods is None or m.name in grid.methods or m.name == "none")
 
@@ -76,6 +79,7 @@ def plan(settings: ContextExtension = CONTEXT_EXTENSION, out_dir="runs/reproduce
     fine-tuning length: the grid's evaluated steps up to it, and it), `scales` (a subset of s values or others),
     `overrides` (key=value on the base models' TrainConfig). Checks everything; writes nothing."""
     grid = settings.grid(quick)
+    given_seeds, given_scales = seeds, scales
     seeds = (0,) if seeds is None else tuple(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) \
             or len(set(seeds)) != len(seeds):
@@ -111,7 +115,7 @@ def plan(settings: ContextExtension = CONTEXT_EXTENSION, out_dir="runs/reproduce
             base_dir = out_dir / "bases" / f"seed{seed}" / name
             bases.append(TrainJob(cfg, str(base_dir), resume=True, quiet=True))
             base_keys.append((seed, name))
-            for method in _methods(settings, grid, setup):
+            for method in grid_methods(settings, grid, setup):
                 for scale in (scales if method.encoding is not None else (None,)):
                     label = method.name if scale is None else f"{method.name}-s{scale}"
                     own = [s for s in evaluated if method.fine_tune or s == 0]
@@ -124,7 +128,10 @@ def plan(settings: ContextExtension = CONTEXT_EXTENSION, out_dir="runs/reproduce
                         tuple(own), str(base_dir),
                         None if method.encoding is None else str(out_dir / "extend" / f"seed{seed}" / name / label),
                         str(out_dir / "evals" / f"seed{seed}" / name / label), evaluation, settings.checkpoint_every))
-    return Plan(settings, grid, out_dir, seeds, scales, evaluated, bases, base_keys, chains)
+    arguments = {"quick": bool(quick), "seeds": None if given_seeds is None else list(seeds), "steps": steps,
+                 "variants": None if given_scales is None else ",".join(map(str, scales)),
+                 "overrides": list(overrides or ())}
+    return Plan(settings, grid, out_dir, seeds, scales, evaluated, bases, base_keys, chains, arguments)
 
 
 def parse_scales(variants) -> list[int] | None:
@@ -151,7 +158,7 @@ def resolve_plan(settings: ContextExtension, arguments: dict) -> dict:
     specs = []
     for name in p.grid.setups:
         setup = settings.setup(name)
-        for spec in [setup.encoding] + [m.encoding for m in _methods(settings, p.grid, setup) if m.encoding]:
+        for spec in [setup.encoding] + [m.encoding for m in grid_methods(settings, p.grid, setup) if m.encoding]:
             if EncodingSpec.parse(spec) not in specs:
                 specs.append(EncodingSpec.parse(spec))
     return {"base": without_run_fields(TrainConfig.from_dict(p.bases[0].config).to_dict()),
