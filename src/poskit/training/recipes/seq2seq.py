@@ -339,21 +339,28 @@ def train_seq2seq(cfg: Seq2SeqConfig, run_dir, *, resume: bool = True, quiet: bo
     return run(Seq2SeqRecipe(cfg, label), run_dir, resume=resume, quiet=quiet, label=label)
 
 
-@torch.no_grad()
-def validation_scores(model, data, sets, cfg: Seq2SeqConfig) -> dict:
-    """BLEU and chrF of the first cfg.bleu_pairs validation pairs (the learning curve's points); the model's
-    training mode is kept."""
+def translate_and_score(model, data, sets, cfg: Seq2SeqConfig, split: str, limit: int | None) -> tuple[list, dict]:
+    """(detokenised translations, sacreBLEU scores) of the first `limit` pairs of `split` (None: all), by
+    beam search (cfg.beam_size); the model's training mode is kept."""
     refs_lang = 1 if cfg.direction == "de-en" else 0
-    pairs = sets["validation"]
-    n = min(cfg.bleu_pairs, len(pairs))
-    references = [p[refs_lang] for p in data.pairs["validation"][:n]]
+    pairs = sets[split]
+    references = [p[refs_lang] for p in data.pairs[split]]
+    if limit is not None:
+        pairs = PairSet(pairs.src[:limit], pairs.tgt[:limit])
+        references = references[:limit]
     was = model.training
     model.eval()
     try:
-        hyps = [data.tokenizer.decode(h) for h in translate_pairs(model, PairSet(pairs.src[:n], pairs.tgt[:n]), cfg)]
+        hyps = [data.tokenizer.decode(h) for h in translate_pairs(model, pairs, cfg)]
     finally:
         model.train(was)
-    scores = corpus_scores(hyps, references)
+    return hyps, corpus_scores(hyps, references)
+
+
+@torch.no_grad()
+def validation_scores(model, data, sets, cfg: Seq2SeqConfig) -> dict:
+    """BLEU and chrF of the first cfg.bleu_pairs validation pairs (the learning curve's points)."""
+    _, scores = translate_and_score(model, data, sets, cfg, "validation", cfg.bleu_pairs)
     return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
 
@@ -361,14 +368,10 @@ def evaluate_run(model, data, sets, cfg: Seq2SeqConfig) -> dict:
     """Validation and test NLL, and test BLEU/chrF of beam-search translations (returned as "hypotheses")."""
     t0 = time.perf_counter()
     test = sets["test"]
-    refs_lang = 1 if cfg.direction == "de-en" else 0
-    references = [p[refs_lang] for p in data.pairs["test"]]
     if cfg.test_limit is not None:
         test = PairSet(test.src[:cfg.test_limit], test.tgt[:cfg.test_limit])
-        references = references[:cfg.test_limit]
     model.eval()
-    hyps = [data.tokenizer.decode(h) for h in translate_pairs(model, test, cfg)]
-    scores = corpus_scores(hyps, references)
+    hyps, scores = translate_and_score(model, data, sets, cfg, "test", cfg.test_limit)
     out = {"validation_nll": mean_nll(model, sets["validation"]), "test_nll": mean_nll(model, test),
            **scores, "test_pairs": len(test), "decode_seconds": time.perf_counter() - t0,
            "hypotheses": hyps}
