@@ -34,11 +34,11 @@ from poskit.encodings.spec import EncodingSpec
 from poskit.evaluate.extrapolation import parse_lengths, scaling_options
 from poskit.models import ModelConfig, Transformer
 from poskit.tasks import task_parameters
-from poskit.training import CONFIG_FILE, TrainConfig, atomic_write_json, check_writable_dir, has_checkpoint, load_run
+from poskit.training import CONFIG_FILE, TrainConfig, atomic_write_json, check_writable_dir, has_checkpoint
 from poskit.training import run as run_recipe
 from poskit.training.files import read_json
-from poskit.training.recipes.extend import (LR_RATIO, ExtendConfig, ExtendRecipe, is_extend_run, load_extend_run,
-                                            run_provenance)
+from poskit.training.recipes.extend import (LR_RATIO, ExtendConfig, ExtendRecipe, is_extend_run,
+                                            load_trained, run_provenance)
 from poskit.training.run_dir import check_apart
 from poskit.training.step import build_task_for
 from poskit.util.validate import check_int, check_real
@@ -80,12 +80,9 @@ def load_decoder(path, *, arg: str = "RUN", device: str = "cpu") -> Decoder:
                          "an exported Hugging Face directory (poskit export --hf)")
     if (path / HF_RUN_INFO).is_file():
         decoder = _load_hf_export(path, given, arg, device)
-    elif is_extend_run(path):
-        model, task, cfg = load_extend_run(path, device)
-        decoder = Decoder(model, task, cfg.train_config(), "extend", given)
-    elif (path / CONFIG_FILE).is_file() and has_checkpoint(path):
-        model, task, cfg = load_run(path, device)
-        decoder = Decoder(model, task, cfg, "run", given)
+    elif is_extend_run(path) or ((path / CONFIG_FILE).is_file() and has_checkpoint(path)):
+        model, task, cfg, extension = load_trained(path, device)
+        decoder = Decoder(model, task, cfg, "run" if extension is None else "extend", given)
     else:
         raise ValueError(f"{arg} {given!r} holds no trained run (config.json and a checkpoint) and no exported "
                          f"Hugging Face model ({HF_RUN_INFO}); give a run directory or an `poskit export --hf` one")

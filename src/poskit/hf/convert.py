@@ -61,14 +61,10 @@ def load_for_export(run_dir):
     """(model, task, TrainConfig, extension) of a run to export: a `poskit train` run (extension None) or a
     `poskit extend` run (its TrainConfig view at the new context, and its ExtendConfig as a dict: the parent's
     provenance travels with the export). A bad file is an error naming it."""
-    from poskit.training.recipes.extend import is_extend_run, load_extend_run
-    from poskit.training.run import load_run
+    from poskit.training.recipes.extend import load_trained
 
-    if is_extend_run(run_dir):
-        model, task, cfg = load_extend_run(run_dir)
-        return model, task, cfg.train_config(), cfg.to_dict()
-    model, task, cfg = load_run(run_dir)
-    return model, task, cfg, None
+    model, task, cfg, extension = load_trained(run_dir)
+    return model, task, cfg, None if extension is None else extension.to_dict()
 
 
 def export_run(run_dir, directory, *, overwrite: bool = False, progress: bool = False) -> Path:

@@ -271,6 +271,19 @@ def load_extend_run(run_dir, device: str = "cpu"):
     return model.eval(), task, cfg
 
 
+def load_trained(run_dir, device: str = "cpu"):
+    """(model in eval mode, task, TrainConfig, ExtendConfig or None) of a finished `poskit train` run or a
+    `poskit extend` run (then its TrainConfig view at the new context, and its own config): the one place that
+    tells the two apart for whatever loads either (passkey, a further extension, an export)."""
+    if is_extend_run(run_dir):
+        model, task, cfg = load_extend_run(run_dir, device)
+        return model, task, cfg.train_config(), cfg
+    from ..run import load_run
+
+    model, task, cfg = load_run(run_dir, device)
+    return model, task, cfg, None
+
+
 def run_provenance(run_dir, given: str | None = None) -> dict:
     """The provenance of a finished run directory (a training run or an extension) as an ExtendConfig's parent
     records it, but for its "context" (the caller knows the task): the path as `given`, its checkpoint's
