@@ -347,12 +347,18 @@ def test_passkey_command_writes_results_and_the_heat_map(rope_run, tmp_path, cap
     assert result["context"] == PARENT_CONTEXT and result["encoding"] == "rope" and result["trials"] == 2
     assert (out / "passkey.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "passkey accuracy of" in capsys.readouterr().out
+    # the command line as typed, with paths under the working directory relative to it (none here: tmp_path)
+    assert result["command"].startswith("poskit passkey ") and "--trials 2" in result["command"]
+    assert "--depths 0,0.5,1" in result["command"] and f"{rope_run.name}" in result["command"]
 
 
 def test_passkey_of_an_extension_counts_lengths_from_its_new_context(rope_run, tmp_path):
     extend(rope_run, "rope-yarn", CONTEXT, 0, tmp_path / "x", quiet=True, **FAST)
     result = passkey_report(tmp_path / "x", lengths="1x", depths=[0.0], trials=1, out_dir=tmp_path / "pk")
     assert result["lengths"] == [CONTEXT] and result["source"] == "extend" and result["encoding"].startswith("rope-yarn")
+    # called from Python: the equivalent command line, every setting written out
+    assert result["command"] == ("poskit passkey .../x --lengths 1x --depths 0.0 --trials 1 --seed 0 "
+                                 "--out .../pk")
 
 
 @pytest.mark.parametrize("flags, message", [
