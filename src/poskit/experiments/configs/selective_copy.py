@@ -4,8 +4,8 @@ from .records import PaperNumbers, Reproduction
 
 SELECTIVE_COPY = Reproduction(
     paper="CoPE paper, Table 2 right (2 layers, d 64, 2 heads, 100k steps; 256 tokens, 256 blanks)",
-    summary="rope, pope, relative, cope; 16 tokens, 16 blanks (OOD 8 / 32), 2 layers d 64, 1000 steps, "
-            "3 seeds: 4.5 min on 2 idle cores",
+    summary="learned, rope, pope, relative, cope; 16 tokens, 16 blanks (OOD 8 / 32), 2 layers d 64, 1000 steps, "
+            "3 seeds: about 6 min on 2 idle cores",
     config={
         "task": "selective-copy",
         "task_options": {
@@ -19,7 +19,7 @@ SELECTIVE_COPY = Reproduction(
         "eval_every": 100,  # validation accuracy every 100 steps (the learning curves)
         **COPE_TASKS_RECIPE,  # 1000 steps, lr 3e-3 -> 3e-4, batch 32 (common.py)
     },
-    encodings="rope,pope,relative,cope",  # the paper's relative PE and CoPE, with rope and pope beside them
+    encodings="learned,rope,pope,relative,cope",  # the paper's absolute PE, RoPE, CoPE; and pope, relative
     seeds=(0, 1, 2),  # three seeds: mean and standard deviation
     paper_numbers=(PaperNumbers(
         source="CoPE paper, Tables 2 right and 10", metric="test error (%)",
