@@ -1,5 +1,6 @@
 """PoPE decoding against the magnitude KV cache: the fused CPU kernel, its fallbacks and the Triton path
 all equal the float64 reference."""
+import itertools
 import warnings
 
 import pytest
@@ -66,6 +67,31 @@ def test_fused_cpu_decode_in_bfloat16_stays_close():
         out = _decode(enc.to(torch.bfloat16), *(t.bfloat16() for t in (q, k, v)), positions, prefill=4)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_many_models_in_one_process_keep_the_fused_kernel(monkeypatch):
+    # a process that decodes at batch 1 and 2 with three head layouts, both softplus settings (12 variants for
+    # torch.compile's size and guard specialisations): each must stay on the fused kernel, not exhaust the
+    # recompile limit and fall back for good
+    monkeypatch.setattr(pope_decode, "_fused_failed", False)
+    positions = torch.arange(6)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for dtype, B, (H, Hkv), per_batch, softplus in itertools.product(
+                (torch.float32,), (1, 2), ((1, 1), (2, 1), (4, 2)), (False,), (True, False)):
+            head_dim = 8 + 4 * H  # a scale of its own per head layout
+            enc = build("pope", head_dim=head_dim, num_heads=H, dtype=torch.float32, softplus=softplus)
+            q, k, v = make_qkv(B=B, H=H, Hkv=Hkv, Tq=6, Tk=6, D=head_dim, dtype=torch.float32)
+            pos = torch.stack([positions + 7 * b for b in range(B)]) if per_batch else positions
+            out = _decode(enc.to(dtype), *(t.to(dtype) for t in (q, k, v)), pos, prefill=4)
+            if dtype == torch.float32:
+                enc64 = build("pope", head_dim=head_dim, num_heads=H, softplus=softplus)
+                enc64.load_state_dict(enc.state_dict())
+                ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference",
+                                       is_causal=True, enable_gqa=True, q_positions=pos, k_positions=pos)
+                torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    assert not [str(w.message) for w in caught if "could not be compiled" in str(w.message)]
+    assert pope_decode.fused_decode_enabled()
 
 
 def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):

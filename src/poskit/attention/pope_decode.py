@@ -37,15 +37,14 @@ def fused_decode_enabled() -> bool:
     return os.environ.get("POSKIT_FUSED_DECODE", "1") != "0" and not _fused_failed
 
 
-def _query_rows(q, q_angles, delta, scale: float, softplus: bool, kv_heads: int):
+def _query_rows(mu_q, q_angles, delta, scale: float, kv_heads: int):
     """[a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)], PoPE's Cartesian query (eq. 6-9),
     as (B, Hkv, groups * Tq, d) fp32 each: query head h = kv * groups + j, as repeat_kv orders them.
 
-    q (B, H, Tq, d); q_angles (1|B, Tq, 2d) = [cos | sin] of the query positions * theta; delta (H, d) fp32.
+    mu_q (B, H, Tq, d) fp32 magnitudes; q_angles (1|B, Tq, 2d) = [cos | sin] of the query positions * theta;
+    delta (H, d) fp32.
     """
-    B, H, Tq, d = q.shape
-    qf = q.float()
-    mu_q = F.softplus(qf) if softplus else qf
+    B, H, Tq, d = mu_q.shape
     qc, qs = q_angles[:, None, :, :d], q_angles[:, None, :, d:]  # (1|B, 1, Tq, d)
     cd, sd = delta.cos()[:, None], delta.sin()[:, None]  # (H, 1, d)
     a = (scale * mu_q * (qc * cd + qs * sd)).reshape(B, kv_heads, -1, d)
@@ -71,14 +70,35 @@ def _compiled():
     return compile_(_query_rows), compile_(_magnitude_logits)
 
 
+# Even with dynamic shapes, torch.compile specialises sizes 0 and 1 and the input dtypes: batch 1 or more, one kv
+# head or more, one query per kv head or more, per-sequence or shared positions, and the cache's dtype give up
+# to 48 variants of these two functions in one process. torch's default of 8 per function was exhausted by a
+# process that decoded at batch 1 and 2 with two head layouts (tests/test_pope_decode.py), after which every
+# call fell back. The limit is raised for these calls only.
+_RECOMPILE_LIMIT = 64
+_limit_warned = False
+
+
 def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
     """(B, Hkv, groups * Tq, L) fp32 logits by the compiled kernels, or None when they cannot run here (then
     the caller takes the exact fallback)."""
-    global _fused_failed
+    global _fused_failed, _limit_warned
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    qf = q.float()
+    mu_q = F.softplus(qf) if softplus else qf  # outside the graph: one compiled variant serves both settings
     try:
         query_rows, magnitude_logits = _compiled()
-        a, b = query_rows(q, q_angles, delta, scale, softplus, mu_k.shape[1])
-        return magnitude_logits(mu_k, a, b, k_angles)
+        with torch._dynamo.config.patch(recompile_limit=max(_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+            a, b = query_rows(mu_q, q_angles, delta, scale, mu_k.shape[1])
+            return magnitude_logits(mu_k, a, b, k_angles)
+    except FailOnRecompileLimitHit as err:  # more variants than the limit: this call falls back, later ones try
+        if not _limit_warned:
+            _limit_warned = True
+            warnings.warn(f"poskit: the fused PoPE decode kernel reached torch.compile's recompile limit ({err}); "
+                          "calls of new shapes or dtypes rebuild Cartesian keys instead, which is exact but slower",
+                          RuntimeWarning)
+        return None
     except Exception as err:  # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
