@@ -102,3 +102,32 @@ def table(rows: list[dict], columns: list[str]) -> str:
     sep = "|" + "|".join("-" * (widths[c] + 2) for c in columns) + "|"
     body = ["| " + " | ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) + " |" for r in rows]
     return "\n".join([line, sep, *body])
+
+
+def check_results_path(path) -> None:
+    """Refuse a results path that could not be written (a directory, or under a directory that cannot be made)."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory; give a file path such as docs/results/NAME/benchmark.json")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{str(path)!r} cannot be written: {str(parent)!r} is not a writable directory")
+
+
+def write_results(path, script: str, argv: list[str], settings: dict, parts: dict, started: float) -> None:
+    """Write the benchmark document (poskit.report.benchmark) of this run to `path`: the command as typed (paths
+    under the working directory made relative), the machine with its instruction set, threads and load at the
+    start, the settings and every table part ({name: {"columns": [...], "rows": [...]}}); `poskit report` renders
+    it where docs carry a `table=benchmark` marker."""
+    from poskit.attention import kernel_build
+    from poskit.report.benchmark import new_document, write_document
+    from poskit.report.record import portable_command
+
+    doc = new_document(portable_command(["python", script, *argv]), settings, parts,
+                       threads=torch.get_num_threads(), load_average=os.getloadavg()[0],
+                       isa=kernel_build.isa_level(), wall_seconds=time.perf_counter() - started)
+    print(f"wrote {write_document(path, doc)}", file=sys.stderr)

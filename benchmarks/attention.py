@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import allocator_peak_bytes, interleaved_medians, keep_freed_memory, table  # noqa: E402
+from _harness import (allocator_peak_bytes, check_results_path, interleaved_medians, keep_freed_memory,  # noqa: E402
+                      table, write_results)
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
@@ -319,10 +320,20 @@ def main(argv=None):
     p.add_argument("--skip-peers", action="store_true", help="no rows of other PoPE implementations")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write the tables as a benchmark document (docs/results/NAME/benchmark.json: "
+                        "`poskit report` renders it where a docs page has a table=benchmark marker)")
     p.add_argument("--quick", action="store_true",
                    help="a check that every row runs, in about a minute: B=2, T=256, fp32, 1 round, decode at 256 keys "
                         "(overrides --B, --T, --dtypes, --repeats and the decode lengths/dtypes)")
+    started = time.perf_counter()
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    if args.json:
+        try:
+            check_results_path(args.json)  # before hours of measuring, not after
+        except ValueError as e:
+            p.error(f"--json: {e}")
     if args.quick:
         args.B, args.T, args.shapes, args.dtypes, args.repeats = 2, [256], None, ["fp32"], 1
         args.decode_lengths, args.decode_dtypes = [256], ["fp32"]
@@ -333,18 +344,31 @@ def main(argv=None):
     print(f"# attention benchmark on {machine()}\n")
     print(f"# shapes (B, T) {args.shapes}, H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; medians of {args.repeats} interleaved rounds; glibc keeps freed memory (benchmarks/_harness.py)\n")
+    grid_columns = ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]
+    peer_columns = ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]
+    decode_columns = ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope", "peak_MB"]
+    parts = {}
     if not args.skip_grid:
         rows, peers = bench_grid(args)
-        print(table(rows, ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]))
+        parts["attention"] = {"columns": grid_columns, "rows": rows}
+        print(table(rows, grid_columns))
         print()
         if peers:
+            parts["peers"] = {"columns": peer_columns, "rows": peers}
             print("## pope: poskit's path against other PoPE implementations (speedup = their time / poskit's)\n")
-            print(table(peers, ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]))
+            print(table(peers, peer_columns))
             print()
     if not args.skip_decode:
+        decode = bench_decode(args)
+        parts["decode"] = {"columns": decode_columns, "rows": decode}
         print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")
-        print(table(bench_decode(args), ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope",
-                                          "peak_MB"]))
+        print(table(decode, decode_columns))
+    if args.json:
+        settings = {"shapes": [list(s) for s in args.shapes], "H": args.H, "D": args.D, "dtypes": args.dtypes,
+                    "modes": args.modes, "encodings": args.encodings, "repeats": args.repeats,
+                    "without_kernel": args.without_kernel, "decode_lengths": args.decode_lengths,
+                    "decode_dtypes": args.decode_dtypes, "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
+        write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""Benchmark results as evidence: benchmarks/attention.py --json writes a benchmark document, and `poskit report`
+renders its tables where a docs page has a table=benchmark marker (report/benchmark.py)."""
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from poskit.experiments.evidence import resolve_today
+from poskit.report import markers
+from poskit.report.benchmark import BenchmarkFileError, read_document
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
+QUICK = ["--quick", "--encodings", "rope,none", "--skip-peers", "--skip-decode", "--threads", "1"]
+
+
+def _attention_benchmark():
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "docs" / "results" / "bench-x" / "benchmark.json"
+    _attention_benchmark().main([*QUICK, "--json", str(path)])
+    return path
+
+
+def _repo(tmp_path, document_path, text):
+    root = tmp_path / "repo"
+    (root / "docs" / "results" / "bench-x").mkdir(parents=True)
+    (root / "docs" / "results" / "bench-x" / "benchmark.json").write_bytes(document_path.read_bytes())
+    (root / "docs" / "benchmarks.md").write_text(text)
+    return root
+
+
+def test_the_document_records_the_machine_the_command_and_every_row(document):
+    doc = read_document(document)
+    machine = doc["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1 and machine["threads"] == 1 and machine["isa"]
+    assert isinstance(machine["load_average"], float) and machine["torch"].startswith("2.")
+    assert doc["command"].startswith("python benchmarks/attention.py --quick --encodings rope,none")
+    assert doc["command"].endswith("benchmark.json") and "/tmp" not in doc["command"]  # no machine path
+    rows = doc["parts"]["attention"]["rows"]
+    paths = ["RoPE+SDPA (baseline)", "rope [sdpa]", "none [sdpa]"]
+    assert [(r["mode"], r["path"]) for r in rows] == [(m, p) for m in ("fwd", "fwdbwd") for p in paths]
+    assert all(r["ratio"] == "1.00" for r in rows[::3]) and all(float(r["ms"]) > 0 for r in rows)
+    assert set(doc["parts"]) == {"attention"}  # peers and decode were skipped
+    assert doc["settings"]["shapes"] == [[2, 256]] and doc["settings"]["dtypes"] == ["fp32"]
+
+
+def test_report_renders_the_table_with_its_provenance_and_check_catches_an_edit(document, tmp_path):
+    root = _repo(tmp_path, document, "# b\n<!-- report: bench-x table=benchmark part=attention -->\n<!-- /report -->\n")
+    outcome = markers.regenerate(root, resolve_today)
+    text = outcome.files[root / "docs" / "benchmarks.md"]
+    doc = json.loads(document.read_text())
+    assert f"*Measured by `{doc['command']}`" in text and "instruction set" in text and "threads: 1," in text
+    assert "[results](results/bench-x/benchmark.json)" in text
+    baseline = doc["parts"]["attention"]["rows"][1]
+    assert f"| {baseline['B']} | {baseline['T']} | fp32 | fwd | rope [sdpa] | {baseline['ms']} |" in text
+    markers.write(outcome)
+    assert markers.regenerate(root, resolve_today).differing == []
+    edited = text.replace(f"| {baseline['ms']} |", "| 0.1 |", 1)
+    (root / "docs" / "benchmarks.md").write_text(edited)
+    assert [b.title for _, b in markers.regenerate(root, resolve_today).differing] == [
+        "bench-x table=benchmark part=attention"]
+
+
+def test_an_unknown_part_names_the_recorded_ones_and_a_missing_file_is_not_backed(document, tmp_path):
+    root = _repo(tmp_path, document, "# b\n<!-- report: bench-x table=benchmark part=decode -->\n<!-- /report -->\n")
+    with pytest.raises(markers.MarkerError, match=re.escape("benchmarks.md:2: part must be one of the parts the "
+                                                            "benchmark recorded, ['attention'], got 'decode'")):
+        markers.regenerate(root, resolve_today)
+    (root / "docs" / "benchmarks.md").write_text("<!-- report: bench-y table=benchmark -->\n<!-- /report -->\n")
+    text = markers.regenerate(root, resolve_today).files[root / "docs" / "benchmarks.md"]
+    assert "**Not backed by a benchmark file:** docs/results/bench-y/ holds no benchmark.json" in text
+    assert "`--json docs/results/bench-y/benchmark.json`" in text
+
+
+def test_a_file_that_is_not_a_benchmark_document_is_refused_by_name(tmp_path):
+    path = tmp_path / "benchmark.json"
+    path.write_text(json.dumps({"schema": "poskit.results"}))
+    with pytest.raises(BenchmarkFileError, match=re.escape(str(path)) + ": schema must be 'poskit.benchmark'"):
+        read_document(path)
+    path.write_text("{")
+    with pytest.raises(BenchmarkFileError, match="not a readable benchmark document"):
+        read_document(path)
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _attention_benchmark().main([*QUICK, "--json", str(tmp_path)])
+    err = capsys.readouterr()
+    assert "--json: " in err.err and "is a directory" in err.err
+    assert "attention benchmark on" not in err.out  # nothing measured
