@@ -148,12 +148,12 @@ ROWS = (
         notes="The same presets as Table 6."),
     Row("000", "Table 8", "softplus", "124M validation perplexity: without softplus 21.57 > full 21.33",
         "reproduced in direction (2 seeds)", "poskit reproduce ablations", "ablations",
-        "Validation perplexity per byte 8.60 ± 0.09 without softplus vs 8.01 ± 0.08 full. " + _STALE
-        + " The phase-bias rule changed since: this table is the most exposed to it."),
+        "Validation perplexity per byte 8.61 ± 0.09 without softplus vs 8.01 ± 0.08 full, on today's code (PoPE "
+        "under the clamp alone); the 2026-11-23 run under the projection gave the same to within 0.01."),
     Row("000", "Table 8", "delta", "without delta 21.42 > full 21.33",
         "measured, inconclusive (2 seeds)", "poskit reproduce ablations", "ablations",
-        "8.02 ± 0.08 without delta vs 8.01 ± 0.08; after 400 steps delta is within 0.27 rad of its start. "
-        + _STALE),
+        "8.016 ± 0.078 without delta vs 8.013 ± 0.079 on today's code; in the 2026-11-23 run delta was within "
+        "0.27 rad of its start after 400 steps."),
     Row("000", "Fig. 5", "", "Fig. 3's analysis on the 253M model",
         "not run (no second model size)", "poskit analyze frequency RUN_rope RUN_pope", "text-sizes",
         "Would run on the rope and pope runs of a larger size."),
