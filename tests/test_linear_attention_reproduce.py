@@ -15,7 +15,7 @@ def test_performer_is_registered_with_linear_attention():
     cfg = TrainConfig.from_dict(copy.deepcopy(r.config))
     assert cfg.model.attention == "linear"
     assert cfg.task_options["tokenizer"] == "bytes"  # character level
-    assert {"none", "rope"} <= set(r.encodings.split(","))  # Fig. 4: with and without RoPE
+    assert {"learned", "rope"} <= set(r.encodings.split(","))  # Fig. 2 right: the paper's baseline and RoPE
 
 
 def test_paper_preset_is_the_papers_setup():
@@ -47,7 +47,7 @@ def test_tiny_performer_run(tmp_path):
         "performer", out_dir=out, seeds=[0], steps=3, workers=1, quiet=True,
         overrides=["task_options.context=16", "model.d_model=16", "model.n_heads=2", "model.n_layers=1",
                    "batch_size=2", "eval_every=3", "eval_batches=1", "final_eval_batches=1"])
-    assert set(results["encodings"]) == {"none", "rope", "pope"}
+    assert set(results["encodings"]) == {"none", "learned", "rope", "pope"}  # learned: the paper's baseline
     saved = json.loads((out / "rope" / "seed0" / "config.json").read_text())
     assert saved["model"]["attention"] == "linear"
     assert (out / "compare.png").exists()
