@@ -208,7 +208,7 @@ ROWS = (
         "2 layers d 128, context 128. " + _STALE),
     Row("002", "Fig. 2 right", "vs learned absolute positions",
         "(the paper's baseline: performer-pytorch adds learned absolute positions)",
-        "not run (not run yet)", "poskit reproduce performer --encodings none,learned,rope,pope", "performer"),
+        "not run (not run yet: in the default since 2026-11-26)", "poskit reproduce performer", "performer"),
     Row("002", "Table 2", "", "GLUE fine-tuning: RoFormer comparable to BERT overall",
         "not run (GLUE not offline; no BERT-size pretrained encoder)",
         "poskit finetune-glue RUN --task sst2 [--data hf:DIR]", None,
