@@ -74,32 +74,49 @@ def _compiled():
 # head or more, one query per kv head or more, per-sequence or shared positions, and the cache's dtype give up
 # to 48 variants of these two functions in one process. torch's default of 8 per function was exhausted by a
 # process that decoded at batch 1 and 2 with two head layouts (tests/test_pope_decode.py), after which every
-# call fell back. The limit is raised for these calls only.
+# call fell back. A variant past that limit is compiled again with the limit raised for that call alone: only
+# there, where a compile happens anyway, because the patch costs about 28 us, too much for every decode step.
+# (torch logs its recompile-limit warning on each such first attempt: noise, in a process past 8 variants only.)
 _RECOMPILE_LIMIT = 64
 _limit_warned = False
+
+
+def _run_compiled(mu_q, q_angles, delta, mu_k, k_angles, scale: float):
+    query_rows, magnitude_logits = _compiled()
+    a, b = query_rows(mu_q, q_angles, delta, scale, mu_k.shape[1])
+    return magnitude_logits(mu_k, a, b, k_angles)
+
+
+def _is_recompile_limit(err: Exception) -> bool:
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    return isinstance(err, FailOnRecompileLimitHit)
 
 
 def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
     """(B, Hkv, groups * Tq, L) fp32 logits by the compiled kernels, or None when they cannot run here (then
     the caller takes the exact fallback)."""
     global _fused_failed, _limit_warned
-    from torch._dynamo.exc import FailOnRecompileLimitHit
-
     qf = q.float()
     mu_q = F.softplus(qf) if softplus else qf  # outside the graph: one compiled variant serves both settings
+    args = (mu_q, q_angles, delta, mu_k, k_angles, scale)
     try:
-        query_rows, magnitude_logits = _compiled()
+        try:
+            return _run_compiled(*args)
+        except Exception as err:
+            if not _is_recompile_limit(err):
+                raise
         with torch._dynamo.config.patch(recompile_limit=max(_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
-            a, b = query_rows(mu_q, q_angles, delta, scale, mu_k.shape[1])
-            return magnitude_logits(mu_k, a, b, k_angles)
-    except FailOnRecompileLimitHit as err:  # more variants than the limit: this call falls back, later ones try
-        if not _limit_warned:
-            _limit_warned = True
-            warnings.warn(f"poskit: the fused PoPE decode kernel reached torch.compile's recompile limit ({err}); "
-                          "calls of new shapes or dtypes rebuild Cartesian keys instead, which is exact but slower",
-                          RuntimeWarning)
-        return None
-    except Exception as err:  # no C++ compiler, an unsupported platform: warn once, fall back for good
+            return _run_compiled(*args)
+    except Exception as err:
+        if _is_recompile_limit(err):  # more variants than even the raised limit: this call falls back, later ones try
+            if not _limit_warned:
+                _limit_warned = True
+                warnings.warn(f"poskit: the fused PoPE decode kernel reached torch.compile's recompile limit ({err}); "
+                              "calls of new shapes or dtypes rebuild Cartesian keys instead, which is exact but slower",
+                              RuntimeWarning)
+            return None
+        # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
                       "falling back to rebuilding Cartesian keys, which is exact but slower", RuntimeWarning)
