@@ -105,17 +105,16 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def check_results_path(path) -> None:
-    """Refuse a results path that could not be written (a directory, or under a directory that cannot be made)."""
+    """Refuse a results path that could not be written: a directory, or a file under a directory that cannot be
+    made or written (training.files.check_writable_dir). Creates nothing."""
     from pathlib import Path
+
+    from poskit.training.files import check_writable_dir
 
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{str(path)!r} is a directory; give a file path such as docs/results/NAME/benchmark.json")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ValueError(f"{str(path)!r} cannot be written: {str(parent)!r} is not a writable directory")
+    check_writable_dir(path.parent, "its directory")
 
 
 def write_results(path, script: str, argv: list[str], settings: dict, parts: dict, started: float) -> None:

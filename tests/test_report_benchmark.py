@@ -96,3 +96,10 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path
     err = capsys.readouterr()
     assert "--json: " in err.err and "is a directory" in err.err
     assert "attention benchmark on" not in err.out  # nothing measured
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        _attention_benchmark().main([*QUICK, "--json", str(blocker / "x" / "benchmark.json")])
+    err = capsys.readouterr()
+    assert "--json: its directory" in err.err and "not a directory" in err.err
+    assert "attention benchmark on" not in err.out and not (blocker.parent / "x").exists()

@@ -278,9 +278,9 @@ def passkey_report(run, *, lengths: str | list = "1x,2x,4x,8x", depths: str | li
     spec = EncodingSpec.from_config(decoder.config.model.encoding, decoder.config.model.encoding_options)
     from poskit.report.record import command_text
 
-    equivalent = ["poskit", "passkey", str(run), "--lengths", lengths if isinstance(lengths, str) else ",".join(map(str, lengths)),
-                  "--depths", ",".join(map(str, depth_list)), "--trials", str(trials), "--seed", str(seed),
-                  "--out", str(out_dir)]
+    lengths_text = lengths if isinstance(lengths, str) else ",".join(map(str, lengths))
+    equivalent = ["poskit", "passkey", str(run), "--lengths", lengths_text, "--depths", ",".join(map(str, depth_list)),
+                  "--trials", str(trials), "--seed", str(seed), "--out", str(out_dir)]
     result = {"command": command_text(equivalent), "run": str(run), "source": decoder.source, "encoding": spec.label,
               "context": decoder.context, **grid}
     out_dir.mkdir(parents=True, exist_ok=True)

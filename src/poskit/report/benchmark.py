@@ -40,9 +40,11 @@ def new_document(command: str, settings: dict, parts: dict, *, threads: int, loa
 
 
 def write_document(path, document: dict) -> Path:
+    from poskit.training.files import atomic_write_json
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    atomic_write_json(path, document)
     return path
 
 
@@ -69,8 +71,8 @@ def provenance(doc: dict, results_link: str) -> str:
     wall = doc.get("wall_seconds")
     date = doc["date"].replace("T", " ").rstrip("Z")
     return (f"*Measured by `{doc['command']}` · poskit {code_label(doc['code'])} · {date} "
-            f"UTC · {m.get('cpu')}, {m.get('cores')} cores, instruction set {m.get('isa')}, threads: {m.get('threads')}, "
-            f"torch {m.get('torch')}, load average {m.get('load_average')} at the start"
+            f"UTC · {m.get('cpu')}, {m.get('cores')} cores, instruction set {m.get('isa')}, "
+            f"threads: {m.get('threads')}, torch {m.get('torch')}, load average {m.get('load_average')} at the start"
             + (f" · wall time {wall / 60:.1f} min" if isinstance(wall, (int, float)) else "")
             + f" · [results]({results_link})*")
 

@@ -187,8 +187,8 @@ ROWS = (
         "Only the quick grid ran (one seed, 11 min): at s = 16 after 100 steps YaRN 6.37, NTK 9.37, direct 11.09, "
         "PI 12.40 perplexity, PoPE unscaled 6.11; YaRN best throughout, but NTK beats PI (YaRN reports the "
         "opposite). Passkey: the RoPE base retrieves 83 % at 1x and every fine-tuned method loses it, so PI's "
-        "window claim is not reproduced; a follow-up (docs/results/passkey-finetune/) shows the scaled positions, not the "
-        "plain-text data, erase it. Shakespeare characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
+        "window claim is not reproduced; a follow-up (docs/results/passkey-finetune/) shows the scaled positions, not "
+        "the plain-text data, erase it. Shakespeare characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
     # ----------------------------------------------------------------------------------------- 002 RoFormer
     Row("002", "Fig. 1", "", "Diagram of RoPE's implementation", "not run (not applicable: a diagram)", "",
         notes="Eq. 34's element-wise form is rope with layout=\"interleaved\", tested against a float64 "
