@@ -76,6 +76,9 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 
 // An input tile as fp32: itself for fp32 inputs, widened into `scratch` for bf16.
 const float* widen(const float* src, int64_t, float*) { return src; }
+// ... and back: an fp32 result stored in the output's dtype (a copy for fp32, rounded once for bf16).
+void narrow(const float* src, int64_t n, float* dst) { std::memcpy(dst, src, n * sizeof(float)); }
+void narrow(const float* src, int64_t n, at::BFloat16* dst) { at::vec::convert(src, dst, n); }
 const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
   at::vec::convert(src, scratch, n);
   return scratch;
@@ -393,20 +396,28 @@ void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out
 // One task per (batch, query head): it owns that head's dK and dV (summed over the heads of a kv group by the
 // caller), so no accumulation crosses threads except the bias parameters', which go to per-thread buffers.
 // Every tile pair is visited once: S (recomputed), dV, dP, dQ, dK, as in FlashAttention-2's backward.
-template <typename T>
+// O, the gradients' dtype: fp32 (accumulated in place, zeroed by the caller), or the inputs' bf16, written once
+// per head from fp32 accumulators of the thread (so that a bf16 call holds no fp32 copy of its gradients).
+template <typename T, typename O>
 void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                     const float* delta, float* dq, float* dk, float* dv, float* dbias) {
+                     const float* delta, O* dq, O* dk, O* dv, float* dbias) {
   constexpr bool wide = !std::is_same<T, float>::value;
+  constexpr bool in_place = std::is_same<O, float>::value;
   const int64_t dbias_size = p.bias == kTable ? p.H * p.R : p.bias == kEmbeddings ? (2 * p.M + 1) * p.E : 0;
   at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(p.bq * p.bk), dp(p.bq * p.bk), dq_acc(p.bq * p.E), z, dz;  // z, dz: grown on demand
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
         vbuf(wide ? p.Tk * p.Dv : 0);
+    std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
     float* my_dbias = dbias ? dbias + at::get_thread_num() * dbias_size : nullptr;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
-      float* dk_acc = dk + bh * p.Tk * p.E;  // fp32, zeroed by the caller
-      float* dv_acc = dv + bh * p.Tk * p.Dv;
+      float* dk_acc = in_place ? reinterpret_cast<float*>(dk + bh * p.Tk * p.E) : dk_own.data();
+      float* dv_acc = in_place ? reinterpret_cast<float*>(dv + bh * p.Tk * p.Dv) : dv_own.data();
+      if (!in_place) {
+        std::fill(dk_own.begin(), dk_own.end(), 0.f);
+        std::fill(dv_own.begin(), dv_own.end(), 0.f);
+      }
       const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
       const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
       for (int64_t tile = 0; tile < p.tiles; ++tile) {
@@ -453,10 +464,14 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
           gemm(false, false, rows, p.E, n, 1.f, dp.data(), n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);  // dQ += dS K
           gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
         }
-        float* dq_t = dq + (bh * p.Tq + q0) * p.E;
-        for (int64_t i = 0; i < rows * p.E; ++i) dq_t[i] = dq_acc[i] * p.scale;  // dS's scale, once per tile
+        scale_row(dq_acc.data(), rows * p.E, p.scale);  // dS's scale, once per tile
+        narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
       }
       scale_row(dk_acc, p.Tk * p.E, p.scale);
+      if (!in_place) {
+        narrow(dk_acc, p.Tk * p.E, dk + bh * p.Tk * p.E);
+        narrow(dv_acc, p.Tk * p.Dv, dv + bh * p.Tk * p.Dv);
+      }
     }
   });
 }
@@ -555,7 +570,8 @@ std::vector<at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, 
   return {out, lse};
 }
 
-// Returns fp32 (dq, dk, dv, dbias): dk, dv per query head (B, H, Tk, .), summed over kv groups by the caller;
+// Returns (dq, dk, dv, dbias): dk, dv per query head (B, H, Tk, .), summed over kv groups by the caller; the
+// gradients in the inputs' dtype without kv groups, fp32 with them (so that the caller's sum is not rounded);
 // dbias per thread (threads, H, R) for a table (reversed along R, as p.rev) or (threads, 2M + 1, E) for embeddings
 // (reversed, as p.emb_rev), empty without a bias; the caller sums and un-reverses them.
 std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -571,28 +587,72 @@ std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k,
               delta.scalar_type() == at::kFloat && lse.numel() == p.B * p.H * p.Tq && delta.numel() == lse.numel(),
               "cpu_flash: logsumexp and delta must be contiguous fp32 (B, H, Tq)");
   const auto f32 = q.options().dtype(at::kFloat);
-  auto dq = at::empty({p.B, p.H, p.Tq, p.E}, f32);
-  auto dk = at::zeros({p.B, p.H, p.Tk, p.E}, f32), dv = at::zeros({p.B, p.H, p.Tk, p.Dv}, f32);
+  const bool own_dtype = q.scalar_type() != at::kFloat && p.g == 1;  // written once per head, not accumulated
+  const auto grads = own_dtype ? q.options() : f32;
+  auto dq = at::empty({p.B, p.H, p.Tq, p.E}, grads);
+  auto dk = own_dtype ? at::empty({p.B, p.H, p.Tk, p.E}, grads) : at::zeros({p.B, p.H, p.Tk, p.E}, grads);
+  auto dv = own_dtype ? at::empty({p.B, p.H, p.Tk, p.Dv}, grads) : at::zeros({p.B, p.H, p.Tk, p.Dv}, grads);
   at::Tensor dbias = at::empty({0}, f32);
   const int64_t threads = at::get_num_threads();
   if (bias_kind == kTable) dbias = at::zeros({threads, p.H, p.R}, f32);
   if (bias_kind == kEmbeddings) dbias = at::zeros({threads, 2 * p.M + 1, p.E}, f32);
   float* db = dbias.numel() ? dbias.data_ptr<float>() : nullptr;
   if (q.scalar_type() == at::kFloat) {
-    backward_kernel<float>(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), dout.data_ptr<float>(),
-                           lse.data_ptr<float>(), delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
-                           dv.data_ptr<float>(), db);
+    backward_kernel<float, float>(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                  dout.data_ptr<float>(), lse.data_ptr<float>(), delta.data_ptr<float>(),
+                                  dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), db);
+  } else if (own_dtype) {
+    using B = at::BFloat16;
+    backward_kernel<B, B>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(),
+                          lse.data_ptr<float>(), delta.data_ptr<float>(), dq.data_ptr<B>(), dk.data_ptr<B>(),
+                          dv.data_ptr<B>(), db);
   } else {
     using B = at::BFloat16;
-    backward_kernel<B>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(), lse.data_ptr<float>(),
-                       delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), db);
+    backward_kernel<B, float>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(),
+                              lse.data_ptr<float>(), delta.data_ptr<float>(), dq.data_ptr<float>(),
+                              dk.data_ptr<float>(), dv.data_ptr<float>(), db);
   }
   return {dq, dk, dv, dbias};
+}
+
+// rowsum(a * b) over the last dimension in fp32, (..., n) -> (...): FlashAttention's D = rowsum(dO * O) without
+// fp32 copies of dO and O (for bf16 inputs those copies were the largest tensors of the backward).
+template <typename T>
+void row_dot_kernel(const T* a, const T* b, float* out, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> abuf(std::is_same<T, float>::value ? 0 : n), bbuf(abuf.size());
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = widen(a + r * n, n, abuf.data());
+      const float* y = widen(b + r * n, n, bbuf.data());
+      Vec acc(0.f);
+      int64_t c = 0;
+      for (; c + Vec::size() <= n; c += Vec::size()) acc = at::vec::fmadd(Vec::loadu(x + c), Vec::loadu(y + c), acc);
+      float total = lanes_sum(acc);
+      for (; c < n; ++c) total += x[c] * y[c];
+      out[r] = total;
+    }
+  });
+}
+
+at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+              (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16) && a.dim() >= 1,
+              "cpu_flash: row_dot takes two contiguous fp32 or bf16 tensors of one shape");
+  const int64_t n = a.size(-1), rows = n ? a.numel() / n : 0;
+  auto out = at::empty(a.sizes().slice(0, a.dim() - 1), a.options().dtype(at::kFloat));
+  if (a.scalar_type() == at::kFloat) {
+    row_dot_kernel<float>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+  } else {
+    using B = at::BFloat16;
+    row_dot_kernel<B>(a.data_ptr<B>(), b.data_ptr<B>(), out.data_ptr<float>(), rows, n);
+  }
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(poskit_cpu_flash, m) {
+  m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
   m.def("forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, "
         "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk) -> Tensor[]",
         &flash_forward);

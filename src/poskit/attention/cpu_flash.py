@@ -154,7 +154,7 @@ class CpuFlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, q_positions, k_positions, pad, bias_values = ctx.saved_tensors
         do = grad_out.to(out.dtype).contiguous()
-        delta = (do.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), FlashAttention's D
+        delta = kernel().row_dot(do, out.contiguous())  # rowsum(dO * O) in fp32, FlashAttention's D
         args = _kernel_args(bias_values, *ctx.bias, ctx.scale)
         dq, dk, dv, dbias = kernel().backward(q, k, v, do, lse, delta, ctx.scale, ctx.causal, q_positions,
                                               k_positions, pad, *args, *ctx.blocks)

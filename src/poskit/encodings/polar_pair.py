@@ -2,9 +2,15 @@
 
 Written through autograd op by op, the Cartesian query costs five (B, H, T, d) temporaries in the forward
 and as many again in the backward. Here the forward writes the 2d-wide output once and the backward
-computes dx = (g_c * c + g_s * s) * sigmoid(x) directly (softplus' = sigmoid). c and s are the small
-(1|B, 1|H, T, d) angle tables; their gradient (PoPE's phase bias flows through them) is reduced over
-the broadcast dims. Measured 49 -> 38 ms for q and k forward+backward at B=8, H=8, T=1024, d=64.
+computes dx = (g_c * c + g_s * s) * sigmoid(x) directly (softplus' = sigmoid). Measured 49 -> 38 ms for q and
+k forward+backward at B=8, H=8, T=1024, d=64.
+
+The query's angles are a - delta (a per position, the phase bias delta per head), so its tables c, s are
+(1|B, H, T, d): at B=1 each is as large as q itself. They are therefore passed factored, as the position
+tables cos a, sin a (1|B, 1, T, d) and the per-head rotation cos delta, sin delta (1, H, 1, d), and rebuilt in
+the backward; mu is recomputed there too. The node then keeps nothing larger than its input x, which the
+caller holds anyway: at B=1, T=4096 this is three q-sized tensors fewer alive through attention's backward
+(benchmarks/attention.py reports the peak).
 """
 from __future__ import annotations
 
@@ -18,42 +24,107 @@ def _reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grad.sum(dims, keepdim=True) if dims else grad
 
 
+def _tables(ca, sa, cd, sd, scale):
+    """c = scale cos(a - delta), s = scale sin(a - delta) from the factors (cd, sd None: no rotation)."""
+    if cd is not None:
+        # cos(a - delta) = cos a cos delta + sin a sin delta; sin(a - delta) = sin a cos delta - cos a sin delta
+        ca, sa = torch.addcmul(ca * cd, sa, sd), torch.addcmul(sa * cd, ca, sd, value=-1.0)
+    if scale != 1.0:
+        ca, sa = ca * scale, sa * scale
+    return ca, sa
+
+
 class PolarPair(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, c, s, softplus: bool):
-        # x: (B, H, T, d); c, s: broadcastable to x, same rank -> (B, H, T, 2d)
+    def forward(ctx, x, ca, sa, cd, sd, scale: float, softplus: bool):
+        # x: (B, H, T, d); ca, sa: broadcastable to x, same rank; cd, sd: (1, H, 1, d) or None -> (B, H, T, 2d)
         mu = F.softplus(x) if softplus else x
+        c, s = _tables(ca, sa, cd, sd, scale)
         d = x.shape[-1]
         out = x.new_empty(*torch.broadcast_shapes(x.shape, c.shape)[:-1], 2 * d)
         torch.mul(mu, c, out=out[..., :d])
         torch.mul(mu, s, out=out[..., d:])
-        # mu is kept when c or s need a gradient (PoPE's query, through the phase bias) rather than recomputed
-        # in the backward: softplus is the most expensive op here (measured ~0.5 ms per (32, 4, 64, 32) call)
-        keep_mu = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        ctx.save_for_backward(x, c, s, mu if keep_mu else None)
-        ctx.softplus = softplus
+        ctx.save_for_backward(x, ca, sa, cd, sd)
+        ctx.scale, ctx.softplus = scale, softplus
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, c, s, mu = ctx.saved_tensors
+        x, ca, sa, cd, sd = ctx.saved_tensors
+        scale, softplus = ctx.scale, ctx.softplus
         d = x.shape[-1]
         g_c, g_s = grad[..., :d], grad[..., d:]
-        dx = dc = ds = None
-        if ctx.needs_input_grad[0]:
-            dmu = torch.addcmul(g_c * c, g_s, s)
-            dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if ctx.softplus else dmu, x.shape)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            dc = _reduce_to(g_c * mu, c.shape) if ctx.needs_input_grad[1] else None
-            ds = _reduce_to(g_s * mu, s.shape) if ctx.needs_input_grad[2] else None
-        return dx, dc, ds, None
+        need_x, need_ca, need_sa, need_cd, need_sd = ctx.needs_input_grad[:5]
+        dx = dca = dsa = dcd = dsd = None
+        if need_ca or need_sa:  # position tables with a gradient (not poskit's own angle tables): plainly
+            mu = F.softplus(x) if softplus else x
+            gc, gs = g_c * mu * scale, g_s * mu * scale
+            if cd is None:
+                dca, dsa = _reduce_to(gc, ca.shape), _reduce_to(gs, sa.shape)
+            else:  # c = ca cd + sa sd, s = sa cd - ca sd
+                dca = _reduce_to(torch.addcmul(gc * cd, gs, sd, value=-1.0), ca.shape) if need_ca else None
+                dsa = _reduce_to(torch.addcmul(gc * sd, gs, cd), sa.shape) if need_sa else None
+            del mu, gc, gs
+        if cd is None:
+            if need_x:
+                dmu = torch.addcmul(g_c * ca, g_s, sa)
+                if scale != 1.0:
+                    dmu.mul_(scale)
+                dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+            return dx, dca, dsa, None, None, None, None
+        if x.shape[0] >= 2 * ca.shape[0]:
+            # tables shared by a batch: the rotated ones are a fraction of x's size, so they are rebuilt and the
+            # gradient is taken through them (fewer x-sized operations than the factored form below)
+            c, s = _tables(ca, sa, cd, sd, 1.0)
+            if need_cd or need_sd:
+                mu = F.softplus(x) if softplus else x
+                gc, gs = _reduce_to(g_c * mu, c.shape), _reduce_to(g_s * mu, s.shape)
+                del mu
+                if need_cd:
+                    dcd = _reduce_to(torch.addcmul(gc * ca, gs, sa), cd.shape).mul_(scale)
+                if need_sd:
+                    dsd = _reduce_to(torch.addcmul(gc * sa, gs, ca, value=-1.0), sd.shape).mul_(scale)
+            if need_x:
+                dmu = torch.addcmul(g_c * c, g_s, s)
+                if scale != 1.0:
+                    dmu.mul_(scale)
+                dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+            return dx, dca, dsa, dcd, dsd, None, None
+        # One table per batch row (B = 1, or per-row positions): the rotated tables would be as large as x, so the
+        # gradient is taken in terms of the unrotated ones: p = g_c ca + g_s sa and r = g_c sa - g_s ca give
+        # dL/dmu = scale (cd p + sd r), dL/dcd = scale sum mu p and dL/dsd = scale sum mu r (sums over batch and
+        # time). Buffers are reused: at most three x-sized tensors are alive at once.
+        p = torch.addcmul(g_c * ca, g_s, sa)
+        r = torch.addcmul(g_c * sa, g_s, ca, value=-1.0)
+        if need_cd or need_sd:
+            mu = F.softplus(x) if softplus else x.clone()
+            if need_cd:
+                dcd = _reduce_to(p * mu, cd.shape).mul_(scale)
+            if need_sd:
+                dsd = _reduce_to(mu.mul_(r), sd.shape).mul_(scale)
+            del mu
+        if need_x:
+            dmu = p.mul_(cd).addcmul_(r, sd)
+            del r
+            if scale != 1.0:
+                dmu.mul_(scale)
+            dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+        return dx, dca, dsa, dcd, dsd, None, None
 
 
-def polar_pair(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, softplus: bool = True) -> torch.Tensor:
-    """cat(mu * c, mu * s, dim=-1), mu = softplus(x) if softplus else x; differentiable in x, c and s."""
+def polar_pair(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, softplus: bool = True, *,
+               rotation: tuple[torch.Tensor, torch.Tensor] | None = None, scale: float = 1.0) -> torch.Tensor:
+    """cat(mu * c', mu * s', dim=-1), mu = softplus(x) if softplus else x, where c' = scale c, s' = scale s, or
+    with `rotation` = (cos delta, sin delta) broadcastable to x: c' = scale cos(a - delta), s' = scale sin(a -
+    delta) for c = cos a, s = sin a. Differentiable in x, c, s and the rotation."""
     if c.dim() != x.dim():
         raise ValueError(f"c and s must have the rank of x ({x.dim()}), got {c.dim()}")
+    cd, sd = (None, None) if rotation is None else rotation
+    if cd is not None and (cd.dim() != x.dim() or sd.shape != cd.shape):
+        raise ValueError(f"rotation's tables must have the rank of x ({x.dim()}) and one shape, got "
+                         f"{tuple(cd.shape)} and {tuple(sd.shape)}")
     if torch.compiler.is_compiling():  # Dynamo cannot trace the out= writes; inductor fuses these ops anyway
         mu = F.softplus(x) if softplus else x
+        c, s = _tables(c, s, cd, sd, scale)
         return torch.cat((mu * c, mu * s), dim=-1)
-    return PolarPair.apply(x, c, s, softplus)
+    return PolarPair.apply(x, c, s, cd, sd, float(scale), softplus)

@@ -189,14 +189,13 @@ class PolarEncoding(PositionalEncoding):
             raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")
         cos, sin = self.cos_sin(q_positions, _table_dtype(q))
         cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)  # (1|B, 1, T, d)
+        rotation = None
         if self.delta is not None:
-            delta = self.clamped_delta(q)[:, None, :]  # (H, 1, d)
-            cd, sd = delta.cos(), delta.sin()
-            # cos(a - delta) = cos a cos delta + sin a sin delta ; sin(a - delta) = sin a cos delta - cos a sin delta
-            cos, sin = cos * cd + sin * sd, sin * cd - cos * sd  # (1|B, H, T, d)
-        if scale != 1.0:
-            cos, sin = cos * scale, sin * scale
-        return polar_pair(q, cos, sin, self.softplus)
+            # the per-head rotation by -delta is applied inside polar_pair, which keeps it factored: the rotated
+            # (1|B, H, T, d) tables are never saved for the backward
+            delta = self.clamped_delta(q)[None, :, None, :]  # (1, H, 1, d)
+            rotation = (delta.cos(), delta.sin())
+        return polar_pair(q, cos, sin, self.softplus, rotation=rotation, scale=scale)
 
     def cartesian_k(self, k: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """(B, Hkv, T, d) -> (B, Hkv, T, 2d): mu [cos(a), sin(a)] (eq. 7 without the bias)."""

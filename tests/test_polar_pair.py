@@ -1,0 +1,82 @@
+"""polar_pair, PoPE's Cartesian features as one autograd node: equal to the op-by-op formula in float64 (values
+and gradients of x, the position tables and the phase-bias rotation), and it keeps nothing for its backward that
+is larger than its input."""
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import poskit
+from poskit.encodings.polar_pair import polar_pair
+
+
+def _op_by_op(x, ca, sa, cd, sd, scale, softplus):
+    mu = F.softplus(x) if softplus else x
+    if cd is not None:
+        ca, sa = ca * cd + sa * sd, sa * cd - ca * sd
+    return torch.cat((mu * ca * scale, mu * sa * scale), dim=-1)
+
+
+def _inputs(B, H, T, d, per_batch, seed, tables_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, H, T, d, generator=g, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(B if per_batch else 1, 1, T, d, generator=g, dtype=torch.float64) * 3
+    delta = torch.rand(1, H, 1, d, generator=g, dtype=torch.float64) * -6.28
+    ca, sa = a.cos().requires_grad_(tables_grad), a.sin().requires_grad_(tables_grad)
+    cd, sd = delta.cos().requires_grad_(), delta.sin().requires_grad_()
+    return x, ca, sa, cd, sd
+
+
+@settings(max_examples=25, deadline=None)
+@given(B=st.integers(1, 3), H=st.integers(1, 3), T=st.integers(1, 5), d=st.integers(1, 4),
+       per_batch=st.booleans(), rotated=st.booleans(), softplus=st.booleans(), tables_grad=st.booleans(),
+       scale=st.sampled_from([1.0, 0.125, 2.5]), seed=st.integers(0, 2**16))
+def test_equals_the_formula_with_its_gradients(B, H, T, d, per_batch, rotated, softplus, tables_grad, scale, seed):
+    # tables_grad False is attention's case: poskit's angle tables need no gradient, the phase bias does
+    x, ca, sa, cd, sd = _inputs(B, H, T, d, per_batch, seed, tables_grad)
+    if not rotated:
+        cd = sd = None
+    leaves = [t for t in (x, ca, sa, cd, sd) if t is not None and t.requires_grad]
+    got = polar_pair(x, ca, sa, softplus, rotation=None if cd is None else (cd, sd), scale=scale)
+    want = _op_by_op(x, ca, sa, cd, sd, scale, softplus)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(want)
+    got_grads = torch.autograd.grad(got, leaves, g)
+    want_grads = torch.autograd.grad(want, leaves, g)
+    for a, b in zip(got_grads, want_grads):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_gradcheck_with_rotation():
+    x, ca, sa, cd, sd = _inputs(2, 2, 3, 2, False, 0)
+    assert torch.autograd.gradcheck(lambda *t: polar_pair(t[0], t[1], t[2], True, rotation=(t[3], t[4]), scale=0.5),
+                                    (x, ca, sa, cd, sd))
+
+
+def _saved_tensors(fn):
+    """Every tensor autograd saves for the backward while fn runs."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return saved
+
+
+def test_pope_query_keeps_nothing_larger_than_q_for_the_backward():
+    # At B=1 the phase-bias-rotated tables (1, H, T, d) are as large as q: kept for the backward, they and the
+    # magnitudes held three q-sized tensors through attention's backward
+    B, H, T, d = 1, 4, 64, 16
+    enc = poskit.build_encoding("pope", head_dim=d, num_heads=H)
+    with torch.no_grad():
+        enc.delta.uniform_(-6.0, -0.1)
+    q = torch.randn(B, H, T, d, requires_grad=True)
+    positions = torch.arange(T)[None]
+    saved = _saved_tensors(lambda: enc.encode_q(q, positions, scale=0.25))
+    big = [tuple(t.shape) for t in saved if t.numel() >= q.numel() and t.data_ptr() != q.data_ptr()]
+    assert not big, f"encode_q keeps q-sized tensors besides q for its backward: {big}"
+    assert any(t.data_ptr() == q.data_ptr() for t in saved)  # the input itself: the backward needs it
