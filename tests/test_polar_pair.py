@@ -1,12 +1,15 @@
 """polar_pair, PoPE's Cartesian features as one autograd node: equal to the op-by-op formula in float64 (values
 and gradients of x, the position tables and the phase-bias rotation), and it keeps nothing for its backward that
 is larger than its input."""
+from unittest import mock
+
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import poskit
+from poskit.encodings import polar_pair as polar_pair_module
 from poskit.encodings.polar_pair import polar_pair
 
 
@@ -30,14 +33,17 @@ def _inputs(B, H, T, d, per_batch, seed, tables_grad=True):
 @settings(max_examples=25, deadline=None)
 @given(B=st.integers(1, 3), H=st.integers(1, 3), T=st.integers(1, 5), d=st.integers(1, 4),
        per_batch=st.booleans(), rotated=st.booleans(), softplus=st.booleans(), tables_grad=st.booleans(),
-       scale=st.sampled_from([1.0, 0.125, 2.5]), seed=st.integers(0, 2**16))
-def test_equals_the_formula_with_its_gradients(B, H, T, d, per_batch, rotated, softplus, tables_grad, scale, seed):
+       keep_mu=st.booleans(), scale=st.sampled_from([1.0, 0.125, 2.5]), seed=st.integers(0, 2**16))
+def test_equals_the_formula_with_its_gradients(B, H, T, d, per_batch, rotated, softplus, tables_grad, keep_mu, scale,
+                                               seed):
     # tables_grad False is attention's case: poskit's angle tables need no gradient, the phase bias does
     x, ca, sa, cd, sd = _inputs(B, H, T, d, per_batch, seed, tables_grad)
     if not rotated:
         cd = sd = None
     leaves = [t for t in (x, ca, sa, cd, sd) if t is not None and t.requires_grad]
-    got = polar_pair(x, ca, sa, softplus, rotation=None if cd is None else (cd, sd), scale=scale)
+    # keep_mu: small inputs keep softplus(x) for the backward, large ones recompute it; both must agree
+    with mock.patch.object(polar_pair_module, "KEEP_MU_BELOW", 1 << 30 if keep_mu else 0):
+        got = polar_pair(x, ca, sa, softplus, rotation=None if cd is None else (cd, sd), scale=scale)
     want = _op_by_op(x, ca, sa, cd, sd, scale, softplus)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(want)
@@ -67,9 +73,11 @@ def _saved_tensors(fn):
     return saved
 
 
-def test_pope_query_keeps_nothing_larger_than_q_for_the_backward():
+def test_pope_query_keeps_nothing_larger_than_q_for_the_backward(monkeypatch):
     # At B=1 the phase-bias-rotated tables (1, H, T, d) are as large as q: kept for the backward, they and the
-    # magnitudes held three q-sized tensors through attention's backward
+    # magnitudes held three q-sized tensors through attention's backward. (Inputs this small keep their
+    # magnitudes by design; the threshold is lowered so that this one is treated as a large one.)
+    monkeypatch.setattr(polar_pair_module, "KEEP_MU_BELOW", 1024)
     B, H, T, d = 1, 4, 64, 16
     enc = poskit.build_encoding("pope", head_dim=d, num_heads=H)
     with torch.no_grad():
