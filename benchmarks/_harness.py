@@ -117,16 +117,18 @@ def check_results_path(path) -> None:
     check_writable_dir(path.parent, "its directory")
 
 
-def write_results(path, script: str, argv: list[str], settings: dict, parts: dict, started: float) -> None:
+def write_results(path, script: str, argv: list[str], settings: dict, parts: dict, started: float,
+                  start: dict) -> None:
     """Write the benchmark document (poskit.report.benchmark) of this run to `path`: the command as typed (paths
     under the working directory made relative), the machine with its instruction set, threads and load at the
     start, the settings and every table part ({name: {"columns": [...], "rows": [...]}}); `poskit report` renders
-    it where docs carry a `table=benchmark` marker."""
+    it where docs carry a `table=benchmark` marker. `start`: poskit.report.benchmark.start_state() of the run's
+    start, so that the code and load recorded are those measured."""
     from poskit.attention import kernel_build
     from poskit.report.benchmark import new_document, write_document
     from poskit.report.record import portable_command
 
     doc = new_document(portable_command(["python", script, *argv]), settings, parts,
-                       threads=torch.get_num_threads(), load_average=os.getloadavg()[0],
-                       isa=kernel_build.isa_level(), wall_seconds=time.perf_counter() - started)
+                       threads=torch.get_num_threads(), isa=kernel_build.isa_level(),
+                       wall_seconds=time.perf_counter() - started, start=start)
     print(f"wrote {write_document(path, doc)}", file=sys.stderr)

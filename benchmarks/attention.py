@@ -327,6 +327,9 @@ def main(argv=None):
                    help="a check that every row runs, in about a minute: B=2, T=256, fp32, 1 round, decode at 256 keys "
                         "(overrides --B, --T, --dtypes, --repeats and the decode lengths/dtypes)")
     started = time.perf_counter()
+    from poskit.report.benchmark import start_state
+
+    start = start_state()  # the code and load as the measurement starts, not as it ends
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     if args.json:
@@ -368,7 +371,7 @@ def main(argv=None):
                     "modes": args.modes, "encodings": args.encodings, "repeats": args.repeats,
                     "without_kernel": args.without_kernel, "decode_lengths": args.decode_lengths,
                     "decode_dtypes": args.decode_dtypes, "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
-        write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started)
+        write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started, start)
 
 
 if __name__ == "__main__":

@@ -103,3 +103,24 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path
     err = capsys.readouterr()
     assert "--json: its directory" in err.err and "not a directory" in err.err
     assert "attention benchmark on" not in err.out and not (blocker.parent / "x").exists()
+
+
+def test_the_document_records_the_code_and_load_of_the_runs_start(tmp_path, monkeypatch):
+    # a run takes minutes to hours and may outlive a commit: what it measured is the code it started with
+    import poskit.report.benchmark as benchmark
+
+    module = _attention_benchmark()
+    state = {"measured": False}
+    measure = module.interleaved_medians
+
+    def measuring(*args, **kwargs):
+        state["measured"] = True
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(module, "interleaved_medians", measuring)
+    monkeypatch.setattr(benchmark, "code_info",
+                        lambda: {"git_commit": "after" if state["measured"] else "before", "dirty": False})
+    path = tmp_path / "docs" / "results" / "bench-y" / "benchmark.json"
+    module.main([*QUICK, "--json", str(path)])
+    assert state["measured"]
+    assert read_document(path)["code"]["git_commit"] == "before"

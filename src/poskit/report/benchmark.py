@@ -24,18 +24,27 @@ class BenchmarkFileError(ValueError):
     """A benchmark document that cannot be read: the message names the file and what is wrong."""
 
 
-def new_document(command: str, settings: dict, parts: dict, *, threads: int, load_average: float, isa: str,
-                 wall_seconds: float) -> dict:
+def start_state() -> dict:
+    """What a benchmark document records of the moment its run started: the code (a run outlives edits and
+    commits made meanwhile), the date and the load average. Taken before measuring, passed to new_document."""
+    import os
+
+    return {"code": code_info(), "date": utc_now(), "load_average": os.getloadavg()[0]}
+
+
+def new_document(command: str, settings: dict, parts: dict, *, threads: int, isa: str, wall_seconds: float,
+                 start: dict) -> dict:
     """A benchmark document: `parts` {name: {"columns": [...], "rows": [{column: text}]}}; the machine's CPU,
     core count, torch, Python and OS come from report.record.machine_info, plus the instruction set the kernel was
-    built for, the threads used and the load average when the run started."""
+    built for and the threads used; the code, date and load average are those of `start` (start_state(), taken
+    when the run started)."""
     for name, part in parts.items():
         columns, rows = part.get("columns"), part.get("rows")
         if not isinstance(columns, list) or not isinstance(rows, list):
             raise ValueError(f"parts[{name!r}] must hold a list of columns and a list of rows")
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "command": command, "code": code_info(),
-            "date": utc_now(), "machine": {**machine_info(), "isa": isa, "threads": threads,
-                                           "load_average": round(load_average, 2)},
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "command": command, "code": start["code"],
+            "date": start["date"], "machine": {**machine_info(), "isa": isa, "threads": threads,
+                                               "load_average": round(start["load_average"], 2)},
             "settings": settings, "wall_seconds": round(wall_seconds, 1), "parts": parts}
 
 
