@@ -234,7 +234,7 @@ def test_cli_analyze_bad_input(tmp_path, capsys):
     assert "needs at least one RUN" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["analyze", "decay", str(tmp_path), "--out", str(tmp_path)])
-    assert "RUN directories are read by `analyze frequency` and `analyze phase-bias` only" in capsys.readouterr().err
+    assert "RUN directories are read by `analyze frequency`, `phase-bias` and `cope-gates` only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["analyze", "frequency", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert "missing" in capsys.readouterr().err

@@ -31,12 +31,19 @@ def scores_from_inputs(inp: AttentionInputs, enc: PositionalEncoding, gate_keys=
     if enc.kind == "bias":
         logits = logits + enc.bias(q, inp.q_positions, inp.k_positions, inp.scale)
     elif enc.kind == "contextual":
-        source = enc.gate_source(k, inp.v, gate_keys)
-        gate_logits = logits if source is k else inp.scale * (q @ repeat_kv(source, inp.groups).transpose(-1, -2))
-        logits = logits + enc.contextual_bias(q, gate_logits, visible)
+        logits = logits + enc.contextual_bias(q, contextual_gate_logits(inp, enc, gate_keys, logits), visible)
     elif gate_keys is not None:
         raise ValueError("gate_keys is only accepted by contextual encodings (cope, cope-alibi) with gates='separate'")
     return logits.masked_fill(~visible, float("-inf")), visible
+
+
+def contextual_gate_logits(inp: AttentionInputs, enc: PositionalEncoding, gate_keys, logits: torch.Tensor):
+    """The gate logits of a contextual encoding: the content `logits` themselves when its gates read the keys,
+    else scale * q . source with source its values or separate gate keys (enc.gate_source)."""
+    source = enc.gate_source(inp.k, inp.v, gate_keys)
+    if source is inp.k:
+        return logits
+    return inp.scale * (inp.q @ repeat_kv(source, inp.groups).transpose(-1, -2))
 
 
 def no_pair_logits(inp: AttentionInputs) -> torch.Tensor:

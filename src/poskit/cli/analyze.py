@@ -1,4 +1,4 @@
-"""`poskit analyze frequency RUN... | decay | correlation | phase-bias RUN...` (poskit.analyze); each analysis returns its result,
+"""`poskit analyze frequency RUN... | decay | correlation | phase-bias RUN... | cope-gates RUN...` (poskit.analyze); each analysis returns its result,
 the arguments that resolve it and its files, and the command writes the results record (results.json) beside
 them."""
 from __future__ import annotations
@@ -16,14 +16,18 @@ def add_analyze(sub) -> None:
                                    "long-term decay bound (App. C) beside poskit's measured logits. correlation: "
                                    "position-correlation matrices of absolute encodings (Legendre paper Figs. 1, 3). "
                                    "phase-bias RUN...: where PoPE's phase bias sits over training, beside the "
-                                   "validation metric (runs of the phase-bias rules compared).")
-    p.add_argument("analysis", choices=["frequency", "decay", "correlation", "phase-bias"])
+                                   "validation metric (runs of the phase-bias rules compared). cope-gates RUN...: "
+                                   "what CoPE's gates count, by kind of key token, and the attention from position "
+                                   "alone on one window (CoPE paper Figs. 4 and 6).")
+    p.add_argument("analysis", choices=["frequency", "decay", "correlation", "phase-bias", "cope-gates"])
     p.add_argument("runs", nargs="*", metavar="RUN",
-                   help="frequency: run directories of trained rope/pope models; phase-bias: of trained pope models")
+                   help="frequency: run directories of trained rope/pope models; phase-bias: of trained pope models; "
+                        "cope-gates: of trained cope/cope-alibi text models")
     p.add_argument("--metric", default="accuracy", help="phase-bias: the validation metric beside delta (default "
                                                         "accuracy)")
-    p.add_argument("--split", default="test", help="frequency: held-out split (default test)")
-    p.add_argument("--max-tokens", type=int, default=16384, help="frequency: tokens analysed per run (default 16384)")
+    p.add_argument("--split", default="test", help="frequency, cope-gates: held-out split (default test)")
+    p.add_argument("--max-tokens", type=int, default=16384,
+                   help="frequency, cope-gates: tokens analysed per run (default 16384)")
     p.add_argument("--encodings", help="decay: default rope,pope; correlation: default sinusoidal,legendre")
     p.add_argument("--head-dim", type=int, default=128, help="decay: head dimension (default 128)")
     p.add_argument("--max-distance", type=int, default=256, help="decay: largest relative distance (default 256)")
@@ -40,8 +44,8 @@ def add_analyze(sub) -> None:
 
 def cmd_analyze(args) -> int:
     out = Path(args.out or f"runs/analyze-{args.analysis}")
-    if args.analysis not in ("frequency", "phase-bias") and args.runs:
-        raise ValueError(f"RUN directories are read by `analyze frequency` and `analyze phase-bias` only; `analyze "
+    if args.analysis not in ("frequency", "phase-bias", "cope-gates") and args.runs:
+        raise ValueError(f"RUN directories are read by `analyze frequency`, `phase-bias` and `cope-gates` only; `analyze "
                          f"{args.analysis}` takes none, got {args.runs}")
     import time
 
@@ -49,7 +53,7 @@ def cmd_analyze(args) -> int:
     names = (encoding_names(args.encodings, "--encodings", f"analyze {args.analysis} builds each encoding with its defaults")
              if args.encodings else [])
     result, arguments, files = {"frequency": _frequency, "decay": _decay, "correlation": _correlation,
-                                "phase-bias": _phase_bias}[args.analysis](args, out, names)
+                                "phase-bias": _phase_bias, "cope-gates": _cope_gates}[args.analysis](args, out, names)
     from poskit.experiments.evidence import analysis_record
 
     analysis_record(args.analysis, out, arguments, result, started, files)  # results.json, the results record
@@ -120,3 +124,21 @@ def _phase_bias(args, out: Path, names: list[str]) -> tuple:
     print(f"wrote {out / phase_bias.PHASE_BIAS_JSON}, {out / phase_bias.PHASE_BIAS_PNG}, {out / phase_bias.PHASE_BIAS_MD}")
     return result, {"runs": list(args.runs), "metric": args.metric}, \
         [phase_bias.PHASE_BIAS_JSON, phase_bias.PHASE_BIAS_PNG, phase_bias.PHASE_BIAS_MD]
+
+
+def _cope_gates(args, out: Path, names: list[str]) -> tuple:
+    from poskit.analyze import cope_gates
+
+    if not args.runs:
+        raise ValueError("`poskit analyze cope-gates` needs at least one RUN directory (a trained cope text run)")
+    check_positive(args, "max_tokens")
+    report = cope_gates.write_cope_gates(args.runs, out, split=args.split, max_tokens=args.max_tokens)
+    for r in report["runs"] if not args.quiet else ():
+        for i, layer in enumerate(r["layers"]):
+            ratios = " ".join(f"{x:5.2f}" for x in layer["newline_ratio"])
+            counts = " ".join(f"{x:6.1f}" for x in layer["window_count"])
+            print(f"{r['encoding']} {r['run_dir']} L{i}: gate on newlines / mean gate per head {ratios}; "
+                  f"count over a window per head {counts}")
+    print(f"wrote {out / cope_gates.COPE_GATES_JSON}, {out / cope_gates.COPE_GATES_PNG}")
+    return report, {"runs": list(args.runs), "split": args.split, "max_tokens": args.max_tokens}, \
+        [cope_gates.COPE_GATES_JSON, cope_gates.COPE_GATES_PNG]

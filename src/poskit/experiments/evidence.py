@@ -146,6 +146,8 @@ ANALYSES = {
                   "numbers": ()},
     "phase-bias": {"paper": "PoPE paper, the phase bias delta clamped to [-2 pi, 0] (a diagnostic of poskit's "
                             "phase-bias rules; no paper numbers)", "numbers": ()},
+    "cope-gates": {"paper": "CoPE paper, Figs. 4 and 6 (attention from position alone and gate values at paragraph "
+                            "and section boundaries; figures, no numbers)", "numbers": ()},
 }
 
 
@@ -302,6 +304,19 @@ def analysis_record(name: str, out_dir, arguments: dict, result: dict, started: 
                                              **{split: {key: v} for split, v in r.get("final", {}).items()}}}
                                  for r in runs]
         metric = key
+    elif name == "cope-gates":
+        # one group per run (its last two directories, e.g. cope/seed0: no machine path), one row per layer and head
+        groups = {}
+        for r in result["runs"]:
+            rows = groups.setdefault('/'.join(Path(r['run_dir']).parts[-2:]), {})
+            for i, layer in enumerate(r["layers"]):
+                for h, gates in enumerate(layer["mean_gate"]):
+                    rows[f"L{i} h{h}"] = entry({**{f"gate_{c}": g for c, g in zip(r["classes"], gates)
+                                                   if c != "other"},
+                                                "gate_all": layer["mean_gate_all"][h],
+                                                "newline_ratio": layer["newline_ratio"][h],
+                                                "window_count": layer["window_count"][h]})
+        metric = "newline_ratio"
     else:
         raise ValueError(f"analysis must be one of {sorted(ANALYSES)}, got {name!r}")
     info = ANALYSES[name]
