@@ -176,15 +176,26 @@ ROWS = (
         "The default runs none, alibi, rope, pope; sinusoidal needs --encodings. Partial: at 400 steps, 10x/1x "
         "on today's code: ALiBi 0.99, YaRN 1.28, NTK 1.50, RoPE 1.72, linear 2.59. The article's linear and YaRN "
         "ratings assume fine-tuning, which this row does not do (the next row does). Sinusoidal not run."),
-    Row("001", "Table: comparing position encodings", "with fine-tuning (PI, NTK, YaRN; the article's sources)",
-        "RoPE extends 4-16x with a scaling plus a few hundred fine-tuning steps; YaRN best and fastest, PI "
-        "recovers, fine-tuned NTK worse than PI; passkey over the extended window (PI Table 4)",
-        "measured, one seed", "poskit reproduce context-extension", "context-extension",
-        "Only the quick grid ran (one seed, 11 min): at s = 16 after 100 steps YaRN 6.37, NTK 9.37, direct 11.09, "
-        "PI 12.40 perplexity, PoPE unscaled 6.11; YaRN best throughout, but NTK beats PI (YaRN reports the "
-        "opposite). Passkey: the RoPE base retrieves 83 % at 1x and every fine-tuned method loses it, so PI's "
-        "window claim is not reproduced; a follow-up (docs/results/passkey-finetune/) shows the scaled positions, not "
-        "the plain-text data, erase it. Shakespeare characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
+    Row("001", "Table: comparing position encodings", "with fine-tuning: perplexity (PI, NTK, YaRN)",
+        "RoPE extends 4-16x with a scaling plus a few hundred fine-tuning steps; YaRN best at step 0 and fastest; "
+        "PI recovers the base's perplexity within about 200 steps (PI Table 3)",
+        "reproduced in direction (2 seeds)", "poskit reproduce context-extension", "context-extension",
+        "Default grid, one seed (49 min): at s = 16 after 400 steps YaRN 5.53, NTK 5.73, direct 5.99, PI 8.72 "
+        "perplexity per character (base at 1x: 5.75); YaRN lowest at every step. The quick grid confirms YaRN's "
+        "lead on two seeds at 0-100 steps. PI recovers only in part and regresses most at 1x (+3.29 at s = 16). "
+        "Shakespeare characters, context 64, 2 layers instead of LLaMA at 2k-4k."),
+    Row("001", "Table: comparing position encodings", "with fine-tuning: NTK against PI",
+        "Fine-tuned NTK is worse than PI (YaRN)",
+        "not reproduced (2 seeds)", "poskit reproduce context-extension --quick --seeds 0,1",
+        "context-extension-quick",
+        "The opposite on both seeds: after 100 steps at s = 16 NTK 9.37 / 10.47 against PI 12.40 / 12.53; in the "
+        "default grid (one seed) NTK is below PI at every scale and step."),
+    Row("001", "Table: comparing position encodings", "with fine-tuning: passkey (PI Table 4, YaRN)",
+        "Passkey retrieval covers the extended window after about 200 steps; direct fine-tuning barely moves it",
+        "not reproduced (one seed)", "poskit reproduce context-extension", "context-extension",
+        "The RoPE base retrieves 93 % at 1x (seed 0; seed 1's base retrieves nothing) and every fine-tuned method "
+        "loses retrieval at the extended length; PI's effective window is 0. docs/results/passkey-finetune/ shows "
+        "that the scaled positions, not the plain-text data, erase it."),
     # ----------------------------------------------------------------------------------------- 002 RoFormer
     Row("002", "Fig. 1", "", "Diagram of RoPE's implementation", "not run (not applicable: a diagram)", "",
         notes="Eq. 34's element-wise form is rope with layout=\"interleaved\", tested against a float64 "
