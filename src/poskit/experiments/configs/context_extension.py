@@ -28,10 +28,9 @@ Rotations of pair i inside the training context: r_i = 64 theta_i / (2 pi); pair
   betas to the context: beta_fast 4 rotations in 64 tokens is a wavelength of 16 tokens (YaRN's 32 in 4096 is 128).
 
 Grids (`default`, `quick`): the default is the grid of the PI/YaRN comparison (s = 4, 8, 16; 0-400 steps; four
-setups), the quick one its rope and pope setups at s = 4 and 16 to 100 steps. Estimated from per-step times
-measured on the 2-core machine (docs/extend.md): about 45 min (default) and 11 min (quick) with two workers on
-a lightly shared machine; neither grid has been run with 3000-step base models yet (results.json's "timings"
-records each run's own).
+setups), the quick one its rope and pope setups at s = 4 and 16 to 100 steps. Measured on the 2-core machine
+with two workers (docs/extend.md): the default 49 min 22 s, 16 min of it shared with the test suite (about 43 min
+idle, derived), the quick one 11 min 19 s (results.json's "timings" records each run's own).
 """
 from __future__ import annotations
 
@@ -144,8 +143,8 @@ SETUPS = (
 CONTEXT_EXTENSION = ContextExtension(
     paper="PI (Chen et al. 2023, Tables 3-4) and YaRN (Peng et al. 2023): RoPE extended 4-16x by scaling + fine-tuning",
     summary="RoPE/PoPE Shakespeare LMs (context 64) extended 4-16x by PI, NTK, YaRN, direct fine-tuning, dynamic NTK "
-            "and PoPE, perplexity and passkey at 0-400 steps: about 45 min estimated on 2 cores; "
-            "--quick: a smaller grid, about 11 min (estimates: docs/extend.md)",
+            "and PoPE, perplexity and passkey at 0-400 steps: 49 min measured on 2 cores (about 43 idle); "
+            "--quick: a smaller grid, 11 min (docs/extend.md)",
     encodings="rope,pope",
     pretrain=PRETRAIN,
     context=64,
