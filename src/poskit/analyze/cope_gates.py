@@ -21,9 +21,8 @@ import torch
 
 from poskit.attention.inputs import prepare, repeat_kv
 from poskit.attention.reference import contextual_gate_logits, softmax_rows
-from poskit.training import load_run
-
 from .output import checked_out_dir, write_result
+from .trained import capture_projections, layer_heads, load_held_out
 
 COPE_GATES_JSON, COPE_GATES_PNG = "cope_gates.json", "cope_gates.png"
 CLASSES = ("newline", "space", "punctuation", "digit", "letter", "other")
@@ -61,14 +60,10 @@ def class_table(decode, vocab_size: int) -> torch.Tensor:
                          for i in range(vocab_size)])
 
 
-def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    B, T, width = x.shape
-    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)
-
-
-def layer_terms(attn, q, k, v, g):
+def layer_terms(attn, heads: dict):
     """(gates (B, H, T, T), position-only logits (B, H, T, T) with -inf where hidden, visible) of one causal
-    self-attention layer with a contextual encoding, from its raw heads q, k, v and gate keys g."""
+    self-attention layer with a contextual encoding, from its raw heads (q, k, v and, with separate gates, g)."""
+    q, k, v, g = heads["q"], heads["k"], heads["v"], heads.get("g")
     enc = attn.encoding
     inp = prepare(q, k, v, enc, causal=True, q_positions=None, k_positions=None, scale=None, enable_gqa=True)
     visible = inp.visible()
@@ -90,14 +85,7 @@ def model_cope_gates(model, batches, classes: torch.Tensor, max_tokens: int | No
             name = getattr(attn.encoding, "name", "") or type(attn.encoding).__name__
             raise ValueError(f"the encoding {name!r} of layer {i} is not contextual: the gate analysis needs a cope "
                              "or cope-alibi run")
-    captured: dict = {}
-    hooks = []
-    for i, attn in enumerate(layers):
-        for side in ("q", "k", "v", "g"):
-            proj = getattr(attn, f"{side}_proj", None)
-            if proj is not None:
-                hooks.append(proj.register_forward_hook(
-                    lambda m, a, out, i=i, side=side: captured.__setitem__((i, side), out)))
+    captured, hooks = capture_projections(layers, ("q", "k", "v", "g"))
     n_classes = len(CLASSES)
     sums = [torch.zeros(attn.num_heads, n_classes, dtype=torch.float64) for attn in layers]
     counts = torch.zeros(n_classes, dtype=torch.float64)
@@ -112,9 +100,7 @@ def model_cope_gates(model, batches, classes: torch.Tensor, max_tokens: int | No
                 model(x)
                 key_class = torch.nn.functional.one_hot(classes[x], n_classes).double()  # (B, T, C)
                 for i, attn in enumerate(layers):
-                    heads = {s: _heads(captured[(i, s)], attn.num_heads if s == "q" else attn.num_kv_heads)
-                             for s in ("q", "k", "v", "g") if (i, s) in captured}
-                    gates, position, visible = layer_terms(attn, heads["q"], heads["k"], heads["v"], heads.get("g"))
+                    gates, position, visible = layer_terms(attn, layer_heads(captured, i, attn))
                     # sum over queries of each key's gate, then over keys by class: (B, H, Tk) x (B, Tk, C)
                     sums[i] += torch.einsum("bhk,bkc->hc", gates.double().sum(2), key_class)
                     p = gates.double().flip(-1).cumsum(-1).flip(-1)  # unclamped count from each key to the query
@@ -157,9 +143,7 @@ def _example_maps(model, layers, captured, window: torch.Tensor) -> dict:
     n = min(EXAMPLE_TOKENS, window.shape[0])
     out = {"tokens": window[-n:].tolist(), "layers": []}
     for i, attn in enumerate(layers):
-        heads = {s: _heads(captured[(i, s)], attn.num_heads if s == "q" else attn.num_kv_heads)
-                 for s in ("q", "k", "v", "g") if (i, s) in captured}
-        gates, position, visible = layer_terms(attn, heads["q"], heads["k"], heads["v"], heads.get("g"))
+        gates, position, visible = layer_terms(attn, layer_heads(captured, i, attn))
         weights = softmax_rows(position, visible)
         weights = weights / weights.amax(-1, keepdim=True).clamp(min=1e-30)
         out["layers"].append({"gates": gates[0, :, -n:, -n:].tolist(),
@@ -169,12 +153,7 @@ def _example_maps(model, layers, captured, window: torch.Tensor) -> dict:
 
 def cope_gate_counts(run_dir, split: str = "test", max_tokens: int | None = 16384) -> dict:
     """`model_cope_gates` of the trained run in `run_dir` over its task's held-out `split`."""
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"max_tokens must be a positive int or None (all), got {max_tokens!r}")
-    model, task, cfg = load_run(run_dir)
-    names = task.split_names if hasattr(task, "split_names") else ()
-    if names and split not in names:
-        raise ValueError(f"split must be one of {list(names)} for run {str(run_dir)!r}, got {split!r}")
+    model, task, cfg = load_held_out(run_dir, split, max_tokens)
     if not hasattr(task, "decode"):
         raise ValueError(f"the task {cfg.task!r} of run {str(run_dir)!r} cannot decode its tokens: the gate analysis "
                          "needs a text task")

@@ -14,17 +14,10 @@ from pathlib import Path
 
 import torch
 
-from poskit.training import load_run
-
 from .output import checked_out_dir, write_result
+from .trained import capture_projections, layer_heads, load_held_out
 
 FREQUENCY_JSON, FREQUENCY_PNG = "frequency.json", "frequency.png"
-
-
-def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, T, n_heads * hd) -> (B, n_heads, T, hd), the split poskit.nn.Attention makes."""
-    B, T, width = x.shape
-    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)
 
 
 def model_frequency_usage(model, batches, max_tokens: int | None = None) -> dict:
@@ -43,11 +36,7 @@ def model_frequency_usage(model, batches, max_tokens: int | None = None) -> dict
                              "rope or pope")
         freqs = f if freqs is None else freqs
     sums = [{"q": None, "k": None} for _ in layers]
-    captured: dict = {}
-    hooks = []
-    for i, attn in enumerate(layers):
-        hooks.append(attn.q_proj.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__((i, "q"), out)))
-        hooks.append(attn.k_proj.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__((i, "k"), out)))
+    captured, hooks = capture_projections(layers, ("q", "k"))
     tokens = 0
     try:
         with torch.no_grad():
@@ -58,8 +47,9 @@ def model_frequency_usage(model, batches, max_tokens: int | None = None) -> dict
                     x = x[:rows]
                 model(x)
                 for i, attn in enumerate(layers):
-                    for side, n in (("q", attn.num_heads), ("k", attn.num_kv_heads)):
-                        mags = attn.encoding.component_magnitudes(_heads(captured[(i, side)], n).double())
+                    heads = layer_heads(captured, i, attn)
+                    for side in ("q", "k"):
+                        mags = attn.encoding.component_magnitudes(heads[side].double())
                         total = mags.sum(dim=(0, 2))  # (heads, C): summed over batch and positions
                         sums[i][side] = total if sums[i][side] is None else sums[i][side] + total
                 tokens += x.shape[0] * x.shape[1]
@@ -94,12 +84,7 @@ def _summary(layers: list[dict], freqs: list[float]) -> list[dict]:
 def frequency_usage(run_dir, split: str = "test", max_tokens: int | None = 16384) -> dict:
     """`model_frequency_usage` of the trained run in `run_dir` over its task's held-out `split` (at most
     `max_tokens` tokens), with the run's encoding and a per-layer summary."""
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ValueError(f"max_tokens must be a positive int or None (all), got {max_tokens!r}")
-    model, task, cfg = load_run(run_dir)
-    names = task.split_names if hasattr(task, "split_names") else ()
-    if names and split not in names:
-        raise ValueError(f"split must be one of {list(names)} for run {str(run_dir)!r}, got {split!r}")
+    model, task, cfg = load_held_out(run_dir, split, max_tokens)
     usage = model_frequency_usage(model, task.split(split), max_tokens)
     usage.update(run_dir=str(run_dir), encoding=cfg.model.encoding, encoding_options=cfg.model.encoding_options,
                  task=cfg.task, split=split, summary=_summary(usage["layers"], usage["frequencies"]))

@@ -38,6 +38,20 @@ def _tables(ca, sa, cd, sd, scale):
     return ca, sa
 
 
+def _magnitude(x, kept_mu, softplus: bool):
+    """mu as the forward computed it: the kept softplus(x), else recomputed (x itself without softplus)."""
+    if kept_mu is not None:
+        return kept_mu
+    return F.softplus(x) if softplus else x
+
+
+def _grad_x(dmu, x, scale: float, softplus: bool):
+    """dL/dx from dL/dmu before the scale (multiplied in here, in place), times softplus' = sigmoid(x)."""
+    if scale != 1.0:
+        dmu.mul_(scale)
+    return _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+
+
 class PolarPair(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ca, sa, cd, sd, scale: float, softplus: bool):
@@ -63,7 +77,7 @@ class PolarPair(torch.autograd.Function):
         need_x, need_ca, need_sa, need_cd, need_sd = ctx.needs_input_grad[:5]
         dx = dca = dsa = dcd = dsd = None
         if need_ca or need_sa:  # position tables with a gradient (not poskit's own angle tables): plainly
-            mu = kept_mu if kept_mu is not None else F.softplus(x) if softplus else x
+            mu = _magnitude(x, kept_mu, softplus)
             gc, gs = g_c * mu * scale, g_s * mu * scale
             if cd is None:
                 dca, dsa = _reduce_to(gc, ca.shape), _reduce_to(gs, sa.shape)
@@ -73,17 +87,14 @@ class PolarPair(torch.autograd.Function):
             del mu, gc, gs
         if cd is None:
             if need_x:
-                dmu = torch.addcmul(g_c * ca, g_s, sa)
-                if scale != 1.0:
-                    dmu.mul_(scale)
-                dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+                dx = _grad_x(torch.addcmul(g_c * ca, g_s, sa), x, scale, softplus)
             return dx, dca, dsa, None, None, None, None
         if x.shape[0] >= 2 * ca.shape[0]:
             # tables shared by a batch: the rotated ones are a fraction of x's size, so they are rebuilt and the
             # gradient is taken through them (fewer x-sized operations than the factored form below)
             c, s = _tables(ca, sa, cd, sd, 1.0)
             if need_cd or need_sd:
-                mu = kept_mu if kept_mu is not None else F.softplus(x) if softplus else x
+                mu = _magnitude(x, kept_mu, softplus)
                 gc, gs = _reduce_to(g_c * mu, c.shape), _reduce_to(g_s * mu, s.shape)
                 del mu
                 if need_cd:
@@ -91,10 +102,7 @@ class PolarPair(torch.autograd.Function):
                 if need_sd:
                     dsd = _reduce_to(torch.addcmul(gc * sa, gs, ca, value=-1.0), sd.shape).mul_(scale)
             if need_x:
-                dmu = torch.addcmul(g_c * c, g_s, s)
-                if scale != 1.0:
-                    dmu.mul_(scale)
-                dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+                dx = _grad_x(torch.addcmul(g_c * c, g_s, s), x, scale, softplus)
             return dx, dca, dsa, dcd, dsd, None, None
         # One table per batch row (B = 1, or per-row positions): the rotated tables would be as large as x, so the
         # gradient is taken in terms of the unrotated ones: p = g_c ca + g_s sa and r = g_c sa - g_s ca give
@@ -103,8 +111,9 @@ class PolarPair(torch.autograd.Function):
         p = torch.addcmul(g_c * ca, g_s, sa)
         r = torch.addcmul(g_c * sa, g_s, ca, value=-1.0)
         if need_cd or need_sd:
-            # written in place below: a copy (the kept mu, or x itself without softplus) when it is not fresh
-            mu = F.softplus(x) if softplus and kept_mu is None else (x if kept_mu is None else kept_mu).clone()
+            mu = _magnitude(x, kept_mu, softplus)
+            if mu is x or mu is kept_mu:  # written in place below: a copy of a tensor that is not fresh
+                mu = mu.clone()
             if need_cd:
                 dcd = _reduce_to(p * mu, cd.shape).mul_(scale)
             if need_sd:
@@ -113,9 +122,7 @@ class PolarPair(torch.autograd.Function):
         if need_x:
             dmu = p.mul_(cd).addcmul_(r, sd)
             del r
-            if scale != 1.0:
-                dmu.mul_(scale)
-            dx = _reduce_to(dmu.mul_(torch.sigmoid(x)) if softplus else dmu, x.shape)
+            dx = _grad_x(dmu, x, scale, softplus)
         return dx, dca, dsa, dcd, dsd, None, None
 
 

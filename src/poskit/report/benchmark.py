@@ -9,6 +9,7 @@ printed them) under a part name ("attention", "peers", "decode", ...), with its 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .record import code_info, code_label, machine_info, utc_now
@@ -27,8 +28,6 @@ class BenchmarkFileError(ValueError):
 def start_state() -> dict:
     """What a benchmark document records of the moment its run started: the code (a run outlives edits and
     commits made meanwhile), the date and the load average. Taken before measuring, passed to new_document."""
-    import os
-
     return {"code": code_info(), "date": utc_now(), "load_average": os.getloadavg()[0]}
 
 
