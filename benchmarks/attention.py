@@ -53,31 +53,39 @@ OPTIONS = {
 }
 
 
-def build(name, H, D, dtype, T=None):
+def build(name, H, D, dtype, T=None, device="cpu"):
     options = dict(OPTIONS.get(name, {}))
     if name == "rope-longrope":  # one factor per rotated pair
         options.update(short_factor=[1.0] * (D // 2), long_factor=[4.0] * (D // 2))
     if name == "relative" and T:
         options["max_distance"] = T  # every offset of the sequence has its embedding
-    return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **options).to(dtype)
+    return poskit.build_encoding(name, head_dim=D, num_heads=H, dim=H * D, **options).to(device=device, dtype=dtype)
 
 
-def inputs(B, H, T, D, dtype, grad):
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_(grad) for _ in range(3)]
+def inputs(B, H, T, D, dtype, grad, device="cpu"):
+    g = torch.Generator().manual_seed(0)  # drawn on the CPU, so that every device times the same numbers
+    return [torch.randn(B, H, T, D, generator=g).to(device=device, dtype=dtype).requires_grad_(grad) for _ in range(3)]
 
 
-def runner(fn, q, k, v, mode):
-    if mode == "fwd":
-        def run():
+def runner(fn, q, k, v, mode, calls=1):
+    """One timed sample: `calls` calls of fn (forward, or forward + backward), waiting for the device at the end.
+    A CUDA call returns before its kernels finish, so a sample ends with a synchronize; `calls` > 1 spreads the
+    launch and synchronize overhead of short GPU calls (interleaved_medians' times are then divided by it)."""
+    def call():
+        if mode == "fwd":
             with torch.no_grad():
                 fn(q, k, v)
-    else:
-        def run():
+        else:
             out = fn(q, k, v)
             out.backward(torch.ones_like(out))
             for t in (q, k, v):
                 t.grad = None
+
+    def run():
+        for _ in range(calls):
+            call()
+        if q.is_cuda:
+            torch.cuda.synchronize()
     return run
 
 
@@ -86,12 +94,12 @@ def pope_naive_complex(enc):
     """The obvious implementation: complex q~, k~ (eq. 4-5) and materialised complex logits."""
     def fn(q, k, v):
         T, d = q.shape[2], q.shape[3]
-        pos = torch.arange(T, dtype=torch.float32)[:, None] * enc.inv_freq.float()
+        pos = torch.arange(T, dtype=torch.float32, device=q.device)[:, None] * enc.inv_freq.float()
         delta = enc.clamped_delta(q).float()[:, None, :]
         qc = torch.polar(F.softplus(q.float()), pos.expand_as(q))
         kc = torch.polar(F.softplus(k.float()), (pos + delta).expand_as(k))
         logits = (qc.conj() @ kc.transpose(-1, -2)).real / math.sqrt(d)
-        logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        logits = logits.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         return (logits.softmax(-1) @ v.float()).to(q.dtype)
     return fn
 
@@ -101,7 +109,7 @@ def pope_pytorch_style(enc):
     (unequal head dims: CPU SDPA falls back to its math path)."""
     def fn(q, k, v):
         T = q.shape[2]
-        freqs = torch.arange(T, dtype=torch.float32)[:, None] * enc.inv_freq.float()
+        freqs = torch.arange(T, dtype=torch.float32, device=q.device)[:, None] * enc.inv_freq.float()
         delta = enc.clamped_delta(q).float()[:, None, :]
         mq, mk = F.softplus(q), F.softplus(k)
         q2 = torch.stack((mq * freqs.cos(), mq * freqs.sin()), -1).flatten(-2).to(q.dtype)
@@ -113,7 +121,7 @@ def pope_pytorch_style(enc):
 def pope_padded_sdpa(enc):
     """poskit's Cartesian q/k through SDPA with v zero-padded to 2d (flash kernel, a third of it on zeros)."""
     def fn(q, k, v):
-        pos = torch.arange(q.shape[2])[None]
+        pos = torch.arange(q.shape[2], device=q.device)[None]
         q2, k2 = enc.transform_qk(q, k, pos, pos)
         return F.scaled_dot_product_attention(q2, k2, F.pad(v, (0, q.shape[-1])), is_causal=True,
                                               scale=1 / math.sqrt(q.shape[-1]))[..., : v.shape[-1]]
@@ -122,7 +130,7 @@ def pope_padded_sdpa(enc):
 
 def rope_sdpa_baseline(enc):
     def fn(q, k, v):
-        pos = torch.arange(q.shape[2])[None]
+        pos = torch.arange(q.shape[2], device=q.device)[None]
         q2, k2 = enc.transform_qk(q, k, pos, pos)
         return F.scaled_dot_product_attention(q2, k2, v, is_causal=True)
     return fn
@@ -154,12 +162,13 @@ def without_kernel(enc):
     return fn
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     """One line naming what the numbers were measured on."""
     from poskit.attention import kernel_build
     from poskit.cli.kernel import cpu_model
 
-    return (f"{cpu_model()}, {os.cpu_count()} CPUs, instruction set {kernel_build.isa_level()}, torch "
+    gpu = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), " if device == "cuda" else ""
+    return (f"{gpu}{cpu_model()}, {os.cpu_count()} CPUs, instruction set {kernel_build.isa_level()}, torch "
             f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
             f"{os.getloadavg()[0]:.1f} at the start")
 
@@ -181,13 +190,13 @@ def bench_grid(args):
             dtype = DTYPES[dname]
             for mode in args.modes:
                 grad = mode == "fwdbwd"
-                q, k, v = inputs(B, H, T, D, dtype, grad)
-                cases = [(baseline, rope_sdpa_baseline(build("rope", H, D, dtype)), False)]
+                q, k, v = inputs(B, H, T, D, dtype, grad, args.device)
+                cases = [(baseline, rope_sdpa_baseline(build("rope", H, D, dtype, device=args.device)), False)]
                 for name in names:
-                    enc = build(name, H, D, dtype, T)
+                    enc = build(name, H, D, dtype, T, args.device)
                     absolute = enc.kind == "absolute"
                     if absolute:  # added to the embeddings: inside attention a model uses "none" (attention refuses it)
-                        enc = build("none", H, D, dtype)
+                        enc = build("none", H, D, dtype, device=args.device)
                     path = route(enc, q, k)
                     label = f"{name} [{path}]" + (" (= none in attention)" if absolute else "")
                     fn = (lambda enc: lambda q, k, v: poskit.attention(q, k, v, enc, is_causal=True))(enc)
@@ -200,15 +209,17 @@ def bench_grid(args):
                         heavy = off == "reference" and est_reference_gb(B, H, T) > args.max_gb
                         cases.append((f"{name}, POSKIT_CPU_KERNEL=0 [{off}]", without_kernel(enc), heavy))
                 if "pope" in names and not args.skip_peers:
-                    pope = build("pope", H, D, dtype)
+                    pope = build("pope", H, D, dtype, device=args.device)
                     cases += [
                         ("pope: padded-v SDPA", pope_padded_sdpa(pope), False),
                         ("pope: PoPE-pytorch style", pope_pytorch_style(pope), est_reference_gb(B, H, T) / 3 > args.max_gb),
                         ("pope: naive complex", pope_naive_complex(pope), est_reference_gb(B, H, T) > args.max_gb),
                     ]
-                runs = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
-                times = interleaved_medians(runs, rounds=args.repeats)
-                peaks = {label: allocator_peak_bytes(run) / 2**20 for label, run in runs.items()}
+                runs = {label: runner(fn, q, k, v, mode, args.calls) for label, fn, heavy in cases if not heavy}
+                times = {label: ms / args.calls for label, ms in
+                         interleaved_medians(runs, rounds=args.repeats, warmup=args.warmup).items()}
+                once = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
+                peaks = {label: allocator_peak_bytes(run, args.device) / 2**20 for label, run in once.items()}
                 for label, fn, heavy in cases:
                     if heavy:
                         rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)",
@@ -247,21 +258,30 @@ def decode_step(label, enc, q, k, v):
     """A function running one decode step at position L against L cached keys, rolled back after."""
     L = k.shape[2]
     q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
-    new_position = torch.tensor([L])
+    new_position = torch.tensor([L], device=q.device)
     if label.endswith("Cartesian cache"):
-        decode = CartesianCacheDecode(enc, k, v, torch.arange(L), L + 1)
+        decode = CartesianCacheDecode(enc, k, v, torch.arange(L, device=q.device), L + 1)
 
         def step():
             decode(q1, k1, v1, new_position)
             decode.cache.crop(L)
         return step
     cache = KVCache(num_layers=1, max_length=L + 1)
-    cached_attention(q, k, v, enc, cache, 0, torch.arange(L))  # prefill
+    cached_attention(q, k, v, enc, cache, 0, torch.arange(L, device=q.device))  # prefill
 
     def step():
         cached_attention(q1, k1, v1, enc, cache, 0, new_position)
         cache.crop(L)  # roll back so that every timed step sees L cached keys
     return step
+
+
+def synchronized(step):
+    """step, waiting for the device's queued kernels at its end (a no-op on the CPU)."""
+    def run():
+        step()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    return run
 
 
 def bench_decode(args):
@@ -272,11 +292,12 @@ def bench_decode(args):
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:
-            q, k, v = inputs(B, H, L, D, dtype, False)
+            q, k, v = inputs(B, H, L, D, dtype, False, args.device)
             with torch.no_grad():
-                steps = {label: decode_step(label, build(name, H, D, dtype), q, k, v) for label, name in forms}
+                steps = {label: synchronized(decode_step(label, build(name, H, D, dtype, device=args.device), q, k, v))
+                         for label, name in forms}
                 times = interleaved_medians(steps, rounds=args.repeats * 5, warmup=3)
-                peaks = {label: allocator_peak_bytes(step) / 2**20 for label, step in steps.items()}
+                peaks = {label: allocator_peak_bytes(step, args.device) / 2**20 for label, step in steps.items()}
             for label, _ in forms:
                 ms = times[label]
                 rows.append(dict(dtype=dname, cache=L, encoding=label, ms_per_step=f"{ms:.3f}",
@@ -312,6 +333,14 @@ def main(argv=None):
     p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
     p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the tensors live: cuda times poskit's GPU paths (the fused Triton kernels) against "
+                        "RoPE + SDPA's flash kernel")
+    p.add_argument("--calls", type=int, default=None,
+                   help="calls per timed sample, the sample's time divided by it (default 1 on cpu, 20 on cuda, "
+                        "where one call is too short to time alone)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed samples per path before the rounds (compilation, "
+                   "autotuning, allocator)")
     p.add_argument("--without-kernel", action="store_true",
                    help="beside each row on the compiled CPU kernel (the default path where it serves), the same "
                         "encoding with it switched off (POSKIT_CPU_KERNEL=0: the path without a compiler)")
@@ -337,6 +366,15 @@ def main(argv=None):
             check_results_path(args.json)  # before hours of measuring, not after
         except ValueError as e:
             p.error(f"--json: {e}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    if args.calls is None:
+        args.calls = 20 if args.device == "cuda" else 1
+    for flag in ("calls", "repeats"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be 0 or more, got {args.warmup}")
     if args.quick:
         args.B, args.T, args.shapes, args.dtypes, args.repeats = 2, [256], None, ["fp32"], 1
         args.decode_lengths, args.decode_dtypes = [256], ["fp32"]
@@ -344,9 +382,9 @@ def main(argv=None):
         args.shapes = [(args.B, T) for T in args.T]
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# attention benchmark on {machine()}\n")
+    print(f"# attention benchmark on {machine(args.device)}\n")
     print(f"# shapes (B, T) {args.shapes}, H={args.H} d={args.D}, torch {torch.__version__}, {torch.get_num_threads()} "
-          f"threads; medians of {args.repeats} interleaved rounds; glibc keeps freed memory (benchmarks/_harness.py)\n")
+          f"threads, device {args.device}; medians of {args.repeats} interleaved rounds of {args.calls} call(s); glibc keeps freed memory (benchmarks/_harness.py)\n")
     grid_columns = ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]
     peer_columns = ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]
     decode_columns = ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope", "peak_MB"]
@@ -370,7 +408,8 @@ def main(argv=None):
         settings = {"shapes": [list(s) for s in args.shapes], "H": args.H, "D": args.D, "dtypes": args.dtypes,
                     "modes": args.modes, "encodings": args.encodings, "repeats": args.repeats,
                     "without_kernel": args.without_kernel, "decode_lengths": args.decode_lengths,
-                    "decode_dtypes": args.decode_dtypes, "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
+                    "decode_dtypes": args.decode_dtypes, "device": args.device, "calls": args.calls,
+                    "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
         write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started, start)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import allocator_peak_bytes, keep_freed_memory  # noqa: E402
+from _harness import allocator_peak_bytes, check_results_path, keep_freed_memory, write_results  # noqa: E402
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
@@ -107,7 +107,20 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true",
                    help="wrap every model in torch.compile (inductor); the warm-up steps include the compilation")
     p.add_argument("--quick", action="store_true", help="2 timed steps, 1 round, 1 warm-up step: a check that it runs")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write the table as a benchmark document (docs/results/NAME/benchmark.json, part "
+                        "train_step: `poskit report` renders it where a docs page has a table=benchmark marker)")
+    started = time.perf_counter()
+    from poskit.report.benchmark import start_state
+
+    start = start_state()
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    if args.json:
+        try:
+            check_results_path(args.json)
+        except ValueError as e:
+            p.error(f"--json: {e}")
     if args.quick:
         args.steps, args.rounds = 2, 1
     for flag in ("batch_size", "context", "steps", "rounds", "threads"):
@@ -141,7 +154,14 @@ def main(argv=None) -> None:
           f"layers d_model {LM_MODEL['d_model']} {LM_MODEL['n_heads']} heads, batch {args.batch_size} x context "
           f"{args.context}, {args.device}, {args.threads} thread(s), median of {args.rounds} rounds x {args.steps} "
           f"steps{', torch.compile' if args.compile else ''}\n")
-    print(markdown_table(["encoding", "ms/step", "tokens/s", "tokens/s vs rope", "peak MiB", "peak vs rope"], rows))
+    columns = ["encoding", "ms/step", "tokens/s", "tokens/s vs rope", "peak MiB", "peak vs rope"]
+    print(markdown_table(columns, rows))
+    if args.json:
+        settings = {"encodings": names, "batch_size": args.batch_size, "context": args.context, "steps": args.steps,
+                    "rounds": args.rounds, "device": args.device, "compile": args.compile,
+                    "model": {k: LM_MODEL[k] for k in ("n_layers", "d_model", "n_heads")}}
+        parts = {"train_step": {"columns": columns, "rows": [dict(zip(columns, row)) for row in rows]}}
+        write_results(args.json, "benchmarks/train_step.py", raw_argv, settings, parts, started, start)
 
 
 if __name__ == "__main__":

@@ -124,3 +124,73 @@ def test_the_document_records_the_code_and_load_of_the_runs_start(tmp_path, monk
     module.main([*QUICK, "--json", str(path)])
     assert state["measured"]
     assert read_document(path)["code"]["git_commit"] == "before"
+
+
+def test_a_checkout_copied_without_git_records_the_commit_it_is_given(tmp_path, monkeypatch):
+    # a benchmark machine gets the tree without its .git: the commit comes from POSKIT_CODE_COMMIT, dirtiness unknown
+    import subprocess
+
+    from poskit.report import record
+
+    real_run = subprocess.run
+
+    def no_git(cmd, *args, **kwargs):
+        if cmd[0] == "git":
+            return subprocess.CompletedProcess(cmd, 128, "", "fatal: not a git repository")
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(record.subprocess, "run", no_git)
+    monkeypatch.delenv(record.CODE_COMMIT_ENV, raising=False)
+    assert record.code_info()["git_commit"] is None
+    monkeypatch.setenv(record.CODE_COMMIT_ENV, "abc1234def")
+    info = record.code_info()
+    assert info["git_commit"] == "abc1234def" and info["dirty"] is None
+    assert record.code_label(info).endswith("(abc1234)")
+
+
+def test_a_gpu_document_names_the_gpu_and_a_cpu_document_does_not(document):
+    from poskit.report.benchmark import provenance
+
+    doc = read_document(document)
+    doc["machine"]["gpu"] = "NVIDIA H100 80GB HBM3 (CUDA 13.0)"
+    assert "NVIDIA H100" not in provenance(doc, "x")  # measured on the CPU of a machine that has a GPU
+    doc["settings"]["device"] = "cuda"
+    assert "· NVIDIA H100 80GB HBM3 (CUDA 13.0) and " in provenance(doc, "x")
+
+
+def test_cuda_without_a_gpu_and_bad_counts_are_refused_before_measuring(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv, message in (([*QUICK, "--device", "cuda"], "--device cuda: torch sees no CUDA device"),
+                          ([*QUICK, "--calls", "0"], "--calls must be a positive integer, got 0"),
+                          ([*QUICK, "--warmup", "-1"], "--warmup must be 0 or more, got -1")):
+        with pytest.raises(SystemExit):
+            _attention_benchmark().main(argv)
+        err = capsys.readouterr()
+        assert message in err.err and "attention benchmark on" not in err.out
+
+
+def test_calls_per_sample_divide_the_sample(monkeypatch):
+    # each timed sample makes `calls` calls; the row reports one call's time
+    module = _attention_benchmark()
+    monkeypatch.setattr(module, "interleaved_medians", lambda runs, rounds, warmup: {k: 30.0 for k in runs})
+    import argparse
+
+    args = argparse.Namespace(H=2, D=8, shapes=[(1, 16)], dtypes=["fp32"], modes=["fwd"], encodings="rope",
+                              repeats=1, warmup=0, calls=3, device="cpu", max_gb=1.0, without_kernel=False,
+                              skip_peers=True)
+    rows, _ = module.bench_grid(args)
+    assert [r["ms"] for r in rows] == ["10.0", "10.0"]
+
+
+def test_train_step_writes_a_benchmark_document(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_train_step", BENCH.parent / "train_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "docs" / "results" / "bench-t" / "benchmark.json"
+    module.main(["--quick", "--encodings", "rope,alibi", "--json", str(path)])
+    doc = read_document(path)
+    rows = doc["parts"]["train_step"]["rows"]
+    assert [r["encoding"] for r in rows] == ["rope", "alibi"] and rows[0]["tokens/s vs rope"] == "1.00"
+    assert doc["settings"]["device"] == "cpu" and doc["command"].startswith("python benchmarks/train_step.py --quick")

@@ -78,8 +78,9 @@ def provenance(doc: dict, results_link: str) -> str:
     m = doc["machine"]
     wall = doc.get("wall_seconds")
     date = doc["date"].replace("T", " ").rstrip("Z")
+    gpu = f"{m['gpu']} and " if doc["settings"].get("device") == "cuda" and m.get("gpu") else ""
     return (f"*Measured by `{doc['command']}` · poskit {code_label(doc['code'])} · {date} "
-            f"UTC · {m.get('cpu')}, {m.get('cores')} cores, instruction set {m.get('isa')}, "
+            f"UTC · {gpu}{m.get('cpu')}, {m.get('cores')} cores, instruction set {m.get('isa')}, "
             f"threads: {m.get('threads')}, torch {m.get('torch')}, load average {m.get('load_average')} at the start"
             + (f" · wall time {wall / 60:.1f} min" if isinstance(wall, (int, float)) else "")
             + f" · [results]({results_link})*")

@@ -111,6 +111,9 @@ def relative_to(path, base) -> str:
 
 # ---------------------------------------------------------------------------------------------- provenance
 
+CODE_COMMIT_ENV = "POSKIT_CODE_COMMIT"
+
+
 def code_info() -> dict:
     """poskit's version and, when the package is imported from a git checkout, its commit and whether the
     package's files differ from it (tracked changes or new files under the package directory)."""
@@ -118,15 +121,18 @@ def code_info() -> dict:
 
     pkg = Path(poskit.__file__).resolve().parent
     info = {"poskit_version": poskit.__version__, "git_commit": None, "dirty": None}
+    # a copy of a checkout without its .git (the tree sent to a benchmark machine) names its commit here; whether
+    # the copy differs from it stays unknown
+    given = os.environ.get(CODE_COMMIT_ENV, "").strip()
     try:
         commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=20)
         if commit.returncode != 0:
-            return info
+            return {**info, "git_commit": given or None}
         status = subprocess.run(["git", "-C", str(pkg), "status", "--porcelain", "--", "."], capture_output=True,
                                 text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):  # no git, or it hangs: the version alone
-        return info
+    except (OSError, subprocess.SubprocessError):  # no git, or it hangs: the version (and a commit given) alone
+        return {**info, "git_commit": given or None}
     info["git_commit"] = commit.stdout.strip()
     info["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     return info
@@ -152,11 +158,15 @@ def _cpu_model() -> str:
 
 
 def machine_info() -> dict:
-    """The CPU model, its core count, torch's and Python's versions and the OS (no host name, no paths)."""
+    """The CPU model, its core count, torch's and Python's versions, the OS and the GPU where torch sees one (no
+    host name, no paths)."""
     import torch
 
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+    info = {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
+    if torch.cuda.is_available():
+        info["gpu"] = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return info
 
 
 def utc_now() -> str:

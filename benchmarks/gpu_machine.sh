@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Everything poskit measures on a machine with a CUDA GPU, in one command (such machines are lent by the hour):
+#   1. the GPU's attention table: poskit's default GPU paths (the fused Triton PoPE and CoPE kernels among them)
+#      against RoPE + SDPA's flash kernel at the same shapes, forward and forward + backward;
+#   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
+#   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
+#      CPU paths at the speed goals' shapes, decode at 8k keys and the demo LM's training step.
+# The GPU table and tests run one after the other (the tests would disturb the timings); the CPU runs go beside
+# them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
+#
+#     OUT=some/dir bash benchmarks/gpu_machine.sh
+#
+# Writes OUT/env.txt (GPU, CPU, compiler, versions), OUT/<part>/benchmark.json (benchmark documents: copied to
+# docs/results/bench-<what>-<machine>/ they become committed evidence that `poskit report` renders) and
+# OUT/logs.tar.gz. POSKIT_CODE_COMMIT names the commit when the checkout travels without its .git.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the directory the results go to}"
+mkdir -p "$OUT/logs"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+LOGS="$OUT/logs"
+start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
+
+# pin a command to two cores when the machine has them (and taskset exists), else run it as it is
+pinned() {
+    local cores=$1; shift
+    if command -v taskset >/dev/null && [ "$(nproc)" -ge 16 ]; then taskset -c "$cores" "$@"; else "$@"; fi
+}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+    lscpu 2>&1 | grep -E '^(Model name|Vendor ID|CPU\(s\)|Thread|Core|Socket|L2|L3|Flags)'
+    "$PY" -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
+"cuda", torch.version.cuda, "triton", triton.__version__, "gpu", torch.cuda.get_device_name())' 2>&1
+    ${CXX:-c++} --version 2>&1 | head -1
+} > "$OUT/env.txt"
+cat "$OUT/env.txt"
+
+stamp "building the CPU kernel"
+pinned 8-15 "$PY" -m poskit.cli kernel build > "$LOGS/kernel-build.log" 2>&1
+stamp "kernel build rc=$?"; tail -3 "$LOGS/kernel-build.log"
+
+cpu_attention() {
+    pinned 8,9 timeout 420 "$PY" benchmarks/attention.py --shapes 1x4096,8x1024 --dtypes fp32,bf16 --modes fwdbwd \
+        --encodings pope,alibi,cope,relative-capped --skip-peers --skip-decode --threads 2 --repeats 3 \
+        --json "$OUT/cpu-attention/benchmark.json" > "$LOGS/cpu-attention.log" 2>&1
+    stamp "cpu attention rc=$?"
+}
+cpu_decode() {
+    pinned 10,11 timeout 420 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
+        --threads 2 --repeats 3 --json "$OUT/cpu-decode/benchmark.json" > "$LOGS/cpu-decode.log" 2>&1
+    stamp "cpu decode rc=$?"
+}
+cpu_train_step() {
+    pinned 12,13 timeout 420 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
+        --threads 2 --json "$OUT/cpu-train-step/benchmark.json" > "$LOGS/cpu-train-step.log" 2>&1
+    stamp "cpu train step rc=$?"
+}
+gpu() {
+    pinned 0-7 timeout 300 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
+        --dtypes bf16,fp32 --modes fwd,fwdbwd --encodings pope,cope,alibi,relative-capped --repeats 10 --warmup 2 \
+        --decode-lengths 8192 --decode-dtypes bf16 --json "$OUT/gpu-attention/benchmark.json" \
+        > "$LOGS/gpu-attention.log" 2>&1
+    stamp "gpu attention rc=$?"
+    pinned 0-7 timeout 200 "$PY" -m pytest -q -p no:cacheprovider --maxfail 20 tests/test_triton_pope.py \
+        tests/test_triton_cope.py tests/test_pope_decode.py tests/test_engine.py tests/test_plan.py \
+        > "$LOGS/gpu-tests.log" 2>&1
+    stamp "gpu tests rc=$?"
+}
+
+cpu_tests() {  # the kernel against the float64 reference, built for this CPU's instruction set
+    pinned 14,15 timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cpu_flash.py \
+        > "$LOGS/cpu-kernel-tests.log" 2>&1
+    stamp "cpu kernel tests rc=$?"
+}
+
+cpu_attention & cpu_decode & cpu_train_step & cpu_tests & gpu &
+wait
+stamp "all parts ended"
+for f in "$LOGS"/*.log; do echo "== $f"; tail -25 "$f"; done
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$LOGS"
