@@ -44,28 +44,28 @@ pinned 8-15 "$PY" -m poskit.cli kernel build > "$LOGS/kernel-build.log" 2>&1
 stamp "kernel build rc=$?"; tail -3 "$LOGS/kernel-build.log"
 
 cpu_attention() {
-    pinned 8,9 timeout 420 "$PY" benchmarks/attention.py --shapes 1x4096,8x1024 --dtypes fp32,bf16 --modes fwdbwd \
+    pinned 8,9 timeout 400 "$PY" benchmarks/attention.py --shapes 1x4096,8x1024 --dtypes fp32,bf16 --modes fwdbwd \
         --encodings pope,alibi,cope,relative-capped --skip-peers --skip-decode --threads 2 --repeats 3 \
         --json "$OUT/cpu-attention/benchmark.json" > "$LOGS/cpu-attention.log" 2>&1
     stamp "cpu attention rc=$?"
 }
 cpu_decode() {
-    pinned 10,11 timeout 420 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
+    pinned 10,11 timeout 400 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
         --threads 2 --repeats 3 --json "$OUT/cpu-decode/benchmark.json" > "$LOGS/cpu-decode.log" 2>&1
     stamp "cpu decode rc=$?"
 }
 cpu_train_step() {
-    pinned 12,13 timeout 420 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
+    pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
         --threads 2 --json "$OUT/cpu-train-step/benchmark.json" > "$LOGS/cpu-train-step.log" 2>&1
     stamp "cpu train step rc=$?"
 }
 gpu() {
-    pinned 0-7 timeout 300 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
+    pinned 0-7 timeout 240 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
         --dtypes bf16,fp32 --modes fwd,fwdbwd --encodings pope,cope,alibi,relative-capped --repeats 10 --warmup 2 \
         --decode-lengths 8192 --decode-dtypes bf16 --json "$OUT/gpu-attention/benchmark.json" \
         > "$LOGS/gpu-attention.log" 2>&1
     stamp "gpu attention rc=$?"
-    pinned 0-7 timeout 200 "$PY" -m pytest -q -p no:cacheprovider --maxfail 20 tests/test_triton_pope.py \
+    pinned 0-7 timeout 180 "$PY" -m pytest -q -p no:cacheprovider --maxfail 20 tests/test_triton_pope.py \
         tests/test_triton_cope.py tests/test_pope_decode.py tests/test_engine.py tests/test_plan.py \
         > "$LOGS/gpu-tests.log" 2>&1
     stamp "gpu tests rc=$?"
