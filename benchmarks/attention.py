@@ -173,6 +173,20 @@ def machine(device: str = "cpu") -> str:
             f"{os.getloadavg()[0]:.1f} at the start")
 
 
+def failures(runs: dict) -> dict:
+    """{label: "failed: <error>"} for the runs whose one untimed call raises (a kernel that does not compile on
+    this machine, say), so that the others are still measured."""
+    failed = {}
+    for label, run in runs.items():
+        try:
+            run()
+        except Exception as e:  # any error: the row reports it
+            first = (str(e).strip().splitlines() or [""])[-1][:160]
+            failed[label] = f"failed: {type(e).__name__}: {first}"
+            print(f"{label}: {failed[label]}", file=sys.stderr, flush=True)
+    return failed
+
+
 PEERS = ("pope: padded-v SDPA", "pope: PoPE-pytorch style", "pope: naive complex")
 
 
@@ -215,15 +229,21 @@ def bench_grid(args):
                         ("pope: PoPE-pytorch style", pope_pytorch_style(pope), est_reference_gb(B, H, T) / 3 > args.max_gb),
                         ("pope: naive complex", pope_naive_complex(pope), est_reference_gb(B, H, T) > args.max_gb),
                     ]
-                runs = {label: runner(fn, q, k, v, mode, args.calls) for label, fn, heavy in cases if not heavy}
+                once = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
+                failed = failures(once)  # a path that raises gets its error in the table, not the run's end
+                runs = {label: runner(fn, q, k, v, mode, args.calls) for label, fn, heavy in cases
+                        if not heavy and label not in failed}
                 times = {label: ms / args.calls for label, ms in
                          interleaved_medians(runs, rounds=args.repeats, warmup=args.warmup).items()}
-                once = {label: runner(fn, q, k, v, mode) for label, fn, heavy in cases if not heavy}
-                peaks = {label: allocator_peak_bytes(run, args.device) / 2**20 for label, run in once.items()}
+                peaks = {label: allocator_peak_bytes(once[label], args.device) / 2**20 for label in runs}
                 for label, fn, heavy in cases:
                     if heavy:
                         rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms="skipped (memory)",
                                          peak_MB=f"~{est_reference_gb(B, H, T) * 1024:.0f} (estimated)"))
+                        continue
+                    if label in failed:
+                        rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms=failed[label]))
+                        print(rows[-1], file=sys.stderr, flush=True)
                         continue
                     rows.append(dict(B=B, T=T, dtype=dname, mode=mode, path=label, ms=f"{times[label]:.1f}",
                                      ratio=f"{times[label] / times[baseline]:.2f}", peak_MB=f"{peaks[label]:.0f}",

@@ -9,6 +9,9 @@
 # them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
 #
 #     OUT=some/dir bash benchmarks/gpu_machine.sh
+#     OUT=some/dir PARTS="gpu gpu-tests" GPU_DTYPES=bf16 bash benchmarks/gpu_machine.sh   # some parts only
+#
+# PARTS: any of gpu (the GPU table), gpu-tests, cpu (the CPU tables and the kernel's tests); default all.
 #
 # Writes OUT/env.txt (GPU, CPU, compiler, versions), OUT/<part>/benchmark.json (benchmark documents: copied to
 # docs/results/bench-<what>-<machine>/ they become committed evidence that `poskit report` renders) and
@@ -39,9 +42,11 @@ pinned() {
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
 
-stamp "building the CPU kernel"
-pinned 8-15 "$PY" -m poskit.cli kernel build > "$LOGS/kernel-build.log" 2>&1
-stamp "kernel build rc=$?"; tail -3 "$LOGS/kernel-build.log"
+if has cpu; then
+    stamp "building the CPU kernel"
+    pinned 8-15 "$PY" -m poskit.cli kernel build > "$LOGS/kernel-build.log" 2>&1
+    stamp "kernel build rc=$?"; tail -3 "$LOGS/kernel-build.log"
+fi
 
 cpu_attention() {
     pinned 8,9 timeout 400 "$PY" benchmarks/attention.py --shapes 1x4096,8x1024 --dtypes fp32,bf16 --modes fwdbwd \
@@ -60,16 +65,18 @@ cpu_train_step() {
     stamp "cpu train step rc=$?"
 }
 gpu() {
-    pinned 0-7 timeout 240 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
-        --dtypes bf16,fp32 --modes fwd,fwdbwd --encodings pope,cope,alibi,relative-capped --repeats 10 --warmup 2 \
+    pinned 0-7 timeout 200 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
+        --dtypes "${GPU_DTYPES:-bf16,fp32}" --modes fwd,fwdbwd --encodings pope,cope,alibi,relative-capped --repeats 10 --warmup 2 \
         --decode-lengths 8192 --decode-dtypes bf16 --json "$OUT/gpu-attention/benchmark.json" \
         > "$LOGS/gpu-attention.log" 2>&1
     stamp "gpu attention rc=$?"
-    pinned 0-7 timeout 180 "$PY" -m pytest -q -p no:cacheprovider --maxfail 20 tests/test_triton_pope.py \
-        tests/test_triton_cope.py tests/test_pope_decode.py tests/test_engine.py tests/test_plan.py \
-        > "$LOGS/gpu-tests.log" 2>&1
+}
+gpu_tests() {  # compiling the kernels for the GPU takes seconds per test: spread over the cores (pytest-xdist)
+    pinned 0-13 timeout 200 "$PY" -m pytest -q -p no:cacheprovider -n 14 --timeout 150 -rfE \
+        tests/test_triton_pope.py tests/test_triton_cope.py > "$LOGS/gpu-tests.log" 2>&1
     stamp "gpu tests rc=$?"
 }
+has() { case " ${PARTS:-gpu gpu-tests cpu} " in *" $1 "*) return 0;; esac; return 1; }
 
 cpu_tests() {  # the kernel against the float64 reference, built for this CPU's instruction set
     pinned 14,15 timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cpu_flash.py \
@@ -77,7 +84,9 @@ cpu_tests() {  # the kernel against the float64 reference, built for this CPU's 
     stamp "cpu kernel tests rc=$?"
 }
 
-cpu_attention & cpu_decode & cpu_train_step & cpu_tests & gpu &
+if has cpu; then cpu_attention & cpu_decode & cpu_train_step & cpu_tests & fi
+# the tests run after the GPU table, whose timings they would disturb
+{ if has gpu; then gpu; fi; if has gpu-tests; then gpu_tests; fi; } &
 wait
 stamp "all parts ended"
 for f in "$LOGS"/*.log; do echo "== $f"; tail -25 "$f"; done

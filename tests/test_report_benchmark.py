@@ -194,3 +194,25 @@ def test_train_step_writes_a_benchmark_document(tmp_path):
     rows = doc["parts"]["train_step"]["rows"]
     assert [r["encoding"] for r in rows] == ["rope", "alibi"] and rows[0]["tokens/s vs rope"] == "1.00"
     assert doc["settings"]["device"] == "cpu" and doc["command"].startswith("python benchmarks/train_step.py --quick")
+
+
+def test_a_path_that_fails_is_reported_and_the_others_are_still_measured(monkeypatch):
+    # a kernel that does not compile on the machine (seen: a Triton pipeliner error on an H100) must not end the run
+    import argparse
+
+    module = _attention_benchmark()
+    real = module.poskit.attention
+
+    def attention(q, k, v, enc, **kwargs):
+        if enc.name == "alibi":
+            raise RuntimeError("compiler says no\nPassManager::run failed")
+        return real(q, k, v, enc, **kwargs)
+
+    monkeypatch.setattr(module.poskit, "attention", attention)
+    args = argparse.Namespace(H=2, D=8, shapes=[(1, 16)], dtypes=["fp32"], modes=["fwd"], encodings="alibi,rope",
+                              repeats=1, warmup=0, calls=1, device="cpu", max_gb=1.0, without_kernel=False,
+                              skip_peers=True)
+    rows, _ = module.bench_grid(args)
+    by_path = {r["path"].split(" [")[0]: r for r in rows}
+    assert by_path["alibi"]["ms"] == "failed: RuntimeError: PassManager::run failed" and "ratio" not in by_path["alibi"]
+    assert float(by_path["rope"]["ms"]) > 0 and by_path["rope"]["ratio"]

@@ -393,6 +393,11 @@ def _stand_ins(k, gk, z, slopes, kpad, lse, kv_end):
             slopes if slopes is not None else lse, kpad if kpad is not None else kv_end)
 
 
+# The key loops run without software pipelining: on an H100 (Triton 3.6) pipelining them fails to compile
+# ("'ttng.warp_group_dot' op pipeliner doesn't know how to predicate this op").
+KEY_LOOP_STAGES = 1
+
+
 def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_f, causal, scale, p_max, blocks, num_warps):
     L = _setup(q, k, v)
     bm, bn = blocks[0], blocks[1]
@@ -410,7 +415,7 @@ def _launch_fwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_f, causal, scal
         CAUSAL=causal, HAS_PAD=kpad is not None, SEP_GATES=gk is not None, ALIBI=slopes is not None,
         PRECISION=L.precision, DOT_DTYPE=L.dot_dtype,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
-        num_warps=num_warps,
+        num_warps=num_warps, num_stages=KEY_LOOP_STAGES,
     )
     return o, lse, gtot
 
@@ -443,7 +448,7 @@ def _launch_bwd(q, k, v, gk, z, slopes, qpos, kpos, kpad, kv_end_b, o, lse, gtot
         CAUSAL=causal, HAS_PAD=kpad is not None, SEP_GATES=sep, ALIBI=alibi,
         PRECISION=L.precision, DOT_DTYPE=L.dot_dtype,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
-        num_warps=num_warps,
+        num_warps=num_warps, num_stages=KEY_LOOP_STAGES,
     )
     # custom ops can neither return None nor one tensor twice: each absent input gets its own empty gradient
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
