@@ -26,6 +26,8 @@ LOGS="$OUT/logs"
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
 
+has() { case " ${PARTS:-gpu gpu-tests cpu} " in *" $1 "*) return 0;; esac; return 1; }
+
 # pin a command to two cores when the machine has them (and taskset exists), else run it as it is
 pinned() {
     local cores=$1; shift
@@ -76,7 +78,6 @@ gpu_tests() {  # compiling the kernels for the GPU takes seconds per test: sprea
         tests/test_triton_pope.py tests/test_triton_cope.py > "$LOGS/gpu-tests.log" 2>&1
     stamp "gpu tests rc=$?"
 }
-has() { case " ${PARTS:-gpu gpu-tests cpu} " in *" $1 "*) return 0;; esac; return 1; }
 
 cpu_tests() {  # the kernel against the float64 reference, built for this CPU's instruction set
     pinned 14,15 timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cpu_flash.py \

@@ -353,3 +353,34 @@ def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_war
     assert torch.equal(new, old)
     with pytest.raises(TypeError, match="missing the keyword argument 'is_causal'"):
         pope_attention_triton(*args, **kw)
+
+
+def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_is_retried_smaller(monkeypatch):
+    # seen on an H100: fp32 tiles at head dim 128 asked for 262656 bytes of its 232448; the launch must shrink
+    # (pipeline stages, then key blocks) and remember what fitted, not fail
+    from triton.runtime.errors import OutOfResources
+
+    from poskit.attention import triton_pope as tp
+
+    monkeypatch.setattr(tp, "_FITTED", {})
+    device = torch.device("cuda", 0)  # the configuration of a GPU; nothing is launched on it here
+    tried = []
+
+    def launch(bm, bn, warps, stages):
+        tried.append((bm, bn, warps, stages))
+        if stages * bn * 128 * 4 * 3 > 120_000:  # a stand-in for the shared memory the tiles need
+            raise OutOfResources(300_000, 232_448, "shared memory")
+        return "ran"
+
+    assert tp._launch_fitting("fwd", 128, device, 1000, torch.float32, launch) == "ran"
+    assert tried == [(128, 64, 8, 2), (128, 64, 8, 1)]
+    assert tp._config("fwd", 128, device, 1000, torch.float32) == (128, 64, 8, 1)  # remembered
+    assert tp._config("fwd", 128, device, 1000, torch.bfloat16) == (128, 64, 8, 2)  # per dtype
+    assert tp._config("fwd", 128, device, 5, torch.float32) == (16, 64, 8, 1)  # few queries: BLOCK_M down to 16
+
+    def never(*config):
+        raise OutOfResources(10**9, 232_448, "shared memory")
+
+    with pytest.raises(OutOfResources):
+        tp._launch_fitting("bwd_dq", 64, device, 1000, torch.float32, never)
+    assert tp._FITTED[("bwd_dq", 64, torch.float32, "cuda:0")] == (16, 16, 4, 1)  # shrunk to the end, then raised

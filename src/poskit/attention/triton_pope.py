@@ -77,20 +77,64 @@ GQA_DKDV_MODE: str = "auto"
 # ---------------------------------------------------------------------------
 # launch set-up
 # ---------------------------------------------------------------------------
-def _config(kind: str, block_d: int, device: torch.device, tq: int):
+def _config(kind: str, block_d: int, device: torch.device, tq: int, dtype: torch.dtype = torch.float32):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a kernel.
 
     BLOCK_M indexes queries and BLOCK_N keys in every kernel.  Chosen by the
     padded head dim; untuned guesses for H100-class GPUs (sweep with
-    benchmarks/triton_pope.py and set BLOCK_CONFIG_OVERRIDE)."""
+    benchmarks/triton_pope.py and set BLOCK_CONFIG_OVERRIDE), reduced where a
+    launch found that they do not fit the GPU's shared memory (_launch_fitting)."""
     if kind in BLOCK_CONFIG_OVERRIDE:
         return tuple(BLOCK_CONFIG_OVERRIDE[kind])
     if device.type != "cuda":  # interpreter: small blocks are fastest
         return (32, 32, 4, 1)
-    bm, bn, warps, stages = _gpu_config(kind, block_d)
+    bm, bn, warps, stages = _FITTED.get(_fit_key(kind, block_d, dtype, device)) or _gpu_config(kind, block_d)
     if kind != "bwd_dkdv":  # few queries (decode): don't waste a 128-row tile
         bm = min(bm, next_pow2(tq))
     return bm, bn, warps, stages
+
+
+# (kernel, padded head dim, dtype, device) -> the configuration a launch shrank the default to
+_FITTED: dict = {}
+
+
+def _fit_key(kind, block_d, dtype, device):
+    return kind, block_d, dtype, str(device)
+
+
+def _smaller(config):
+    """The next configuration to try when `config` needs more shared memory than the GPU has: fewer pipeline
+    stages first, then smaller key blocks, then smaller query blocks; None when nothing is left to shrink."""
+    bm, bn, warps, stages = config
+    if stages > 1:
+        return bm, bn, warps, stages - 1
+    if bn > 16:
+        return bm, bn // 2, warps, stages
+    if bm > 16:
+        return bm // 2, bn, warps, stages
+    return None
+
+
+def _launch_fitting(kind, block_d, device, tq, dtype, launch):
+    """launch(BM, BN, warps, stages) with the kernel's configuration, shrunk (_smaller) for as long as Triton
+    refuses it for want of shared memory. The refusal comes when the compiled kernel is loaded, before anything
+    runs, so a retry starts from clean outputs. The defaults were chosen on an H100 for bf16; fp32 tiles at head
+    dims 128 and 256 need more than its 227 KiB, and other GPUs have less. What fitted is remembered (_FITTED)."""
+    from triton.runtime.errors import OutOfResources
+
+    key = _fit_key(kind, block_d, dtype, device)
+    first = config = _config(kind, block_d, device, tq, dtype)
+    while True:
+        try:
+            return launch(*config)
+        except OutOfResources:
+            config = _smaller(config) if kind not in BLOCK_CONFIG_OVERRIDE else None
+            if config is None:
+                raise
+            # remembered for every call: BLOCK_M as the default had it unless this shrink lowered it (a call
+            # with few queries starts from a lower BLOCK_M than the default)
+            remembered_bm = (_FITTED.get(key) or _gpu_config(kind, block_d))[0] if config[0] == first[0] else config[0]
+            _FITTED[key] = (remembered_bm, *config[1:])
 
 
 def _gpu_config(kind: str, block_d: int):
@@ -185,12 +229,21 @@ def _causal_bounds(bounds_fn, causal, q_positions, k_positions, stand_in, *block
 def _launch_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
                 key_padding_mask, causal, scale, softplus):
     L = _setup(q, k, v)
-    BM, BN, warps, stages = _config("fwd", L.block_d, q.device, L.Tq)
     pcos, psin = _phase_tables(delta)
     out = torch.empty((L.B, L.H, L.Tq, L.Dv), device=q.device, dtype=q.dtype)
     lse = torch.empty((L.B, L.H, L.Tq), device=q.device, dtype=torch.float32)
-    bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
     pad, pad_strides = _padding(key_padding_mask, pcos)
+    _launch_fitting("fwd", L.block_d, q.device, L.Tq, q.dtype,
+                    lambda BM, BN, warps, stages: _fwd_kernel(L, q, k, v, pcos, psin, q_cos, q_sin, k_cos, k_sin,
+                                                              q_positions, k_positions, pad, pad_strides, out, lse,
+                                                              causal, scale, softplus, key_padding_mask, BM, BN,
+                                                              warps, stages))
+    return out, lse
+
+
+def _fwd_kernel(L, q, k, v, pcos, psin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, pad_strides,
+                out, lse, causal, scale, softplus, key_padding_mask, BM, BN, warps, stages):
+    bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
     _pope_fwd_kernel[(cdiv(L.Tq, BM), L.H, L.B)](
         q, k, v, pcos, psin, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions, pad, bounds, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -201,7 +254,6 @@ def _launch_fwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_posit
         HEAD_D=L.D, HEAD_DV=L.Dv, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=L.block_d, BLOCK_DV=L.block_dv,
         DOT_DTYPE=L.dot_dtype, PRECISION=L.precision, num_warps=warps, num_stages=stages,
     )
-    return out, lse
 
 
 def _launch_bwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_positions,
@@ -227,38 +279,44 @@ def _launch_bwd(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, q_positions, k_posit
 
     # dk, dv: one program per (key block, kv head) looping over the group's query heads,
     # or, when that leaves the GPU idle, per (key block, query head) + a sum over groups
-    BM, BN, warps, stages = _config("bwd_dkdv", L.block_d, q.device, L.Tq)
-    n_n = cdiv(L.Tk, BN)
-    head_split = _gqa_head_split(L.group, L.B * L.Hkv * n_n, q.device)
-    if head_split:
-        dk = torch.empty((L.B, L.H, L.Tk, L.D), device=q.device, dtype=torch.float32)
-        dv = torch.empty((L.B, L.H, L.Tk, L.Dv), device=q.device, dtype=torch.float32)
-    else:
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-    bounds, bound_strides = _causal_bounds(query_block_bounds, causal, q_positions, k_positions, pcos, BM, BN)
-    _pope_bwd_dkdv_kernel[(n_n, L.H if head_split else L.Hkv, L.B)](
-        *inputs, bounds, dout, lse, dsum, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
-        BLOCK_M=BM, BLOCK_N=BN, HEAD_SPLIT=head_split, num_warps=warps, num_stages=stages, **flags,
-    )
+    def dkdv(BM, BN, warps, stages):
+        n_n = cdiv(L.Tk, BN)
+        head_split = _gqa_head_split(L.group, L.B * L.Hkv * n_n, q.device)
+        if head_split:
+            dk = torch.empty((L.B, L.H, L.Tk, L.D), device=q.device, dtype=torch.float32)
+            dv = torch.empty((L.B, L.H, L.Tk, L.Dv), device=q.device, dtype=torch.float32)
+        else:
+            dk = torch.empty_like(k)
+            dv = torch.empty_like(v)
+        bounds, bound_strides = _causal_bounds(query_block_bounds, causal, q_positions, k_positions, pcos, BM, BN)
+        _pope_bwd_dkdv_kernel[(n_n, L.H if head_split else L.Hkv, L.B)](
+            *inputs, bounds, dout, lse, dsum, dk, dv,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+            *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
+            BLOCK_M=BM, BLOCK_N=BN, HEAD_SPLIT=head_split, num_warps=warps, num_stages=stages, **flags,
+        )
+        return dk, dv, head_split
+
+    dk, dv, head_split = _launch_fitting("bwd_dkdv", L.block_d, q.device, L.Tq, q.dtype, dkdv)
     if head_split:
         dk = dk.view(L.B, L.Hkv, L.group, L.Tk, L.D).sum(2).to(k.dtype)
         dv = dv.view(L.B, L.Hkv, L.group, L.Tk, L.Dv).sum(2).to(v.dtype)
 
     # dq and per-block partials of d delta
-    BM, BN, warps, stages = _config("bwd_dq", L.block_d, q.device, L.Tq)
-    n_m = cdiv(L.Tq, BM)
-    dq = torch.empty_like(q)
-    ddelta_part = torch.empty((L.B, L.H, n_m, L.D), device=q.device, dtype=torch.float32)
-    bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
-    _pope_bwd_dq_kernel[(n_m, L.H, L.B)](
-        *inputs, bounds, dout, lse, dsum, dq, ddelta_part,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
-        *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
-        BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages, **flags,
-    )
+    def dq_kernel(BM, BN, warps, stages):
+        n_m = cdiv(L.Tq, BM)
+        dq = torch.empty_like(q)
+        ddelta_part = torch.empty((L.B, L.H, n_m, L.D), device=q.device, dtype=torch.float32)
+        bounds, bound_strides = _causal_bounds(key_block_bounds, causal, q_positions, k_positions, pcos, L.Tk, BM, BN)
+        _pope_bwd_dq_kernel[(n_m, L.H, L.B)](
+            *inputs, bounds, dout, lse, dsum, dq, ddelta_part,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(),
+            *table_strides, *pos_strides, *pad_strides, *bound_strides, L.H, L.group, L.Tq, L.Tk, float(scale),
+            BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages, **flags,
+        )
+        return dq, ddelta_part
+
+    dq, ddelta_part = _launch_fitting("bwd_dq", L.block_d, q.device, L.Tq, q.dtype, dq_kernel)
     ddelta = ddelta_part.sum(dim=(0, 2)).to(delta.dtype)
     return dq, dk, dv, ddelta
 
