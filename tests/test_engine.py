@@ -230,7 +230,7 @@ def test_choose_backend_triton_needs_the_triton_package(monkeypatch):
 
     cuda_q = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # choose_backend reads only these
     monkeypatch.setattr(engine, "triton_available", lambda: True)
-    assert choose_backend(build("pope"), cuda_q, "auto") == "triton"
+    assert choose_backend(build("pope"), cuda_q, "triton") == "triton"
     assert choose_backend(build("cope-alibi"), cuda_q, "auto") == "triton"
     assert choose_backend(build("rope"), cuda_q, "auto") == "sdpa"  # triton serves only pope/cope
     monkeypatch.setattr(engine, "triton_available", lambda: False)
@@ -242,3 +242,23 @@ def test_choose_backend_triton_needs_the_triton_package(monkeypatch):
     assert choose_backend(build("cope"), cuda_q, "auto") == "reference"
     with pytest.raises(ValueError, match="backend='triton' serves only pope, cope and cope-alibi, got 'rope'"):
         choose_backend(build("rope"), cuda_q, "triton")
+
+
+def test_pope_on_cuda_runs_full_sequences_through_sdpa_and_decodes_with_its_kernel(monkeypatch):
+    # measured on an H100 (docs/benchmarks.md): SDPA on PoPE's Cartesian q/k beat the fused kernel for full
+    # sequences; the encoding declares it, and the engine reads the declaration, not the name
+    from types import SimpleNamespace
+
+    from poskit.attention import engine
+
+    cuda_q = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    monkeypatch.setattr(engine, "triton_available", lambda: True)
+    pope = build("pope")
+    assert not pope.fused_kernel_for_full_sequences and build("cope").fused_kernel_for_full_sequences
+    chosen, why = engine._choose(pope, cuda_q, "auto")
+    assert chosen == "sdpa" and "fused_kernel_for_full_sequences=False" in why
+    assert engine._choose(pope, cuda_q, "auto", keys="magnitude")[0] == "triton"  # decode against the cache
+    assert engine._choose(pope, cuda_q, "triton")[0] == "triton"  # asked for: the kernel (less memory)
+    assert engine._choose(build("cope"), cuda_q, "auto")[0] == "triton"
+    monkeypatch.setattr(type(pope), "fused_kernel_for_full_sequences", True)
+    assert engine._choose(pope, cuda_q, "auto")[0] == "triton"

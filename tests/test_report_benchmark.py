@@ -126,8 +126,8 @@ def test_the_document_records_the_code_and_load_of_the_runs_start(tmp_path, monk
     assert read_document(path)["code"]["git_commit"] == "before"
 
 
-def test_a_checkout_copied_without_git_records_the_commit_it_is_given(tmp_path, monkeypatch):
-    # a benchmark machine gets the tree without its .git: the commit comes from POSKIT_CODE_COMMIT, dirtiness unknown
+def test_a_copied_checkout_records_the_commit_it_is_given(tmp_path, monkeypatch):
+    # a benchmark machine gets a copy of the tree: the commit comes from POSKIT_CODE_COMMIT, dirtiness unknown
     import subprocess
 
     from poskit.report import record
@@ -139,13 +139,17 @@ def test_a_checkout_copied_without_git_records_the_commit_it_is_given(tmp_path, 
             return subprocess.CompletedProcess(cmd, 128, "", "fatal: not a git repository")
         return real_run(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(record.subprocess, "run", no_git)
     monkeypatch.delenv(record.CODE_COMMIT_ENV, raising=False)
-    assert record.code_info()["git_commit"] is None
+    in_git = record.code_info()
+    assert in_git["git_commit"] and in_git["dirty"] is not None  # this checkout, read by git
     monkeypatch.setenv(record.CODE_COMMIT_ENV, "abc1234def")
-    info = record.code_info()
+    info = record.code_info()  # the commit given wins, also over a .git the copy may carry
     assert info["git_commit"] == "abc1234def" and info["dirty"] is None
     assert record.code_label(info).endswith("(abc1234)")
+    monkeypatch.setattr(record.subprocess, "run", no_git)
+    assert record.code_info()["git_commit"] == "abc1234def"
+    monkeypatch.delenv(record.CODE_COMMIT_ENV)
+    assert record.code_info()["git_commit"] is None
 
 
 def test_a_gpu_document_names_the_gpu_and_a_cpu_document_does_not(document):

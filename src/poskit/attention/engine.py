@@ -21,12 +21,13 @@
                       tensors under the Triton interpreter).
 "magnitude-decode":   a KV cache of key magnitudes (cache_form "magnitude", PoPE): attention/pope_decode.py.
 
-backend="auto" takes triton for encodings with a fused kernel on CUDA when triton is importable, the blocked
-contextual path for contextual encodings on CPU, else the sdpa backend where it serves the encoding, else the
-reference; "reference", "sdpa" and "triton" ask for a backend, inside which the plan picks the path.
+backend="auto" takes triton for encodings with a fused kernel on CUDA when triton is importable (for full
+sequences only where the encoding declares the kernel faster there, `fused_kernel_for_full_sequences`: PoPE's is
+not), the blocked contextual path for contextual encodings on CPU, else the sdpa backend where it serves the
+encoding, else the reference; "reference", "sdpa" and "triton" ask for a backend, inside which the plan picks the path.
 
 Every choice reads the encoding's declared capabilities (`kind`, `qk_width`, `cache_form`, `fused_kernel`,
-`bias_reads_q`, `position_coords`: encodings/base.py; `kernel_bias`: encodings/kernel_bias.py), never its name.
+`fused_kernel_for_full_sequences`, `bias_reads_q`, `position_coords`: encodings/base.py; `kernel_bias`: encodings/kernel_bias.py), never its name.
 """
 from __future__ import annotations
 
@@ -92,13 +93,18 @@ def _triton_served_names() -> str:
     return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
-def _choose(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> tuple[str, str]:
-    """(the backend a call with `backend` takes, why); ValueError for a backend that cannot serve the call."""
+def _choose(enc: PositionalEncoding, q: torch.Tensor, backend: str, keys: str = "raw") -> tuple[str, str]:
+    """(the backend a call with `backend` takes, why); ValueError for a backend that cannot serve the call.
+    keys: as plan_inputs' ("raw" for a full-sequence call, else the keys of a cache)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend == "auto":
         if q.is_cuda and triton_available() and triton_serves(enc):
-            return "triton", f"auto: CUDA tensors and a fused Triton kernel ({enc.fused_kernel}) for the encoding"
+            if keys != "raw" or enc.fused_kernel_for_full_sequences:
+                return "triton", f"auto: CUDA tensors and a fused Triton kernel ({enc.fused_kernel}) for the encoding"
+            if sdpa_serves(enc):
+                return "sdpa", ("auto: CUDA tensors; the encoding declares SDPA on its transform_qk faster than its "
+                                "fused kernel for full sequences (fused_kernel_for_full_sequences=False)")
         if q.device.type == "cpu" and enc.kind == "contextual" and enc.fused_kernel in runners.BLOCKED_CONTEXTUAL:
             return "blocked-contextual", "auto: a contextual encoding on CPU with an exact blocked CPU counterpart"
         if sdpa_serves(enc):
@@ -132,7 +138,7 @@ def choose_backend(enc: PositionalEncoding, q: torch.Tensor, backend: str) -> st
 def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "auto", keys: str = "raw") -> Plan:
     """The one dispatch: the Plan for validated inputs (`prepare`). keys: what `inp.k` holds, "raw" (every call
     of attention()) or, for a KV cache that stores them so, "encoded" (encode_k output) or "magnitude"."""
-    chosen, why = _choose(enc, inp.q, backend)
+    chosen, why = _choose(enc, inp.q, backend, keys)
     reasons = (why,)
     if not inp.has_pairs:
         return Plan("reference", "reference", reasons + (

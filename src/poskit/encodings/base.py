@@ -70,6 +70,9 @@ class PositionalEncoding(nn.Module):
     #: ("triton_pope": the polar interface above; "triton_cope": kind "contextual" with `p_max`,
     #: `gate_source` and `fused_operands`), or None: no kernel, backend="triton" refuses the encoding.
     fused_kernel: ClassVar[str | None] = None
+    #: Whether backend="auto" runs full-sequence calls (training, prefill) through `fused_kernel` on CUDA. False
+    #: where SDPA on the encoding's transform_qk measured faster there; decode against a cache keeps the kernel.
+    fused_kernel_for_full_sequences: ClassVar[bool] = True
     #: kind "bias" only: whether `bias` reads q (relative PE's q . e) or positions alone (ALiBi). A bias of
     #: positions alone, with no trainable parameter, is built once per shape and reused (and generated block
     #: by block on CPU); one that reads q is recomputed for every call, trained parameters or not.

@@ -207,6 +207,10 @@ class PolarEncoding(PositionalEncoding):
     qk_width = 2  # encoded q/k are twice head_dim wide: on CPU the engine prefers its blocked path
 
     fused_kernel = "triton_pope"  # attention/triton_pope.py, fed through the polar interface above
+    # On an H100 (bf16, docs/benchmarks.md) SDPA on the 2d-wide Cartesian q/k ran 1.3-1.5x RoPE + SDPA (padded v)
+    # or below it (unpadded, as PoPE-pytorch), the fused kernel 2.2-5.4x; the kernel keeps decode and its
+    # lower memory (backend="triton")
+    fused_kernel_for_full_sequences = False
 
     def encode_q(self, q, q_positions, scale: float = 1.0):
         return self.cartesian_q(q, q_positions, scale)

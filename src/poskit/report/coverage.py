@@ -331,9 +331,12 @@ ROWS = (
         "poskit reproduce code --encodings learned,rope,cope:p_max=64", "code"),
     Row("004", "Fig. 3", "", "Perplexity at longer contexts: CoPE beats relative and relative-capped, more so "
         "the longer the context",
-        "not run (not run yet)", "poskit reproduce text-extrapolation --encodings cope:p_max=64,"
+        "reproduced in direction (2 seeds)", "poskit reproduce text-extrapolation --encodings cope:p_max=64,"
         "relative-capped:max_distance=128,rope,alibi --seeds 0,1", "text-extrapolation-cope",
-        "Uncapped relative refuses positions beyond max_distance, so only relative-capped can be evaluated "
+        "Perplexity per byte at 1x / 10x (seeds 0, 1): CoPE 8.50, 8.27 / 8.81, 8.52; relative-capped 9.36, 8.95 / "
+        "11.45, 12.25, so the gap grows from about 0.8 to 3.2; RoPE 8.47, 8.50 / 14.54, 12.66; ALiBi flat (8.89, "
+        "8.82 at 10x). 400 steps at context 128 bytes of the wiki extract (the paper: Wikitext-103 at 512 and 1024 "
+        "tokens). Uncapped relative refuses positions beyond max_distance, so only relative-capped is evaluated "
         "beyond 1x."),
     Row("004", "Fig. 4", "", "Position-only attention of a sep-keys CoPE model follows paragraphs and sections",
         "measured, inconclusive (2 seeds; keys-gated, 400 steps)", "poskit analyze cope-gates RUN...",

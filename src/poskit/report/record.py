@@ -116,23 +116,28 @@ CODE_COMMIT_ENV = "POSKIT_CODE_COMMIT"
 
 def code_info() -> dict:
     """poskit's version and, when the package is imported from a git checkout, its commit and whether the
-    package's files differ from it (tracked changes or new files under the package directory)."""
+    package's files differ from it (tracked changes or new files under the package directory).
+
+    A copy of a checkout sent elsewhere (the tree a benchmark machine receives) names its commit in
+    POSKIT_CODE_COMMIT, which then wins over git: such a copy may carry a stale .git of its own (seen: a device
+    machine's copy whose .git still stood at the session's first commit). Whether the copy differs from the
+    commit it names stays unknown (dirty None)."""
     import poskit
 
     pkg = Path(poskit.__file__).resolve().parent
     info = {"poskit_version": poskit.__version__, "git_commit": None, "dirty": None}
-    # a copy of a checkout without its .git (the tree sent to a benchmark machine) names its commit here; whether
-    # the copy differs from it stays unknown
     given = os.environ.get(CODE_COMMIT_ENV, "").strip()
+    if given:
+        return {**info, "git_commit": given}
     try:
         commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=20)
         if commit.returncode != 0:
-            return {**info, "git_commit": given or None}
+            return info
         status = subprocess.run(["git", "-C", str(pkg), "status", "--porcelain", "--", "."], capture_output=True,
                                 text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):  # no git, or it hangs: the version (and a commit given) alone
-        return {**info, "git_commit": given or None}
+    except (OSError, subprocess.SubprocessError):  # no git, or it hangs: the version alone
+        return info
     info["git_commit"] = commit.stdout.strip()
     info["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     return info
