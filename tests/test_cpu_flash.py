@@ -16,6 +16,7 @@ machine (a disk cache), so only the first session on a machine pays for the buil
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -184,11 +185,30 @@ def test_an_unbuildable_kernel_warns_once_in_process(monkeypatch, tmp_path):
 def test_the_cli_builds_and_reports(kernel, capsys):
     from poskit.cli import main
 
-    assert main(["kernel", "build"]) == 0
-    assert "ready: " in capsys.readouterr().out
+    assert main(["kernel", "build", "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "ready: " in out and "calibrating" not in out
     assert main(["kernel", "info"]) == 0
     out = capsys.readouterr().out
     assert "isa:" in out and "compiler:" in out and "library:" in out and "not built" not in out
+    assert "calibration: " in out
+
+
+def test_the_cli_calibrates_after_building_and_says_what_it_decided(kernel, capsys, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+    from poskit.cli import main
+
+    seen = []
+
+    def calibrate(library, **kwargs):  # the measuring itself is tested above, on a temporary library path
+        seen.append(library)
+        return {"results": {"qk/float32": {"kernel": True}, "qk/bfloat16": {"kernel": False}}}
+
+    monkeypatch.setattr(kc, "calibrate", calibrate)
+    assert main(["kernel", "build"]) == 0 and main(["kernel", "calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert len(seen) == 2 and seen[0] == seen[1] == kernel_build.cached_library()
+    assert out.count("the kernel serves all but qk/bfloat16") == 2
 
 
 def test_the_cli_without_a_compiler_says_so_in_one_line(monkeypatch, tmp_path, capsys):
@@ -514,3 +534,61 @@ def test_scale_and_odd_widths_through_the_engine(kernel):
     enc = poskit.build_encoding("alibi", head_dim=5, num_heads=3)
     q, k, v = (torch.randn(1, 3, 23, 5, generator=torch.Generator().manual_seed(n)) for n in range(3))
     _against_reference(enc, q, k, v, is_causal=True, scale=0.7)
+
+
+# --- calibration: routing from this machine's measurements (attention/kernel_calibration.py) ---------------------
+
+def _encoding(name):
+    return poskit.build_encoding(name, head_dim=16, num_heads=4, dim=64)
+
+
+def test_the_kernel_gives_way_only_to_a_fallback_faster_by_the_margin():
+    from poskit.attention import kernel_calibration as kc
+
+    assert kc.decide(100.0, 100.0) and kc.decide(109.0, 100.0)  # within the margin: noise keeps the default
+    assert not kc.decide(120.0, 100.0)
+
+
+def test_a_calibration_that_measured_the_fallback_faster_routes_that_form_and_dtype_off_the_kernel(
+        kernel, tmp_path, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+
+    library = tmp_path / kernel_build.LIBRARY_NAME
+    results = {f"{form}/{dtype}": {"kernel": True} for form in kc.FORMS for dtype in kc.DTYPES}
+    results["qk/float32"] = {"kernel": False}
+    results["distance_table/bfloat16"] = {"kernel": False}
+    (tmp_path / kc.FILE_NAME).write_text(json.dumps({"results": results}))
+    monkeypatch.setattr(cpu_flash, "_library", library)
+    q32, q16 = torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16).bfloat16()
+    pope, alibi = _encoding("pope"), _encoding("alibi")
+    assert route(pope, q32, is_causal=True) != "cpu-flash"
+    assert route(pope.to(torch.bfloat16), q16, is_causal=True) == "cpu-flash"
+    assert route(alibi, q32, is_causal=True) == "cpu-flash"
+    assert route(alibi.to(torch.bfloat16), q16, is_causal=True) != "cpu-flash"
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / "elsewhere" / kernel_build.LIBRARY_NAME)
+    assert route(pope, q32, is_causal=True) == "cpu-flash"  # no calibration: the kernel serves
+
+
+def test_an_unreadable_calibration_names_its_file_and_leaves_the_kernel_on(kernel, tmp_path, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+
+    (tmp_path / kc.FILE_NAME).write_text('{"results": {"qk/float32": {"kernel": "maybe"}}}')
+    with pytest.raises(kc.CalibrationError, match=re.escape(str(tmp_path / kc.FILE_NAME)) + ": not a readable kernel"):
+        kc.read(tmp_path / kc.FILE_NAME)
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    with pytest.warns(RuntimeWarning, match="not a readable kernel calibration"):
+        assert route(_encoding("pope"), torch.randn(1, 4, 8, 16), is_causal=True) == "cpu-flash"
+
+
+def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, tmp_path, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+
+    monkeypatch.setattr(kc, "SHAPE", {"B": 1, "H": 2, "T": 64, "D": 16})  # small: this checks the mechanics
+    lines = []
+    doc = kc.calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
+    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 6
+    for entry in doc["results"].values():
+        assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
+        assert entry["kernel"] == kc.decide(entry["kernel_ms"], entry["fallback_ms"])
+    assert kc.read(tmp_path / kc.FILE_NAME) == {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}
+    assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]

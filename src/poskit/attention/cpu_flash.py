@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from ..encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span, distances
-from . import kernel_build
+from . import kernel_build, kernel_calibration
 from .inputs import AttentionInputs, all_finite
 
 ENV_SWITCH = "POSKIT_CPU_KERNEL"
@@ -53,14 +53,18 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def kernel():
     """torch.ops.poskit_cpu_flash once the library is built and loaded, or None (with one warning saying why)."""
+    global _library
     try:
-        kernel_build.load()
+        _library = kernel_build.load()
     except kernel_build.KernelUnavailable as err:
         warnings.warn(f"poskit: the compiled CPU attention kernel is unavailable ({err}); attention keeps its exact "
                       f"blocked/SDPA paths, which are slower (`poskit kernel info` says more; {ENV_SWITCH}=0 silences "
                       "this)", RuntimeWarning, stacklevel=3)
         return None
     return torch.ops.poskit_cpu_flash
+
+
+_library = None  # the loaded library's path (its directory holds this machine's calibration)
 
 
 def available() -> bool:
@@ -109,7 +113,9 @@ def serves(inp: AttentionInputs, enc):
     It does for: the switch on, CPU tensors of a DTYPES dtype, no general attn_mask (a key padding mask is fine),
     an encoding it serves (`qk_served`, or a kernel bias declared for these positions), scalar positions where they
     matter (causal, or a bias), finite q/k (NaN rows stay NaN on the materialised path), not while torch.compile
-    traces, and a kernel that builds (checked last: the build happens at most once per process)."""
+    traces, a kernel that builds (checked then: the build happens at most once per process), and no calibration
+    of this machine that measured the path without the kernel faster for the call's form and dtype
+    (attention/kernel_calibration.py)."""
     q, k = inp.q, inp.k
     if q.device.type != "cpu" or inp.attn_mask is not None or q.dtype not in DTYPES or not enabled():
         return None
@@ -125,7 +131,10 @@ def serves(inp: AttentionInputs, enc):
             return None
     if inp.v is not None and not all_finite(q, k):
         return None
-    return found if available() else None
+    if not available():
+        return None
+    # a calibration of this machine may have measured the path without the kernel faster for this form and dtype
+    return found if kernel_calibration.kernel_wins(_library, QK if found is QK else found.form, q.dtype) else None
 
 
 def _positions(inp: AttentionInputs, needed: bool):

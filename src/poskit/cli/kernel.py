@@ -1,8 +1,11 @@
 """`poskit kernel build|info`: the compiled CPU attention kernel (poskit/attention/cpu_flash.cpp).
 
 build: compile it now into the per-machine cache (otherwise the first attention call that needs it does), or
-    again with --force. info: what this machine would use: CPU model and instruction set, compiler, cache
-    directory, whether the library is built, and whether attention uses it.
+    again with --force, then calibrate (unless --no-calibrate). calibrate: time the kernel against the paths
+    without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower
+    (saved beside the library; attention/kernel_calibration.py). info: what this machine would use: CPU model
+    and instruction set, compiler, cache directory, whether the library is built, its calibration, and whether
+    attention uses it.
 """
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ from pathlib import Path
 def add_kernel(sub) -> None:
     p = sub.add_parser("kernel", help="the compiled CPU attention kernel: build it ahead of use, or say where it is",
                        description=__doc__.split("\n", 2)[2].strip())
-    p.add_argument("action", choices=["build", "info"])
+    p.add_argument("action", choices=["build", "calibrate", "info"])
     p.add_argument("--force", action="store_true", help="build: compile again even if the cached library exists")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="build: skip measuring the kernel against the paths without it (about a minute on 2 cores)")
     p.set_defaults(func=cmd_kernel)
 
 
@@ -41,6 +46,15 @@ def cmd_kernel(args) -> int:
         except kernel_build.KernelUnavailable as err:
             raise ValueError(f"cannot build the CPU attention kernel: {err}") from None
         print(f"ready: {library}")
+        if not args.no_calibrate:
+            _calibrate(library)
+        return 0
+    if args.action == "calibrate":
+        try:
+            library = kernel_build.load(build_if_missing=False)
+        except kernel_build.KernelUnavailable as err:
+            raise ValueError(f"cannot calibrate the CPU attention kernel: {err}") from None
+        _calibrate(library)
         return 0
     compiler = kernel_build.find_compiler()
     try:
@@ -57,5 +71,32 @@ def cmd_kernel(args) -> int:
     print(f"compiler:    {compiler or 'none found'}" + (f" ({version})" if version else ""))
     print(f"cache:       {kernel_build.cache_root()}")
     print(f"library:     {library if library and library.exists() else 'not built (poskit kernel build)'}")
+    print(f"calibration: {_calibration_line(library)}")
     print(f"attention:   {switch}")
     return 0
+
+
+def _calibrate(library) -> None:
+    from poskit.attention import kernel_calibration
+
+    print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
+    doc = kernel_calibration.calibrate(library)
+    off = [key for key, entry in doc["results"].items() if not entry["kernel"]]
+    print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
+          + ("every form and dtype" if not off else f"all but {', '.join(off)}"))
+
+
+def _calibration_line(library) -> str:
+    from poskit.attention import kernel_calibration
+
+    if not library or not library.exists():
+        return "none (no library)"
+    path = kernel_calibration.path_for(library)
+    if not path.exists():
+        return "none (`poskit kernel calibrate`; meanwhile the kernel serves every call it can)"
+    try:
+        found = kernel_calibration.read(path)
+    except kernel_calibration.CalibrationError as err:
+        return str(err)
+    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.items()) if not use]
+    return f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")

@@ -1,0 +1,167 @@
+"""Whether the compiled CPU kernel beats the paths without it on this machine: measured once and cached beside the
+library, so that routing follows this CPU's numbers rather than constants measured on another.
+
+The kernel serves a call where it can (cpu_flash.serves), unless a calibration of this machine measured the path
+without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of call, one decision per form x
+dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...) and
+"offset_embeddings" (relative PE's q . e), each in fp32 and bf16. `poskit kernel calibrate` measures it (and
+`poskit kernel build` after building): forward + backward of one causal call per form and dtype at B=2, H=8,
+T=1024, d=64 with the threads torch has, medians of interleaved rounds. A form keeps the kernel unless its median
+exceeds the fallback's by MARGIN, so that noise on a shared machine does not flip a default. Without a
+calibration the kernel serves (faster than the paths without it wherever docs/benchmarks.md compared the two).
+
+Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles while the kernel widens bf16 to fp32
+(docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form is what the
+calibration answers on each machine.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+FILE_NAME = "calibration.json"
+FORMS = ("qk", "distance_table", "offset_embeddings")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# the encoding measured for each form (the kernel serves every encoding of a form by the same code)
+_ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}), "offset_embeddings": ("relative-capped",
+                                                                                            {"max_distance": 256})}
+MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
+SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
+
+_measuring = False  # while True, serves() ignores the calibration (calibrate() measures the kernel itself)
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be read: the message names the file and what is wrong."""
+
+
+def path_for(library: Path) -> Path:
+    return Path(library).parent / FILE_NAME
+
+
+def decide(kernel_ms: float, fallback_ms: float) -> bool:
+    """True (keep the kernel) unless the fallback is faster by more than MARGIN."""
+    return kernel_ms <= MARGIN * fallback_ms
+
+
+def read(path: Path) -> dict:
+    """{(form, dtype name): use the kernel} from a calibration file (CalibrationError naming it otherwise)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        results = doc["results"]
+        found = {}
+        for key, entry in results.items():
+            form, dtype = key.split("/")
+            if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
+                raise ValueError(f"entry {key!r}")
+            found[(form, dtype)] = entry["kernel"]
+        return found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CalibrationError(f"{path}: not a readable kernel calibration ({type(err).__name__}: {err}); "
+                               "`poskit kernel calibrate` writes it again") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _decisions_at(path: str) -> dict:
+    file = Path(path)
+    if not file.exists():
+        return {}
+    try:
+        return read(file)
+    except CalibrationError as err:
+        warnings.warn(f"poskit: {err}; the CPU kernel serves every call it can", RuntimeWarning, stacklevel=4)
+        return {}
+
+
+def decisions(library: Path | None) -> dict:
+    """This machine's decisions (empty: none measured, the kernel serves), read once per process and file."""
+    if library is None or _measuring:
+        return {}
+    return _decisions_at(str(path_for(library)))
+
+
+def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
+    """Whether the kernel should serve a call of this form and dtype on this machine."""
+    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    return decisions(library).get((form, name), True)
+
+
+@contextlib.contextmanager
+def _ignoring_calibration():
+    global _measuring
+    saved, _measuring = _measuring, True
+    try:
+        yield
+    finally:
+        _measuring = saved
+
+
+def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
+    """(kernel ms, fallback ms): medians of interleaved forward + backward rounds of one causal call."""
+    import os
+
+    import poskit
+
+    from . import cpu_flash
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = SHAPE["B"], SHAPE["H"], SHAPE["T"], SHAPE["D"]
+    q, k, v = (torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+
+    def call(switch):
+        saved = os.environ.get(cpu_flash.ENV_SWITCH)
+        os.environ[cpu_flash.ENV_SWITCH] = switch
+        try:
+            out = poskit.attention(q, k, v, enc, is_causal=True)
+            out.backward(torch.ones_like(out))
+        finally:
+            if saved is None:
+                del os.environ[cpu_flash.ENV_SWITCH]
+            else:
+                os.environ[cpu_flash.ENV_SWITCH] = saved
+
+    times = {"1": [], "0": []}
+    for switch in times:  # warm-up: tables, allocator
+        call(switch)
+    for _ in range(rounds):
+        for switch in times:
+            started = time.perf_counter()
+            call(switch)
+            times[switch].append(time.perf_counter() - started)
+    return 1000 * statistics.median(times["1"]), 1000 * statistics.median(times["0"])
+
+
+def calibrate(library: Path, *, rounds: int = 5, progress=print) -> dict:
+    """Measure every form x dtype, write the calibration beside `library` and return its document."""
+    import poskit
+    from poskit.encodings.registration import UntrainedEncodingWarning
+
+    from ..report.record import machine_info, utc_now
+    from ..training.files import atomic_write_json
+
+    results = {}
+    with _ignoring_calibration(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UntrainedEncodingWarning)  # timed, never trained
+        for form in FORMS:
+            name, options = _ENCODINGS[form]
+            for dtype_name, dtype in DTYPES.items():
+                enc = poskit.build_encoding(name, head_dim=SHAPE["D"], num_heads=SHAPE["H"],
+                                            dim=SHAPE["H"] * SHAPE["D"], **options).to(dtype)
+                kernel_ms, fallback_ms = _timed_pair(enc, dtype, rounds)
+                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": round(kernel_ms, 2),
+                                                   "fallback_ms": round(fallback_ms, 2),
+                                                   "kernel": decide(kernel_ms, fallback_ms)}
+                progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
+                         f"   -> {'kernel' if results[f'{form}/{dtype_name}']['kernel'] else 'without it'}")
+    doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": SHAPE,
+           "rounds": rounds, "margin": MARGIN, "results": results}
+    atomic_write_json(path_for(library), doc)
+    _decisions_at.cache_clear()
+    return doc
