@@ -129,14 +129,17 @@ ROWS = (
         "Not in this direction: RoPE's 10x/1x perplexity is 2.10 / 1.72 / 1.77 at d_model 64 / 128 / 256; PoPE's "
         "1.20 / 1.05 / 1.07. One seed, widths only, 400 steps."),
     Row("000", "Fig. 3", "", "RoPE 124M: high query/key norms only on a sparse set of frequency chunks",
-        "measured, one seed", "poskit demo --no-diagnostic; poskit analyze frequency RUN_rope RUN_pope",
+        "measured, one seed", "poskit reproduce text; poskit analyze frequency RUN_rope RUN_pope",
         "analyze-frequency",
-        "Partial: RoPE's largest chunk has period 112-199, above the 64-character context, but ~70 % of the "
-        "magnitude sits in the upper half of the frequencies. The demo's 2-layer d-128 character LMs, not 124M."),
+        "Partial: layer 1 peaks at the highest chunk and around chunk 8 of 16, not sparse; the highest quarter "
+        "holds 0.33-0.36 of the magnitude, the lowest 0.13-0.14. text's 2-layer d_model-128 byte LMs after 400 "
+        "steps, not 124M."),
     Row("000", "Fig. 4", "", "PoPE 124M: high magnitudes on the highest frequencies in every layer but the "
         "first; broader use of frequencies",
         "measured, one seed", "poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency",
-        "Partial: keys peak at the highest frequency in both layers, queries at the same long periods as RoPE's."),
+        "Partial: second-layer keys peak at the highest frequencies, the first layer is flatter; the keys' lowest "
+        "quarter holds 0.17-0.18 of the magnitude against RoPE's 0.13-0.14, but the highest quarter's share is "
+        "about RoPE's (0.31-0.36)."),
     Row("000", "Table 6", "", "Model configurations per dataset",
         "not run (not applicable: a configuration table)", "poskit reproduce NAME --preset paper",
         notes="The jsb, maestro, genome, text (124M) and indirect-indexing presets match it; no 253M or 774M "
@@ -152,12 +155,16 @@ ROWS = (
         "measured, inconclusive (2 seeds)", "poskit reproduce ablations", "ablations",
         "8.016 ± 0.078 without delta vs 8.013 ± 0.079 on today's code; in the 2026-11-23 run delta was within "
         "0.27 rad of its start after 400 steps."),
-    Row("000", "Fig. 5", "", "Fig. 3's analysis on the 253M model",
-        "not run (no second model size)", "poskit analyze frequency RUN_rope RUN_pope", "text-sizes",
-        "Would run on the rope and pope runs of a larger size."),
-    Row("000", "Fig. 6", "", "Fig. 4's analysis on the 253M model",
-        "not run (no second model size)", "poskit analyze frequency RUN_rope RUN_pope", "text-sizes",
-        "As Fig. 5."),
+    Row("000", "Fig. 5", "", "Fig. 3's analysis on the 253M model: RoPE uses a sparse set of frequencies and "
+        "not the highest ones",
+        "measured, one seed", "poskit reproduce text-size; poskit analyze frequency RUN_rope RUN_pope",
+        "analyze-frequency-d256",
+        "Partial: at d_model 256 layer 1 has a sparse set of high-norm chunks, but the highest chunk is among "
+        "them; highest quarter 0.36-0.42 of the magnitude. text-size's d_model-256 run stands in for 253M."),
+    Row("000", "Fig. 6", "", "Fig. 4's analysis on the 253M model: PoPE uses a broader set, notably the highest",
+        "measured, one seed", "poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency-d256",
+        "Partial: layer-1 keys peak in a band of the upper third, not at the very highest; their lowest "
+        "quarter holds 0.16-0.21 against RoPE's 0.13-0.16. As Fig. 5."),
     # ------------------------------------------------------------------------------------------ 001 article
     Row("001", "Plot: RoPE rotation angles by position", "",
         "High-frequency pairs cycle fast; low-frequency pairs barely move",
