@@ -47,6 +47,9 @@ SERVED = {
     "fire": dict(threshold_init=64.0),
     "relative": dict(max_distance=80, init_std=0.5),
     "relative-capped": dict(max_distance=5, init_std=0.5),
+    # contextual positions with gates from the keys; p_max small, so that the positions clamp in these lengths
+    "cope": dict(p_max=8, init_std=0.5),
+    "cope-alibi": dict(p_max=8),
 }
 
 
@@ -408,10 +411,11 @@ def test_every_served_encoding_equals_the_float64_reference(kernel, label, case,
         kw["attn_mask"] = keep
     if case == "gqa-cross":  # a few new queries at the end of longer keys
         kw.update(q_positions=torch.arange(Tk - Tq, Tk), k_positions=torch.arange(Tk))
-    _against_reference(enc, q, k, v, **kw)
+    # CoPE's gradients pass through the gates' running sums and q . e: a few more fp32 roundings
+    _against_reference(enc, q, k, v, atol=5e-5 if label.startswith("cope") else 2e-5, **kw)
 
 
-@pytest.mark.parametrize("label", ["pope", "alibi", "t5-causal", "relative-capped", "dynamic"])
+@pytest.mark.parametrize("label", ["pope", "alibi", "t5-causal", "relative-capped", "dynamic", "cope", "cope-alibi"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_bf16_through_attention_is_close_to_the_float64_reference(kernel, label, kv_heads):
     # kv_heads 4: the gradients are written in bf16 by the kernel; 2 (grouped): in fp32, summed over each group
@@ -435,7 +439,7 @@ def test_row_dot_is_the_rowsum_of_the_product(kernel, dtype):
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("label", ["alibi", "t5-causal", "kerple-log", "relative-capped", "fire"])
+@pytest.mark.parametrize("label", ["alibi", "t5-causal", "kerple-log", "relative-capped", "fire", "cope", "cope-alibi"])
 def test_decode_against_a_cache_equals_the_full_forward(kernel, label):
     """One token at a time against a KV cache (raw keys: cached_attention calls attention() with the cache's key
     mask), left padding included: each step takes the kernel and equals the full forward's row."""
@@ -500,7 +504,34 @@ def test_what_keeps_its_path(kernel):
     for name, options in (("rope", {}), ("rope-ntk", dict(factor=4.0)), ("xpos", {}), ("none", {})):
         # equal widths: SDPA's own flash kernel
         assert route(poskit.build_encoding(name, head_dim=8, num_heads=4, **options), q) == "sdpa", name
-    assert route(poskit.build_encoding("cope", head_dim=8, num_heads=4), q) == "blocked-contextual"
+    for gates in ("values", "separate"):  # CoPE's gates from another source than the keys: its blocked path
+        enc = poskit.build_encoding("cope", head_dim=8, num_heads=4, gates=gates)
+        assert route(enc, q, q, v=torch.randn(1, 4, 70, 8)) == "blocked-contextual"
+    cope = build("cope")
+    assert route(cope, nan, q) == "blocked-contextual"  # NaN: the gates would index with NaN positions
+    assert route(cope.half(), q.half()) == "blocked-contextual"
+
+
+def test_tiny_gates_never_index_below_position_zero(kernel, monkeypatch):
+    # the backward rebuilds a key's position as (all gates) - (gates before it), summed in the other order than
+    # the forward: with gates near 0 that rounds below 0, which once indexed z[-1] (a crash, or garbage)
+    monkeypatch.setattr(cpu_flash, "BLOCK_Q", 8)
+    monkeypatch.setattr(cpu_flash, "BLOCK_K", 16)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 37, 8, generator=g) * 3
+    k = -q[:, :2].repeat_interleave(1, 2).abs() * 3  # q . k strongly negative for many pairs: gates ~ 0
+    k = torch.randn(2, 2, 37, 8, generator=g) * 3 + k
+    v = torch.randn(2, 2, 37, 8, generator=g)
+    for causal in (True, False):
+        _against_reference(build("cope"), q, k, v, is_causal=causal, enable_gqa=True, atol=5e-5)
+
+
+@pytest.mark.parametrize("name", ["cope", "cope-alibi"])
+def test_cope_keys_out_of_order_are_refused_as_on_its_blocked_path(kernel, name):
+    q, k, v = (torch.randn(1, 4, 6, 8) for _ in range(3))
+    with pytest.raises(ValueError, match="k_positions must be non-decreasing for cope/cope-alibi"):
+        poskit.attention(q, k, v, build(name), is_causal=True, q_positions=torch.arange(6),
+                         k_positions=torch.tensor([0, 2, 1, 3, 4, 5]))
 
 
 def test_a_general_mask_falls_back_exactly(kernel):
@@ -586,7 +617,7 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     monkeypatch.setattr(kc, "SHAPE", {"B": 1, "H": 2, "T": 64, "D": 16})  # small: this checks the mechanics
     lines = []
     doc = kc.calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
-    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 6
+    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 8
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
         assert entry["kernel"] == kc.decide(entry["kernel_ms"], entry["fallback_ms"])

@@ -341,6 +341,42 @@ void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<f
   if (causal_part || padded) mask_tile(p, b, s, rows, n, q0, k0, causal_part, padded);
 }
 
+// The online softmax over one tile of logits s (rows x n): the running max m and sum l of each row and its
+// accumulator acc (rows x Dv) rescaled; s holds the tile's unnormalised weights on return.
+void softmax_step(const Problem& p, float* s, int64_t rows, int64_t n, float* m, float* l, float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * n;
+    const float m_new = std::max(m[r], row_max(row, n));
+    if (m_new == kNegInf) {  // nothing visible to this query yet: its weights in this tile are 0
+      std::fill(row, row + n, 0.f);
+      continue;
+    }
+    const float rescale = std::exp(m[r] - m_new);  // 0 when m was -inf
+    l[r] = l[r] * rescale + exp_shifted(row, n, m_new);
+    if (rescale != 1.f) scale_row(acc + r * p.Dv, p.Dv, rescale);
+    m[r] = m_new;
+  }
+}
+
+// The output rows acc / l in the output's dtype and their logsumexp; a query that sees no key outputs zeros
+// (the engine's convention) with logsumexp -inf.
+template <typename T>
+void finish_rows(const Problem& p, T* out, float* lse, int64_t rows, const float* m, const float* l,
+                 const float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o = out + r * p.Dv;
+    const float* a = acc + r * p.Dv;
+    if (l[r] == 0.f) {
+      std::fill(o, o + p.Dv, T(0.f));
+      lse[r] = kNegInf;
+      continue;
+    }
+    const float inv = 1.f / l[r];
+    for (int64_t c = 0; c < p.Dv; ++c) o[c] = T(a[c] * inv);
+    lse[r] = m[r] + std::log(l[r]);
+  }
+}
+
 template <typename T>
 void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse) {
   constexpr bool wide = !std::is_same<T, float>::value;
@@ -362,33 +398,11 @@ void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out
         const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
         OffsetSpan span{};
         tile_logits(p, b, h, s.data(), z, qt, kt, rows, n, q0, k0, fe, &span);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* row = s.data() + r * n;
-          const float m_new = std::max(m[r], row_max(row, n));
-          if (m_new == kNegInf) {  // nothing visible to this query yet: its weights in this tile are 0
-            std::fill(row, row + n, 0.f);
-            continue;
-          }
-          const float rescale = std::exp(m[r] - m_new);  // 0 when m was -inf
-          l[r] = l[r] * rescale + exp_shifted(row, n, m_new);
-          if (rescale != 1.f) scale_row(acc.data() + r * p.Dv, p.Dv, rescale);
-          m[r] = m_new;
-        }
+        softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
         gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        T* o = out + (bh * p.Tq + q0 + r) * p.Dv;
-        const float* a = acc.data() + r * p.Dv;
-        if (l[r] == 0.f) {  // a query that sees no key outputs zeros (the engine's convention)
-          std::fill(o, o + p.Dv, T(0.f));
-          lse[bh * p.Tq + q0 + r] = kNegInf;
-          continue;
-        }
-        const float inv = 1.f / l[r];
-        for (int64_t c = 0; c < p.Dv; ++c) o[c] = T(a[c] * inv);
-        lse[bh * p.Tq + q0 + r] = m[r] + std::log(l[r]);
-      }
+      finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
     }
   });
 }
@@ -465,6 +479,209 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
           gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
         }
         scale_row(dq_acc.data(), rows * p.E, p.scale);  // dS's scale, once per tile
+        narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
+      }
+      scale_row(dk_acc, p.Tk * p.E, p.scale);
+      if (!in_place) {
+        narrow(dk_acc, p.Tk * p.E, dk + bh * p.Tk * p.E);
+        narrow(dv_acc, p.Tk * p.Dv, dv + bh * p.Tk * p.Dv);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CoPE (contextual positions), gates from the keys: g_ts = sigmoid(s_ts) with s_ts = scale q_t . k_s, the position
+// p_ts = min(sum of g_ts' over the visible keys s' >= s, P - 1), and the bias interpolated from z_t[j] = q_t . e[:, j]
+// between floor(p) and ceil(p) (cope), or -slope_h p (cope-alibi). The forward walks each query tile's keys
+// backwards, so that the suffix sums of the gates accumulate tile by tile; it saves each row's total G_t, from
+// which the backward, walking forwards, rebuilds p = G_t - (gates before s) and accumulates the prefix sums of
+// dL/dp that the gates' gradient needs (dL/dg_ts' = sum over s <= s' of dL/dp_ts).
+struct Contextual {
+  const float* emb = nullptr;     // (E, P) or null
+  const float* slopes = nullptr;  // (H) or null
+  int64_t P = 0;
+};
+
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// The bias at position pos (clamped already) and its derivative by pos (0 at integer positions, as the
+// interpolation's autograd gives, and where the clamp holds).
+inline void position_bias(const Contextual& c, float slope, const float* z, float pos, bool clamped, float* bias,
+                          float* dbias_dpos, int64_t* fl_out, float* w_out) {
+  if (c.slopes) {
+    *bias = -slope * pos;
+    *dbias_dpos = clamped ? 0.f : -slope;
+    *fl_out = 0;
+    *w_out = pos;  // (cope-alibi's slope gradient reads the position)
+    return;
+  }
+  const float fl = std::floor(pos);
+  const int64_t i = (int64_t)fl;
+  const float w = pos - fl;
+  *fl_out = i;
+  *w_out = w;
+  if (w > 0.f) {
+    *bias = z[i] * (1.f - w) + z[i + 1] * w;
+    *dbias_dpos = z[i + 1] - z[i];
+  } else {
+    *bias = z[i];
+    *dbias_dpos = 0.f;
+  }
+}
+
+template <typename T>
+void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q, const T* k, const T* v, T* out,
+                               float* lse, float* gtot) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  const float top = (float)(c.P - 1);
+  at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq), run(p.bq), z(c.emb ? p.bq * c.P : 0);
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
+      const int64_t kvh = b * p.Hkv + h / p.g;
+      const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
+      int64_t ke, fe;
+      tile_keys(p, b, q0, rows, &ke, &fe);
+      const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
+      if (c.emb) gemm(false, false, rows, c.P, p.E, 1.f, qt, p.E, c.emb, c.P, 0.f, z.data(), c.P);
+      const float slope = c.slopes ? c.slopes[h] : 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.f);
+      std::fill(run.begin(), run.end(), 0.f);
+      for (int64_t k0 = ke > 0 ? ((ke - 1) / p.bk) * p.bk : -1; k0 >= 0; k0 -= p.bk) {  // backwards
+        const int64_t n = std::min(p.bk, ke - k0);
+        const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
+        gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s.data(), n);
+        const bool causal_part = p.causal && k0 + n > fe;
+        const bool padded = has_padding(p, b, k0, n);
+        if (causal_part || padded) mask_tile(p, b, s.data(), rows, n, q0, k0, causal_part, padded);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = s.data() + r * n;
+          const float* zr = c.emb ? z.data() + r * c.P : nullptr;
+          float total = run[r];
+          for (int64_t j = n - 1; j >= 0; --j) {
+            if (row[j] == kNegInf) continue;  // hidden: no gate, no logit
+            total += sigmoid(row[j]);
+            float bias, unused_d, w;
+            int64_t fl;
+            position_bias(c, slope, zr, std::min(total, top), total > top, &bias, &unused_d, &fl, &w);
+            row[j] += bias;
+          }
+          run[r] = total;
+        }
+        softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
+        const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
+        gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
+      }
+      finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
+      std::copy(run.begin(), run.begin() + rows, gtot + bh * p.Tq + q0);
+    }
+  });
+}
+
+// dparam: per thread, (E, P) for the embeddings or (H) for the slopes. Gradients as backward_kernel's.
+template <typename T, typename O>
+void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* q, const T* k, const T* v,
+                                const T* dout, const float* lse, const float* delta, const float* gtot, O* dq, O* dk,
+                                O* dv, float* dparam) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  constexpr bool in_place = std::is_same<O, float>::value;
+  const float top = (float)(c.P - 1);
+  const int64_t dparam_size = c.emb ? p.E * c.P : p.H;
+  at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
+    const int64_t tile_size = p.bq * p.bk;
+    std::vector<float> s(tile_size), dp(tile_size), g(tile_size), dpos(tile_size), w(tile_size);
+    std::vector<int64_t> fl(c.emb ? tile_size : 0);
+    std::vector<float> dq_acc(p.bq * p.E), z(c.emb ? p.bq * c.P : 0), dz(c.emb ? p.bq * c.P : 0), before(p.bq),
+        dbefore(p.bq);
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
+        vbuf(wide ? p.Tk * p.Dv : 0);
+    std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
+    float* my_dparam = dparam + at::get_thread_num() * dparam_size;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
+      const float slope = c.slopes ? c.slopes[h] : 0.f;
+      float* dk_acc = in_place ? reinterpret_cast<float*>(dk + bh * p.Tk * p.E) : dk_own.data();
+      float* dv_acc = in_place ? reinterpret_cast<float*>(dv + bh * p.Tk * p.Dv) : dv_own.data();
+      if (!in_place) {
+        std::fill(dk_own.begin(), dk_own.end(), 0.f);
+        std::fill(dv_own.begin(), dv_own.end(), 0.f);
+      }
+      const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
+      const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
+      for (int64_t tile = 0; tile < p.tiles; ++tile) {
+        const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
+        int64_t ke, fe;
+        tile_keys(p, b, q0, rows, &ke, &fe);
+        const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
+        const float* dot = widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data());
+        const float* lse_t = lse + bh * p.Tq + q0;
+        const float* delta_t = delta + bh * p.Tq + q0;
+        const float* total = gtot + bh * p.Tq + q0;
+        if (c.emb) {
+          gemm(false, false, rows, c.P, p.E, 1.f, qt, p.E, c.emb, c.P, 0.f, z.data(), c.P);
+          std::fill(dz.begin(), dz.end(), 0.f);
+        }
+        std::fill(dq_acc.begin(), dq_acc.begin() + rows * p.E, 0.f);
+        std::fill(before.begin(), before.end(), 0.f);
+        std::fill(dbefore.begin(), dbefore.end(), 0.f);
+        for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
+          const int64_t n = std::min(p.bk, ke - k0);
+          gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kh + k0 * p.E, p.E, 0.f, s.data(), n);
+          const bool causal_part = p.causal && k0 + n > fe;
+          const bool padded = has_padding(p, b, k0, n);
+          if (causal_part || padded) mask_tile(p, b, s.data(), rows, n, q0, k0, causal_part, padded);
+          for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
+            float* row = s.data() + r * n;
+            const float* zr = c.emb ? z.data() + r * c.P : nullptr;
+            for (int64_t j = 0; j < n; ++j) {
+              const int64_t e = r * n + j;
+              if (row[j] == kNegInf || lse_t[r] == kNegInf) {
+                row[j] = g[e] = dpos[e] = w[e] = 0.f;
+                if (c.emb) fl[e] = 0;
+                continue;
+              }
+              const float gate = sigmoid(row[j]);
+              // the gates of this key and the later ones; summed in the other order than the forward's, it can
+              // round below 0 when they are tiny, which no index may see
+              const float raw = std::max(total[r] - before[r], 0.f);
+              before[r] += gate;
+              float bias;
+              int64_t f;
+              position_bias(c, slope, zr, std::min(raw, top), raw > top, &bias, &dpos[e], &f, &w[e]);
+              if (c.emb) fl[e] = f;
+              g[e] = gate;
+              row[j] = std::exp(row[j] + bias - lse_t[r]);
+            }
+          }
+          gemm(true, false, n, p.Dv, rows, 1.f, s.data(), n, dot, p.Dv, 1.f, dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+          gemm(false, true, rows, n, p.Dv, 1.f, dot, p.Dv, vh + k0 * p.Dv, p.Dv, 0.f, dp.data(), n);  // dP = dO V^T
+          for (int64_t r = 0; r < rows; ++r) {
+            float* dzr = c.emb ? dz.data() + r * c.P : nullptr;
+            for (int64_t j = 0; j < n; ++j) {
+              const int64_t e = r * n + j;
+              const float da = s[e] * (dp[e] - delta_t[r]);  // d logit
+              if (c.emb) {
+                dzr[fl[e]] += da * (1.f - w[e]);
+                if (w[e] > 0.f) dzr[fl[e] + 1] += da * w[e];
+              } else {
+                my_dparam[h] -= da * w[e];  // bias = -slope p
+              }
+              dbefore[r] += da * dpos[e];  // dL/dp summed over this key and the earlier ones: dL/dg of this key
+              dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
+            }
+          }
+          gemm(false, false, rows, p.E, n, 1.f, dp.data(), n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);
+          gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);
+        }
+        scale_row(dq_acc.data(), rows * p.E, p.scale);
+        if (c.emb) {  // z = q e: dq += dz e^T, de += q^T dz
+          gemm(false, true, rows, p.E, c.P, 1.f, dz.data(), c.P, c.emb, c.P, 1.f, dq_acc.data(), p.E);
+          gemm(true, false, p.E, c.P, rows, 1.f, qt, p.E, dz.data(), c.P, 1.f, my_dparam, c.P);
+        }
         narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
       }
       scale_row(dk_acc, p.Tk * p.E, p.scale);
@@ -615,6 +832,84 @@ std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k,
   return {dq, dk, dv, dbias};
 }
 
+Contextual make_contextual(const Problem& p, const at::Tensor& emb, const at::Tensor& slopes, int64_t p_max) {
+  TORCH_CHECK(p_max >= 1, "cpu_flash: p_max must be >= 1");
+  TORCH_CHECK((emb.numel() > 0) != (slopes.numel() > 0), "cpu_flash: give exactly one of emb and slopes");
+  Contextual c;
+  c.P = p_max;
+  if (emb.numel()) {
+    TORCH_CHECK(emb.dim() == 2 && emb.size(0) == p.E && emb.size(1) == p_max && emb.scalar_type() == at::kFloat &&
+                emb.is_contiguous(), "cpu_flash: emb must be a contiguous fp32 (E, p_max) tensor");
+    c.emb = emb.data_ptr<float>();
+  } else {
+    TORCH_CHECK(slopes.dim() == 1 && slopes.size(0) == p.H && slopes.scalar_type() == at::kFloat &&
+                slopes.is_contiguous(), "cpu_flash: slopes must be a contiguous fp32 (H) tensor");
+    c.slopes = slopes.data_ptr<float>();
+  }
+  return c;
+}
+
+std::vector<at::Tensor> contextual_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                           bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
+                                           const at::Tensor& pad, const at::Tensor& emb, const at::Tensor& slopes,
+                                           int64_t p_max, int64_t bq, int64_t bk) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk);
+  const Contextual c = make_contextual(p, emb, slopes, p_max);
+  auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
+  auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
+  auto gtot = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
+  if (q.scalar_type() == at::kFloat) {
+    contextual_forward_kernel<float>(p, c, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                     out.data_ptr<float>(), lse.data_ptr<float>(), gtot.data_ptr<float>());
+  } else {
+    using B = at::BFloat16;
+    contextual_forward_kernel<B>(p, c, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), out.data_ptr<B>(),
+                                 lse.data_ptr<float>(), gtot.data_ptr<float>());
+  }
+  return {out, lse, gtot};
+}
+
+// Returns (dq, dk, dv, dparam) as flash_backward's, dparam per thread: (threads, E, P) or (threads, H).
+std::vector<at::Tensor> contextual_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
+                                            const at::Tensor& gtot, double scale, bool causal, const at::Tensor& q_pos,
+                                            const at::Tensor& k_pos, const at::Tensor& pad, const at::Tensor& emb,
+                                            const at::Tensor& slopes, int64_t p_max, int64_t bq, int64_t bk) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk);
+  const Contextual c = make_contextual(p, emb, slopes, p_max);
+  TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() && dout.sizes() == at::IntArrayRef({p.B, p.H, p.Tq, p.Dv}),
+              "cpu_flash: the output gradient must be contiguous and shaped like the output");
+  TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && gtot.is_contiguous() && lse.scalar_type() == at::kFloat &&
+              delta.scalar_type() == at::kFloat && gtot.scalar_type() == at::kFloat &&
+              lse.numel() == p.B * p.H * p.Tq && delta.numel() == lse.numel() && gtot.numel() == lse.numel(),
+              "cpu_flash: logsumexp, delta and the gate totals must be contiguous fp32 (B, H, Tq)");
+  const auto f32 = q.options().dtype(at::kFloat);
+  const bool own_dtype = q.scalar_type() != at::kFloat && p.g == 1;
+  const auto grads = own_dtype ? q.options() : f32;
+  auto dq = at::empty({p.B, p.H, p.Tq, p.E}, grads);
+  auto dk = own_dtype ? at::empty({p.B, p.H, p.Tk, p.E}, grads) : at::zeros({p.B, p.H, p.Tk, p.E}, grads);
+  auto dv = own_dtype ? at::empty({p.B, p.H, p.Tk, p.Dv}, grads) : at::zeros({p.B, p.H, p.Tk, p.Dv}, grads);
+  const int64_t threads = at::get_num_threads();
+  auto dparam = c.emb ? at::zeros({threads, p.E, c.P}, f32) : at::zeros({threads, p.H}, f32);
+  float* dpar = dparam.data_ptr<float>();
+  const float *l = lse.data_ptr<float>(), *d = delta.data_ptr<float>(), *gt = gtot.data_ptr<float>();
+  if (q.scalar_type() == at::kFloat) {
+    contextual_backward_kernel<float, float>(p, c, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                             dout.data_ptr<float>(), l, d, gt, dq.data_ptr<float>(),
+                                             dk.data_ptr<float>(), dv.data_ptr<float>(), dpar);
+  } else if (own_dtype) {
+    using B = at::BFloat16;
+    contextual_backward_kernel<B, B>(p, c, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(), l, d,
+                                     gt, dq.data_ptr<B>(), dk.data_ptr<B>(), dv.data_ptr<B>(), dpar);
+  } else {
+    using B = at::BFloat16;
+    contextual_backward_kernel<B, float>(p, c, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), dout.data_ptr<B>(),
+                                         l, d, gt, dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(),
+                                         dpar);
+  }
+  return {dq, dk, dv, dparam};
+}
+
 // rowsum(a * b) over the last dimension in fp32, (..., n) -> (...): FlashAttention's D = rowsum(dO * O) without
 // fp32 copies of dO and O (for bf16 inputs those copies were the largest tensors of the backward).
 template <typename T>
@@ -660,4 +955,9 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
         "Tensor q_pos, Tensor k_pos, Tensor pad, int bias_kind, Tensor bias_values, int bias_hi, int bias_max, "
         "float bias_scale, int bq, int bk) -> Tensor[]",
         &flash_backward);
+  m.def("contextual_forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, "
+        "Tensor pad, Tensor emb, Tensor slopes, int p_max, int bq, int bk) -> Tensor[]", &contextual_forward);
+  m.def("contextual_backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor gtot, "
+        "float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, Tensor emb, Tensor slopes, int p_max, "
+        "int bq, int bk) -> Tensor[]", &contextual_backward);
 }

@@ -117,9 +117,7 @@ def serves(inp: AttentionInputs, enc):
     of this machine that measured the path without the kernel faster for the call's form and dtype
     (attention/kernel_calibration.py)."""
     q, k = inp.q, inp.k
-    if q.device.type != "cpu" or inp.attn_mask is not None or q.dtype not in DTYPES or not enabled():
-        return None
-    if torch.compiler.is_compiling():
+    if not _call_served(inp):
         return None
     if qk_served(enc):
         if inp.causal and not _scalar_positions(inp):
@@ -135,6 +133,33 @@ def serves(inp: AttentionInputs, enc):
         return None
     # a calibration of this machine may have measured the path without the kernel faster for this form and dtype
     return found if kernel_calibration.kernel_wins(_library, QK if found is QK else found.form, q.dtype) else None
+
+
+def _call_served(inp: AttentionInputs) -> bool:
+    """The conditions on the call itself: the switch on, CPU tensors of a DTYPES dtype, no general attn_mask,
+    not while torch.compile traces."""
+    q = inp.q
+    return (q.device.type == "cpu" and inp.attn_mask is None and q.dtype in DTYPES and enabled()
+            and not torch.compiler.is_compiling())
+
+
+CONTEXTUAL = "contextual"  # the calibration's name for CoPE's form
+
+
+def serves_contextual(inp: AttentionInputs, enc) -> bool:
+    """Whether the kernel serves a contextual encoding's call (CoPE, cope-alibi): gates from the keys themselves
+    (the encoding's gate source is k; value gates and separate gate keys keep the blocked path), scalar positions,
+    finite q/k, and serves()'s conditions on the call, the build and the calibration."""
+    if enc.kind != "contextual" or not _call_served(inp) or not _scalar_positions(inp):
+        return False
+    try:
+        if enc.gate_source(inp.k, inp.v, None) is not inp.k:
+            return False
+    except ValueError:  # separate gate keys, which a call without them cannot give
+        return False
+    if not all_finite(inp.q, inp.k) or not available():
+        return False
+    return kernel_calibration.kernel_wins(_library, CONTEXTUAL, inp.q.dtype)
 
 
 def _positions(inp: AttentionInputs, needed: bool):
@@ -221,3 +246,52 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     return CpuFlashAttention.apply(q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
                                    bool(causal), form, offset, block_q, block_k)
+
+
+class CpuFlashContextual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pos_emb, slopes, scale, q_positions, k_positions, pad, causal, p_max, block_q, block_k):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        emb = pos_emb.to(torch.float32).contiguous() if pos_emb is not None else torch.empty(0)
+        sl = slopes.to(torch.float32).contiguous() if slopes is not None else torch.empty(0)
+        out, lse, gtot = kernel().contextual_forward(q, k, v, float(scale), causal, q_positions, k_positions, pad,
+                                                     emb, sl, p_max, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse, gtot, q_positions, k_positions, pad, emb, sl)
+        ctx.cfg = (float(scale), causal, p_max, block_q, block_k)
+        ctx.param = (pos_emb, slopes)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, gtot, q_positions, k_positions, pad, emb, sl = ctx.saved_tensors
+        scale, causal, p_max, block_q, block_k = ctx.cfg
+        do = grad_out.to(out.dtype).contiguous()
+        delta = kernel().row_dot(do, out.contiguous())
+        dq, dk, dv, dparam = kernel().contextual_backward(q, k, v, do, lse, delta, gtot, scale, causal, q_positions,
+                                                          k_positions, pad, emb, sl, p_max, block_q, block_k)
+        B, Hkv, Tk = k.shape[:3]
+        g = q.shape[1] // Hkv
+        if g > 1:  # per query head -> per kv head
+            dk, dv = (x.view(B, Hkv, g, Tk, x.shape[-1]).sum(2) for x in (dk, dv))
+        pos_emb, slopes = ctx.param
+        d_emb = dparam.sum(0).to(pos_emb.dtype) if pos_emb is not None and ctx.needs_input_grad[3] else None
+        d_slopes = dparam.sum(0).to(slopes.dtype) if slopes is not None and ctx.needs_input_grad[4] else None
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_emb, d_slopes, *(None,) * 8)
+
+
+def cpu_flash_contextual_attention(q, k, v, *, scale: float, p_max: int, pos_emb=None, slopes=None, q_positions=None,
+                                   k_positions=None, causal: bool = False, key_padding_mask=None,
+                                   block_q: int | None = None, block_k: int | None = None) -> torch.Tensor:
+    """CoPE attention through the compiled kernel, gates from the keys: exactly one of pos_emb (D, p_max) (cope:
+    the bias interpolates q . e at the contextual position) or slopes (H,) (cope-alibi: -slope_h p). Shapes,
+    positions, masks and blocks as cpu_flash_attention's; keys non-decreasing in position (the caller checks).
+    Callers check `available()` first."""
+    if (pos_emb is None) == (slopes is None):
+        raise ValueError("pass exactly one of pos_emb (cope) and slopes (cope-alibi)")
+    block_q = BLOCK_Q if block_q is None else block_q
+    block_k = BLOCK_K if block_k is None else block_k
+    inp = AttentionInputs(q, k, v, q_positions, k_positions, scale, causal, key_padding_mask)
+    qp, kp = _positions(inp, causal)
+    pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
+    return CpuFlashContextual.apply(q, k, v, pos_emb, slopes, float(scale), qp, kp, pad, bool(causal), int(p_max),
+                                    block_q, block_k)

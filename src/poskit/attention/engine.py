@@ -162,6 +162,9 @@ def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "a
                              "padding mask, shape (B, 1, 1, Tk)); use backend='auto' for a general mask")
         chosen = "sdpa" if sdpa_serves(enc) else "reference"  # the paths that are exact with a general mask
         reasons += (f"a general attn_mask (not a key padding mask): the {chosen} backend is exact with it",)
+    if chosen == "blocked-contextual" and cpu_flash.serves_contextual(inp, enc):
+        return Plan("cpu-flash", chosen, reasons + ("gates from the keys on CPU: the compiled kernel",),
+                    runners.run_cpu_flash_contextual)
     if chosen == "blocked-contextual" and torch.compiler.is_compiling():
         # the blocked path plans its blocks from tensor values, which torch.compile cannot trace
         return Plan("reference", "reference", reasons + (

@@ -3,8 +3,8 @@ library, so that routing follows this CPU's numbers rather than constants measur
 
 The kernel serves a call where it can (cpu_flash.serves), unless a calibration of this machine measured the path
 without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of call, one decision per form x
-dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...) and
-"offset_embeddings" (relative PE's q . e), each in fp32 and bf16. `poskit kernel calibrate` measures it (and
+dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...),
+"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16. `poskit kernel calibrate` measures it (and
 `poskit kernel build` after building): forward + backward of one causal call per form and dtype at B=2, H=8,
 T=1024, d=64 with the threads torch has, medians of interleaved rounds. A form keeps the kernel unless its median
 exceeds the fallback's by MARGIN, so that noise on a shared machine does not flip a default. Without a
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 FILE_NAME = "calibration.json"
-FORMS = ("qk", "distance_table", "offset_embeddings")
+FORMS = ("qk", "distance_table", "offset_embeddings", "contextual")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # the encoding measured for each form (the kernel serves every encoding of a form by the same code)
-_ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}), "offset_embeddings": ("relative-capped",
-                                                                                            {"max_distance": 256})}
+_ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
+              "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 

@@ -72,6 +72,17 @@ def run_cpu_flash(inp: AttentionInputs, enc, gate_keys, served=cpu_flash.QK):
                                          key_padding_mask=inp.key_padding_mask, bias=served)
 
 
+def run_cpu_flash_contextual(inp: AttentionInputs, enc, gate_keys):
+    """A contextual encoding (CoPE, cope-alibi) with gates from the keys through the compiled CPU kernel."""
+    enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take
+    enc.check_positions(inp.q_positions, inp.k_positions, None)  # keys in order, as the gates' sums need
+    pos_emb, slopes = enc.fused_operands()
+    return cpu_flash.cpu_flash_contextual_attention(
+        inp.q, inp.k, inp.v, scale=inp.scale, p_max=enc.p_max, pos_emb=pos_emb, slopes=slopes,
+        q_positions=inp.q_positions, k_positions=inp.k_positions, causal=inp.causal,
+        key_padding_mask=inp.key_padding_mask)
+
+
 def run_blocked_static_bias(inp: AttentionInputs, enc, gate_keys):
     """A bias of positions alone (ALiBi) generated block by block on the blocked CPU path, instead of a T x T
     float mask (which slows CPU SDPA ~1.7x)."""
