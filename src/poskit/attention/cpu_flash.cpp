@@ -494,9 +494,12 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
 // CoPE (contextual positions), gates from the keys: g_ts = sigmoid(s_ts) with s_ts = scale q_t . k_s, the position
 // p_ts = min(sum of g_ts' over the visible keys s' >= s, P - 1), and the bias interpolated from z_t[j] = q_t . e[:, j]
 // between floor(p) and ceil(p) (cope), or -slope_h p (cope-alibi). The forward walks each query tile's keys
-// backwards, so that the suffix sums of the gates accumulate tile by tile; it saves each row's total G_t, from
-// which the backward, walking forwards, rebuilds p = G_t - (gates before s) and accumulates the prefix sums of
-// dL/dp that the gates' gradient needs (dL/dg_ts' = sum over s <= s' of dL/dp_ts).
+// backwards, so that the suffix sums of the gates accumulate tile by tile. Once a row's sum reaches P - 1 every
+// earlier key's position is clamped there: its bias is one constant and its gate's gradient 0 (it moves only
+// clamped positions), so neither pass computes those gates. The forward saves, per row, the last clamped key
+// (-1 if none) and the sum of the gates after it; the backward, walking forwards, rebuilds p = that sum - (the
+// gates between) for the keys after the clamped ones and accumulates the prefix sums of dL/dp that the gates'
+// gradient needs (dL/dg_ts' = sum over s <= s' of dL/dp_ts).
 struct Contextual {
   const float* emb = nullptr;     // (E, P) or null
   const float* slopes = nullptr;  // (H) or null
@@ -537,6 +540,7 @@ void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q
   const float top = (float)(c.P - 1);
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq), run(p.bq), z(c.emb ? p.bq * c.P : 0);
+    std::vector<int64_t> sat(p.bq);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
@@ -551,6 +555,7 @@ void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
       std::fill(run.begin(), run.end(), 0.f);
+      std::fill(sat.begin(), sat.end(), -1);
       for (int64_t k0 = ke > 0 ? ((ke - 1) / p.bk) * p.bk : -1; k0 >= 0; k0 -= p.bk) {  // backwards
         const int64_t n = std::min(p.bk, ke - k0);
         const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
@@ -561,23 +566,35 @@ void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s.data() + r * n;
           const float* zr = c.emb ? z.data() + r * c.P : nullptr;
-          float total = run[r];
-          for (int64_t j = n - 1; j >= 0; --j) {
-            if (row[j] == kNegInf) continue;  // hidden: no gate, no logit
-            total += sigmoid(row[j]);
-            float bias, unused_d, w;
-            int64_t fl;
-            position_bias(c, slope, zr, std::min(total, top), total > top, &bias, &unused_d, &fl, &w);
-            row[j] += bias;
+          const float clamped_bias = c.emb ? zr[c.P - 1] : -slope * top;
+          int64_t j = n - 1;
+          if (sat[r] < 0) {
+            float total = run[r];
+            for (; j >= 0; --j) {
+              if (row[j] == kNegInf) continue;  // hidden: no gate, no logit
+              total += sigmoid(row[j]);
+              if (total >= top) {  // this key and every earlier one: position P - 1
+                sat[r] = k0 + j;
+                break;
+              }
+              float bias, unused_d, w;
+              int64_t fl;
+              position_bias(c, slope, zr, total, false, &bias, &unused_d, &fl, &w);
+              row[j] += bias;
+              run[r] = total;  // the sum of the gates after the last clamped key
+            }
           }
-          run[r] = total;
+          if (j >= 0) add_scalar(row, clamped_bias, j + 1);  // (-inf stays -inf)
         }
         softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
         gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
       finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
-      std::copy(run.begin(), run.begin() + rows, gtot + bh * p.Tq + q0);
+      for (int64_t r = 0; r < rows; ++r) {  // (as float: exact for key indices below 2^24)
+        gtot[2 * (bh * p.Tq + q0 + r)] = run[r];
+        gtot[2 * (bh * p.Tq + q0 + r) + 1] = (float)sat[r];
+      }
     }
   });
 }
@@ -597,6 +614,7 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
     std::vector<int64_t> fl(c.emb ? tile_size : 0);
     std::vector<float> dq_acc(p.bq * p.E), z(c.emb ? p.bq * c.P : 0), dz(c.emb ? p.bq * c.P : 0), before(p.bq),
         dbefore(p.bq);
+    std::vector<int64_t> clamped(p.bq);  // per row of the tile: its keys [0, clamped) sit at position P - 1
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
         vbuf(wide ? p.Tk * p.Dv : 0);
     std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
@@ -620,7 +638,7 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
         const float* dot = widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data());
         const float* lse_t = lse + bh * p.Tq + q0;
         const float* delta_t = delta + bh * p.Tq + q0;
-        const float* total = gtot + bh * p.Tq + q0;
+        const float* saved = gtot + 2 * (bh * p.Tq + q0);  // per row: (the gates' sum after the last clamped key, it)
         if (c.emb) {
           gemm(false, false, rows, c.P, p.E, 1.f, qt, p.E, c.emb, c.P, 0.f, z.data(), c.P);
           std::fill(dz.begin(), dz.end(), 0.f);
@@ -637,21 +655,33 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
             float* row = s.data() + r * n;
             const float* zr = c.emb ? z.data() + r * c.P : nullptr;
-            for (int64_t j = 0; j < n; ++j) {
+            if (lse_t[r] == kNegInf) {  // a query that sees no key
+              std::fill(row, row + n, 0.f);
+              clamped[r] = n;
+              continue;
+            }
+            // keys up to the last clamped one: constant bias, no gate (P only, vectorised)
+            const int64_t cut = std::min<int64_t>(std::max<int64_t>((int64_t)saved[2 * r + 1] + 1 - k0, 0), n);
+            clamped[r] = cut;
+            if (cut > 0) {
+              add_scalar(row, (c.emb ? zr[c.P - 1] : -slope * top) - lse_t[r], cut);
+              exp_shifted(row, cut, 0.f);
+            }
+            for (int64_t j = cut; j < n; ++j) {
               const int64_t e = r * n + j;
-              if (row[j] == kNegInf || lse_t[r] == kNegInf) {
+              if (row[j] == kNegInf) {
                 row[j] = g[e] = dpos[e] = w[e] = 0.f;
                 if (c.emb) fl[e] = 0;
                 continue;
               }
               const float gate = sigmoid(row[j]);
-              // the gates of this key and the later ones; summed in the other order than the forward's, it can
-              // round below 0 when they are tiny, which no index may see
-              const float raw = std::max(total[r] - before[r], 0.f);
+              // the gates of this key and the later ones (up to the clamped ones); summed in the other order
+              // than the forward's, it can round below 0 when they are tiny, which no index may see
+              const float raw = std::max(saved[2 * r] - before[r], 0.f);
               before[r] += gate;
               float bias;
               int64_t f;
-              position_bias(c, slope, zr, std::min(raw, top), raw > top, &bias, &dpos[e], &f, &w[e]);
+              position_bias(c, slope, zr, std::min(raw, top), raw >= top, &bias, &dpos[e], &f, &w[e]);
               if (c.emb) fl[e] = f;
               g[e] = gate;
               row[j] = std::exp(row[j] + bias - lse_t[r]);
@@ -661,7 +691,20 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           gemm(false, true, rows, n, p.Dv, 1.f, dot, p.Dv, vh + k0 * p.Dv, p.Dv, 0.f, dp.data(), n);  // dP = dO V^T
           for (int64_t r = 0; r < rows; ++r) {
             float* dzr = c.emb ? dz.data() + r * c.P : nullptr;
-            for (int64_t j = 0; j < n; ++j) {
+            const int64_t cut = clamped[r];
+            if (cut > 0) {  // clamped keys: d logit = P (dP - delta), all of it onto the constant bias
+              float* d = dp.data() + r * n;
+              const float* pr = s.data() + r * n;
+              const Vec sub(delta_t[r]);
+              int64_t j = 0;
+              for (; j + Vec::size() <= cut; j += Vec::size())
+                (Vec::loadu(pr + j) * (Vec::loadu(d + j) - sub)).store(d + j);
+              for (; j < cut; ++j) d[j] = pr[j] * (d[j] - delta_t[r]);
+              const float sum = row_sum(d, cut);
+              if (c.emb) dzr[c.P - 1] += sum;
+              else my_dparam[h] -= sum * top;
+            }
+            for (int64_t j = cut; j < n; ++j) {
               const int64_t e = r * n + j;
               const float da = s[e] * (dp[e] - delta_t[r]);  // d logit
               if (c.emb) {
@@ -857,7 +900,7 @@ std::vector<at::Tensor> contextual_forward(const at::Tensor& q, const at::Tensor
   const Contextual c = make_contextual(p, emb, slopes, p_max);
   auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
   auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
-  auto gtot = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
+  auto gtot = at::empty({p.B, p.H, p.Tq, 2}, q.options().dtype(at::kFloat));
   if (q.scalar_type() == at::kFloat) {
     contextual_forward_kernel<float>(p, c, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
                                      out.data_ptr<float>(), lse.data_ptr<float>(), gtot.data_ptr<float>());
@@ -881,8 +924,8 @@ std::vector<at::Tensor> contextual_backward(const at::Tensor& q, const at::Tenso
               "cpu_flash: the output gradient must be contiguous and shaped like the output");
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && gtot.is_contiguous() && lse.scalar_type() == at::kFloat &&
               delta.scalar_type() == at::kFloat && gtot.scalar_type() == at::kFloat &&
-              lse.numel() == p.B * p.H * p.Tq && delta.numel() == lse.numel() && gtot.numel() == lse.numel(),
-              "cpu_flash: logsumexp, delta and the gate totals must be contiguous fp32 (B, H, Tq)");
+              lse.numel() == p.B * p.H * p.Tq && delta.numel() == lse.numel() && gtot.numel() == 2 * lse.numel(),
+              "cpu_flash: logsumexp and delta must be contiguous fp32 (B, H, Tq), the saved gate sums (B, H, Tq, 2)");
   const auto f32 = q.options().dtype(at::kFloat);
   const bool own_dtype = q.scalar_type() != at::kFloat && p.g == 1;
   const auto grads = own_dtype ? q.options() : f32;
