@@ -48,5 +48,5 @@ def documented_cpu_path_holds(documented: str, chosen: str) -> bool:
     """Whether `chosen` (route()'s answer here) is the CPU path a document gives: where it says "cpu-flash" and
     the kernel cannot be built here, the exact blocked path that serves instead."""
     if documented == "cpu-flash" and not kernel_available():
-        return chosen in ("blocked", "blocked-bias")
+        return chosen in ("blocked", "blocked-bias", "blocked-contextual")
     return chosen == documented

@@ -1,5 +1,6 @@
-"""The compiled CPU attention kernel (cpu_flash.cpp): the default CPU path for q/k wider than v (PoPE) and for a
-logit bias computed from positions (ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative PE).
+"""The compiled CPU attention kernel (cpu_flash.cpp): the default CPU path for q/k wider than v (PoPE), for a
+logit bias computed from positions (ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative PE) and for
+CoPE's contextual positions with gates from the keys (cope, cope-alibi: cpu_flash_contextual_attention).
 
 What it computes: softmax(scale q k^T + bias, causal by position, key padding) @ v, exactly (the formula of
 attention/reference.py; only the rounding differs), in cache-sized tiles with an online softmax, causal tiles

@@ -11,9 +11,11 @@
                       and a bias of positions alone (ALiBi) generated block by block instead of a T x T float mask.
 "blocked-bias":       a bias that reads q or trains (relative), per query block on CPU (attention/blocked_bias.py).
 "blocked-contextual": a contextual encoding whose fused kernel has a blocked CPU counterpart (cope) on CPU
-                      (attention/blocked_cope.py).
+                      (attention/blocked_cope.py), where the compiled kernel does not serve it (gates from the
+                      values or separate gate keys, the kernel off).
 "cpu-flash":          the compiled CPU kernel (attention/cpu_flash.py), the default on CPU (fp32, bf16) for q/k wider
-                      than v (PoPE) and for a bias the encoding declares for the kernel (`kernel_bias`:
+                      than v (PoPE), for contextual positions with gates from the keys (CoPE, cope-alibi) and
+                      for a bias the encoding declares for the kernel (`kernel_bias`:
                       encodings/kernel_bias.py; ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative),
                       with causal, key padding, grouped kv heads and decode; unless POSKIT_CPU_KERNEL=0 or it
                       cannot be built (then the blocked paths below, as before).
