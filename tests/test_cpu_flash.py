@@ -198,7 +198,7 @@ def test_the_cli_builds_and_reports(kernel, capsys):
 
 
 def test_the_cli_calibrates_after_building_and_says_what_it_decided(kernel, capsys, monkeypatch):
-    from poskit.attention import kernel_calibration as kc
+    from poskit.cli import kernel as kernel_cli
     from poskit.cli import main
 
     seen = []
@@ -207,7 +207,7 @@ def test_the_cli_calibrates_after_building_and_says_what_it_decided(kernel, caps
         seen.append(library)
         return {"results": {"qk/float32": {"kernel": True}, "qk/bfloat16": {"kernel": False}}}
 
-    monkeypatch.setattr(kc, "calibrate", calibrate)
+    monkeypatch.setattr(kernel_cli, "calibrate", calibrate)
     assert main(["kernel", "build"]) == 0 and main(["kernel", "calibrate"]) == 0
     out = capsys.readouterr().out
     assert len(seen) == 2 and seen[0] == seen[1] == kernel_build.cached_library()
@@ -613,10 +613,11 @@ def test_an_unreadable_calibration_names_its_file_and_leaves_the_kernel_on(kerne
 
 def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, tmp_path, monkeypatch):
     from poskit.attention import kernel_calibration as kc
+    from poskit.cli.kernel import calibrate
 
     monkeypatch.setattr(kc, "SHAPE", {"B": 1, "H": 2, "T": 64, "D": 16})  # small: this checks the mechanics
     lines = []
-    doc = kc.calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
+    doc = calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
     assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 8
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0

@@ -4,7 +4,7 @@ library, so that routing follows this CPU's numbers rather than constants measur
 The kernel serves a call where it can (cpu_flash.serves), unless a calibration of this machine measured the path
 without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of call, one decision per form x
 dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...),
-"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16. `poskit kernel calibrate` measures it (and
+"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16. `poskit kernel calibrate` measures it (cli/kernel.py; and
 `poskit kernel build` after building): forward + backward of one causal call per form and dtype at B=2, H=8,
 T=1024, d=64 with the threads torch has, medians of interleaved rounds. A form keeps the kernel unless its median
 exceeds the fallback's by MARGIN, so that noise on a shared machine does not flip a default. Without a
@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import statistics
-import time
+import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -30,12 +30,12 @@ FILE_NAME = "calibration.json"
 FORMS = ("qk", "distance_table", "offset_embeddings", "contextual")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # the encoding measured for each form (the kernel serves every encoding of a form by the same code)
-_ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
+ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
               "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 
-_measuring = False  # while True, serves() ignores the calibration (calibrate() measures the kernel itself)
+_measuring = False  # while True, serves() ignores the calibration (a calibration measures the kernel itself)
 
 
 class CalibrationError(ValueError):
@@ -94,7 +94,8 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
 
 
 @contextlib.contextmanager
-def _ignoring_calibration():
+def ignoring_calibration():
+    """Within it the kernel serves every call it can, whatever the calibration says (to measure the kernel)."""
     global _measuring
     saved, _measuring = _measuring, True
     try:
@@ -103,65 +104,13 @@ def _ignoring_calibration():
         _measuring = saved
 
 
-def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
-    """(kernel ms, fallback ms): medians of interleaved forward + backward rounds of one causal call."""
-    import os
-
-    import poskit
-
-    from . import cpu_flash
-
-    g = torch.Generator().manual_seed(0)
-    B, H, T, D = SHAPE["B"], SHAPE["H"], SHAPE["T"], SHAPE["D"]
-    q, k, v = (torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
-
-    def call(switch):
-        saved = os.environ.get(cpu_flash.ENV_SWITCH)
-        os.environ[cpu_flash.ENV_SWITCH] = switch
-        try:
-            out = poskit.attention(q, k, v, enc, is_causal=True)
-            out.backward(torch.ones_like(out))
-        finally:
-            if saved is None:
-                del os.environ[cpu_flash.ENV_SWITCH]
-            else:
-                os.environ[cpu_flash.ENV_SWITCH] = saved
-
-    times = {"1": [], "0": []}
-    for switch in times:  # warm-up: tables, allocator
-        call(switch)
-    for _ in range(rounds):
-        for switch in times:
-            started = time.perf_counter()
-            call(switch)
-            times[switch].append(time.perf_counter() - started)
-    return 1000 * statistics.median(times["1"]), 1000 * statistics.median(times["0"])
-
-
-def calibrate(library: Path, *, rounds: int = 5, progress=print) -> dict:
-    """Measure every form x dtype, write the calibration beside `library` and return its document."""
-    import poskit
-    from poskit.encodings.registration import UntrainedEncodingWarning
-
-    from ..report.record import machine_info, utc_now
-    from ..training.files import atomic_write_json
-
-    results = {}
-    with _ignoring_calibration(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UntrainedEncodingWarning)  # timed, never trained
-        for form in FORMS:
-            name, options = _ENCODINGS[form]
-            for dtype_name, dtype in DTYPES.items():
-                enc = poskit.build_encoding(name, head_dim=SHAPE["D"], num_heads=SHAPE["H"],
-                                            dim=SHAPE["H"] * SHAPE["D"], **options).to(dtype)
-                kernel_ms, fallback_ms = _timed_pair(enc, dtype, rounds)
-                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": round(kernel_ms, 2),
-                                                   "fallback_ms": round(fallback_ms, 2),
-                                                   "kernel": decide(kernel_ms, fallback_ms)}
-                progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
-                         f"   -> {'kernel' if results[f'{form}/{dtype_name}']['kernel'] else 'without it'}")
-    doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": SHAPE,
-           "rounds": rounds, "margin": MARGIN, "results": results}
-    atomic_write_json(path_for(library), doc)
+def write(library: Path, doc: dict) -> Path:
+    """Save a calibration document ({"results": {"form/dtype": {"kernel": bool, ...}}, ...}) beside `library`,
+    atomically, and forget what this process had read."""
+    path = path_for(library)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
     _decisions_at.cache_clear()
-    return doc
+    return path

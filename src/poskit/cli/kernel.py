@@ -76,11 +76,83 @@ def cmd_kernel(args) -> int:
     return 0
 
 
+def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
+    """(kernel ms, ms without it): medians of interleaved forward + backward rounds of one causal call at
+    kernel_calibration.SHAPE."""
+    import os
+    import statistics
+    import time
+
+    import torch
+
+    import poskit
+    from poskit.attention import cpu_flash, kernel_calibration
+
+    g = torch.Generator().manual_seed(0)
+    shape = kernel_calibration.SHAPE
+    q, k, v = (torch.randn(shape["B"], shape["H"], shape["T"], shape["D"], generator=g).to(dtype).requires_grad_()
+               for _ in range(3))
+
+    def call(switch):
+        saved = os.environ.get(cpu_flash.ENV_SWITCH)
+        os.environ[cpu_flash.ENV_SWITCH] = switch
+        try:
+            out = poskit.attention(q, k, v, enc, is_causal=True)
+            out.backward(torch.ones_like(out))
+        finally:
+            if saved is None:
+                del os.environ[cpu_flash.ENV_SWITCH]
+            else:
+                os.environ[cpu_flash.ENV_SWITCH] = saved
+
+    times = {"1": [], "0": []}
+    for switch in times:  # warm-up: tables, allocator
+        call(switch)
+    for _ in range(rounds):
+        for switch in times:
+            started = time.perf_counter()
+            call(switch)
+            times[switch].append(time.perf_counter() - started)
+    return 1000 * statistics.median(times["1"]), 1000 * statistics.median(times["0"])
+
+
+def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
+    """Time the kernel against the paths without it for every form x dtype of attention/kernel_calibration.py,
+    save the decisions beside `library` and return the document."""
+    import warnings
+
+    import torch
+
+    import poskit
+    from poskit.attention import kernel_calibration as kc
+    from poskit.encodings.registration import UntrainedEncodingWarning
+    from poskit.report.record import machine_info, utc_now
+
+    results = {}
+    with kc.ignoring_calibration(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UntrainedEncodingWarning)  # timed, never trained
+        for form in kc.FORMS:
+            name, options = kc.ENCODINGS[form]
+            for dtype_name, dtype in kc.DTYPES.items():
+                enc = poskit.build_encoding(name, head_dim=kc.SHAPE["D"], num_heads=kc.SHAPE["H"],
+                                            dim=kc.SHAPE["H"] * kc.SHAPE["D"], **options).to(dtype)
+                kernel_ms, fallback_ms = _timed_pair(enc, dtype, rounds)
+                use = kc.decide(kernel_ms, fallback_ms)
+                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": round(kernel_ms, 2),
+                                                   "fallback_ms": round(fallback_ms, 2), "kernel": use}
+                progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
+                         f"   -> {'kernel' if use else 'without it'}")
+    doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
+           "rounds": rounds, "margin": kc.MARGIN, "results": results}
+    kc.write(library, doc)
+    return doc
+
+
 def _calibrate(library) -> None:
     from poskit.attention import kernel_calibration
 
     print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
-    doc = kernel_calibration.calibrate(library)
+    doc = calibrate(library)
     off = [key for key, entry in doc["results"].items() if not entry["kernel"]]
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
           + ("every form and dtype" if not off else f"all but {', '.join(off)}"))
