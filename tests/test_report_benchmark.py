@@ -220,3 +220,21 @@ def test_a_path_that_fails_is_reported_and_the_others_are_still_measured(monkeyp
     by_path = {r["path"].split(" [")[0]: r for r in rows}
     assert by_path["alibi"]["ms"] == "failed: RuntimeError: PassManager::run failed" and "ratio" not in by_path["alibi"]
     assert float(by_path["rope"]["ms"]) > 0 and by_path["rope"]["ratio"]
+
+
+def test_the_gpu_machine_script_runs_only_the_parts_asked_for(tmp_path):
+    # one command per lent GPU machine: a broken script would cost device time, so its frame is checked here
+    import subprocess
+    import sys
+
+    script = BENCH.parent / "gpu_machine.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**__import__("os").environ, "OUT": str(tmp_path), "PARTS": "none", "PYTHON": sys.executable}
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "all parts ended" in run.stdout and "building the CPU kernel" not in run.stdout
+    assert (tmp_path / "env.txt").exists() and (tmp_path / "logs.tar.gz").exists()
+    assert not any(p.name == "benchmark.json" for p in tmp_path.rglob("*"))
+    without_out = {k: v for k, v in env.items() if k != "OUT"}
+    refused = subprocess.run(["bash", str(script)], env=without_out, capture_output=True, text=True)
+    assert refused.returncode != 0 and "set OUT" in refused.stderr
