@@ -345,7 +345,12 @@ ROWS = (
         "8.82 at 10x). 400 steps at context 128 bytes of the wiki extract (the paper: Wikitext-103 at 512 and 1024 "
         "tokens). Uncapped relative refuses positions beyond max_distance, so only relative-capped is evaluated "
         "beyond 1x."),
-    Row("004", "Fig. 4", "", "Position-only attention of a sep-keys CoPE model follows paragraphs and sections",
+    Row("004", "Fig. 4", "sep-keys", "Position-only attention of a sep-keys CoPE model follows paragraphs and sections",
+        "measured, inconclusive (2 seeds; 400 steps)", "poskit analyze cope-gates RUN...", "analyze-cope-gates-sep",
+        "On the two sep-keys runs of text-cope-ablations no head's gates single out newlines (0.68-1.43x its mean "
+        "gate in 15 of 16 heads); layer-1 gates vary with the query as well as the key. 2 layers, 400 steps, "
+        "bytes of the wiki extract instead of Wikitext-103; no measure of alignment with paragraph boundaries."),
+    Row("004", "Fig. 4", "keys-gated", "Position-only attention of a sep-keys CoPE model follows paragraphs and sections",
         "measured, inconclusive (2 seeds; keys-gated, 400 steps)", "poskit analyze cope-gates RUN...",
         "analyze-cope-gates",
         "On text-cope's two CoPE runs the attention from position alone falls off within a few dozen bytes, not at "
@@ -373,7 +378,11 @@ ROWS = (
     Row("004", "Table 10", "", "Standard deviations of the selective-copy errors (3 seeds)",
         "not run (not applicable: the paper's seed spread of Table 2 right; poskit's are in that row)",
         "poskit reproduce selective-copy", "selective-copy"),
-    Row("004", "Fig. 6", "", "Gate values behind Fig. 4: CoPE counts paragraphs and sections",
+    Row("004", "Fig. 6", "sep-keys", "Gate values behind Fig. 4: CoPE counts paragraphs and sections",
+        "measured, inconclusive (2 seeds; 400 steps)", "poskit analyze cope-gates RUN...", "analyze-cope-gates-sep",
+        "One head of 16 (seed 1, layer 1, head 3) gates newlines 2.31x its mean, and digits and punctuation too, "
+        "with letters 0.20 and spaces 0.15: it counts digits, punctuation and line breaks, not paragraphs. As Fig. 4."),
+    Row("004", "Fig. 6", "keys-gated", "Gate values behind Fig. 4: CoPE counts paragraphs and sections",
         "measured, inconclusive (2 seeds; keys-gated, 400 steps)", "poskit analyze cope-gates RUN...",
         "analyze-cope-gates",
         "No head's gates single out newlines (0.79-1.26x its mean gate in 15 of 16 heads); one head (seed 1, layer 1) "
