@@ -624,3 +624,34 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
         assert entry["kernel"] == kc.decide(entry["kernel_ms"], entry["fallback_ms"])
     assert kc.read(tmp_path / kc.FILE_NAME) == {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(B=st.integers(1, 2), heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]), Tq=st.integers(1, 40),
+       extra_keys=st.integers(0, 30), p_max=st.sampled_from([1, 2, 5, 16]), causal=st.booleans(),
+       alibi=st.booleans(), pad=st.booleans(), blocks=st.sampled_from([(8, 16), (16, 8), (64, 512)]),
+       seed=st.integers(0, 10**6))
+def test_cope_through_the_kernel_equals_the_float64_reference(kernel, B, heads, Tq, extra_keys, p_max, causal, alibi,
+                                                             pad, blocks, seed):
+    # any shape, clamp (p_max 1 clamps every key), mask, grouping and tile size: the same function as the reference
+    H, Hkv = heads
+    Tk = Tq + extra_keys
+    g = torch.Generator().manual_seed(seed)
+    if alibi:
+        enc = poskit.build_encoding("cope-alibi", head_dim=8, num_heads=H, p_max=p_max)
+    else:
+        enc = poskit.build_encoding("cope", head_dim=8, num_heads=H, p_max=p_max, init_std=0.5)
+    q = torch.randn(B, H, Tq, 8, generator=g) * 2
+    k, v = (torch.randn(B, Hkv, Tk, 8, generator=g) * 2 for _ in range(2))
+    kw = dict(is_causal=causal, enable_gqa=Hkv != H, q_positions=torch.arange(Tk - Tq, Tk),
+              k_positions=torch.arange(Tk))
+    if pad:
+        keep = torch.ones(B, 1, 1, Tk, dtype=torch.bool)
+        keep[0, ..., : Tk // 3] = False
+        kw["attn_mask"] = keep
+    saved = cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K
+    cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K = blocks
+    try:
+        _against_reference(enc, q, k, v, atol=1e-4, **kw)
+    finally:
+        cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K = saved
