@@ -431,3 +431,25 @@ def test_a_values_table_refuses_an_unknown_split(tmp_path):
     main_collect(out, root)
     with pytest.raises(markers.MarkerError, match="README.md:1: split must be one of \\['analysis'\\]"):
         markers.regenerate(root, resolve_today)
+
+
+def test_a_record_names_the_code_its_command_started_with_and_the_code_at_its_end(tmp_path, monkeypatch):
+    # a reproduction can outlast a commit: the record used to name the code when it was written
+    from poskit.report import record as rec
+    from poskit.report.results_tables import provenance
+
+    codes = iter([{"poskit_version": "0.1.0", "git_commit": "aaaaaaa1", "dirty": False},
+                  {"poskit_version": "0.1.0", "git_commit": "bbbbbbb2", "dirty": False}])
+    monkeypatch.setattr(rec, "code_info", lambda: next(codes))
+    measurements = {"metric": "m", "split": "test", "variant_field": None, "groups": {}}
+    with rec.command_line(["poskit", "reproduce", "x"]):  # the code is read here, as the command starts
+        made = rec.new_record(name="x", kind="reproduction", equivalent=["poskit", "reproduce", "x"], arguments={},
+                              resolved={}, measurements=measurements, paper=None, wall_seconds=1.0, out_dir=tmp_path)
+    assert made.code["git_commit"] == "aaaaaaa1" and made.details["code_at_end"]["git_commit"] == "bbbbbbb2"
+    assert "poskit 0.1.0 (aaaaaaa), code at the end 0.1.0 (bbbbbbb)" in provenance(made)
+    same = {"poskit_version": "0.1.0", "git_commit": "ccccccc3", "dirty": False}
+    monkeypatch.setattr(rec, "code_info", lambda: same)
+    with rec.command_line(["poskit", "reproduce", "x"]):
+        unchanged = rec.new_record(name="x", kind="reproduction", equivalent=["x"], arguments={}, resolved={},
+                                   measurements=measurements, paper=None, wall_seconds=1.0, out_dir=tmp_path)
+    assert unchanged.code == same and "code_at_end" not in unchanged.details

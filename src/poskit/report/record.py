@@ -57,17 +57,26 @@ RESULTS_JSON = "results.json"
 KINDS = ("reproduction", "compare", "study", "demo", "analysis")
 
 _COMMAND: contextvars.ContextVar = contextvars.ContextVar("poskit_command", default=None)
+_CODE_AT_START: contextvars.ContextVar = contextvars.ContextVar("poskit_code_at_start", default=None)
 
 
 @contextlib.contextmanager
 def command_line(argv: list[str]):
     """Record `argv` (["poskit", "reproduce", ...]) as the command of the results written inside the block
-    (the CLI wraps every command in it; a run started from Python gets its equivalent command instead)."""
+    (the CLI wraps every command in it; a run started from Python gets its equivalent command instead), and the
+    code as the command starts: a run can outlast commits made meanwhile, and what it measured is the code it
+    started with (new_record)."""
     token = _COMMAND.set([str(a) for a in argv])
+    code_token = _CODE_AT_START.set(code_info())
     try:
         yield
     finally:
         _COMMAND.reset(token)
+        _CODE_AT_START.reset(code_token)
+
+
+def _same_code(a: dict, b: dict) -> bool:
+    return a.get("git_commit") == b.get("git_commit") and a.get("dirty") == b.get("dirty")
 
 
 def _portable_token(token: str, cwd: Path) -> str:
@@ -320,11 +329,18 @@ def read_record(path) -> ResultsRecord:
 def new_record(*, name: str, kind: str, equivalent: list[str], arguments: dict, resolved: dict,
                measurements: dict, paper: dict | None, wall_seconds: float, out_dir, files=(),
                details: dict | None = None) -> ResultsRecord:
-    """A record stamped now, on this machine and code; `equivalent` is the command rebuilt from the Python
-    call's arguments (used when no CLI command is being recorded); `files` are names under `out_dir` that exist."""
+    """A record stamped now, on this machine; `equivalent` is the command rebuilt from the Python call's arguments
+    (used when no CLI command is being recorded); `files` are names under `out_dir` that exist. The code is the
+    code the CLI command started with (command_line), or now's for a call from Python; where the two differ, the
+    details keep the code at the end too (`code_at_end`)."""
     out_dir = Path(out_dir)
+    now = code_info()
+    started = _CODE_AT_START.get()
+    code = started if started is not None else now
+    if not _same_code(code, now):
+        details = {**(details or {}), "code_at_end": now}
     return ResultsRecord(
-        name=name, kind=kind, command=command_text(equivalent), arguments=_json_safe(arguments), code=code_info(),
+        name=name, kind=kind, command=command_text(equivalent), arguments=_json_safe(arguments), code=code,
         date=utc_now(), machine=machine_info(), wall_seconds=round(float(wall_seconds), 1),
         resolved=_json_safe(resolved), measurements=_json_safe(measurements), paper=paper,
         files=[f for f in files if (out_dir / f).exists()],

@@ -57,7 +57,9 @@ def provenance(record: ResultsRecord, link: str | None = None) -> str:
     wall = f"{record.wall_seconds:.0f} s" if minutes < 2 else f"{minutes:.1f} min"
     date = record.date.replace("T", " ").replace("Z", " UTC")
     source = f" · [results]({link})" if link else ""
-    return (f"*Measured by `{record.command}` · poskit {code_label(record.code)} · {date} · {m.get('cpu')}, "
+    end = record.details.get("code_at_end")
+    code = code_label(record.code) + (f", code at the end {code_label(end)}" if isinstance(end, dict) else "")
+    return (f"*Measured by `{record.command}` · poskit {code} · {date} · {m.get('cpu')}, "
             f"{m.get('cores')} cores, torch {m.get('torch')}, {m.get('os')} · wall time {wall}{source}*")
 
 
