@@ -377,11 +377,24 @@ void finish_rows(const Problem& p, T* out, float* lse, int64_t rows, const float
   }
 }
 
-template <typename T>
-void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse) {
+// What the forward's frame hands the body for one query tile of one head.
+struct ForwardTile {
+  int64_t b, h, bh, q0, rows, ke, fe;
+  const float* qt;  // the tile's queries (fp32)
+};
+
+// The forward's frame, shared by every form the kernel serves: one task per (batch, query head, query tile), the
+// online softmax over its key tiles (walked forwards, or backwards for a body that accumulates over later keys)
+// and the output rows with their logsumexp. The body: start(state, t) once per query tile;
+// logits(state, t, s, kt, k0, n) fills the logits (rows x n) of keys [k0, k0 + n) in s; done(state, t) after the
+// tile's rows are written. make_state() builds one thread's scratch.
+template <typename T, typename MakeState, typename Start, typename Logits, typename Done>
+void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse, bool backwards,
+                   MakeState make_state, Start start, Logits logits, Done done) {
   constexpr bool wide = !std::is_same<T, float>::value;
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq), z;  // z: grown on demand
+    auto state = make_state();
+    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
@@ -389,41 +402,74 @@ void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out
       const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
       int64_t ke, fe;
       tile_keys(p, b, q0, rows, &ke, &fe);
-      const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
+      const ForwardTile t{b, h, bh, q0, rows, ke, fe, widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data())};
+      start(state, t);
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
-        const int64_t n = std::min(p.bk, ke - k0);
-        const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
-        OffsetSpan span{};
-        tile_logits(p, b, h, s.data(), z, qt, kt, rows, n, q0, k0, fe, &span);
+      const int64_t tiles = (ke + p.bk - 1) / p.bk;
+      for (int64_t i = 0; i < tiles; ++i) {
+        const int64_t k0 = (backwards ? tiles - 1 - i : i) * p.bk, n = std::min(p.bk, ke - k0);
+        logits(state, t, s.data(), widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data()), k0, n);
         softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
         gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
       finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
+      done(state, t);
     }
   });
 }
 
-// One task per (batch, query head): it owns that head's dK and dV (summed over the heads of a kv group by the
-// caller), so no accumulation crosses threads except the bias parameters', which go to per-thread buffers.
-// Every tile pair is visited once: S (recomputed), dV, dP, dQ, dK, as in FlashAttention-2's backward.
+// The forward of the plain and positional-bias forms.
+template <typename T>
+void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse) {
+  auto nothing = [](std::vector<float>&, const ForwardTile&) {};
+  forward_frame<T>(p, q, k, v, out, lse, false, [] { return std::vector<float>(); },  // z: grown on demand
+                   nothing, [&](std::vector<float>& z, const ForwardTile& t, float* s, const float* kt, int64_t k0,
+                                int64_t n) {
+                     OffsetSpan span{};
+                     tile_logits(p, t.b, t.h, s, z, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span);
+                   },
+                   nothing);
+}
+
+// dS = P * (dP - rowsum(dO * O)) over n entries of one row, in place in d (p: the row's P).
+void softmax_grad_row(const float* pr, float* d, int64_t n, float delta) {
+  const Vec sub(delta);
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(pr + c) * (Vec::loadu(d + c) - sub)).store(d + c);
+  for (; c < n; ++c) d[c] = pr[c] * (d[c] - delta);
+}
+
+// What the backward's frame hands the body for one query tile of one head: q and dO of the tile and the head's
+// keys and values (fp32), its logsumexp and delta rows, and the accumulators of dQ (the tile's, zeroed; the body
+// leaves dS's scale applied) and of the head's dK and dV.
+struct BackwardTile {
+  int64_t b, h, q0, rows, ke, fe;
+  const float *qt, *dot, *kh, *vh, *lse, *delta;
+  float *dq_acc, *dk_acc, *dv_acc;
+};
+
+// The backward's frame, shared by every form the kernel serves. One task per (batch, query head): it owns that
+// head's dK and dV (summed over the heads of a kv group by the caller), so no accumulation crosses threads except
+// the parameters' (per-thread buffers, in the body's state). For every query tile it calls tile(state, t), where
+// the body visits the tile's key tiles once each (S recomputed, dV, dP, dQ, dK, as in FlashAttention-2's
+// backward), then writes the tile's dQ; dK is scaled by the attention scale at the end of the head.
 // O, the gradients' dtype: fp32 (accumulated in place, zeroed by the caller), or the inputs' bf16, written once
 // per head from fp32 accumulators of the thread (so that a bf16 call holds no fp32 copy of its gradients).
-template <typename T, typename O>
-void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                     const float* delta, O* dq, O* dk, O* dv, float* dbias) {
+// make_state() builds one thread's scratch for the body.
+template <typename T, typename O, typename MakeState, typename Tile>
+void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                    const float* delta, O* dq, O* dk, O* dv, MakeState make_state, Tile tile) {
   constexpr bool wide = !std::is_same<T, float>::value;
   constexpr bool in_place = std::is_same<O, float>::value;
-  const int64_t dbias_size = p.bias == kTable ? p.H * p.R : p.bias == kEmbeddings ? (2 * p.M + 1) * p.E : 0;
   at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.bq * p.bk), dp(p.bq * p.bk), dq_acc(p.bq * p.E), z, dz;  // z, dz: grown on demand
+    auto state = make_state();
+    std::vector<float> dq_acc(p.bq * p.E);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
         vbuf(wide ? p.Tk * p.Dv : 0);
     std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
-    float* my_dbias = dbias ? dbias + at::get_thread_num() * dbias_size : nullptr;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
       float* dk_acc = in_place ? reinterpret_cast<float*>(dk + bh * p.Tk * p.E) : dk_own.data();
@@ -434,51 +480,16 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
       }
       const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
       const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
-      for (int64_t tile = 0; tile < p.tiles; ++tile) {
-        const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
+      for (int64_t tile_index = 0; tile_index < p.tiles; ++tile_index) {
+        const int64_t q0 = tile_index * p.bq, rows = std::min(p.bq, p.Tq - q0);
         int64_t ke, fe;
         tile_keys(p, b, q0, rows, &ke, &fe);
-        const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
-        const float* dot = widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data());
-        const float* lse_t = lse + bh * p.Tq + q0;
-        const float* delta_t = delta + bh * p.Tq + q0;
         std::fill(dq_acc.begin(), dq_acc.begin() + rows * p.E, 0.f);
-        for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
-          const int64_t n = std::min(p.bk, ke - k0);
-          OffsetSpan span{};
-          tile_logits(p, b, h, s.data(), z, qt, kh + k0 * p.E, rows, n, q0, k0, fe, &span);
-          for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - logsumexp), recomputed
-            float* row = s.data() + r * n;
-            if (lse_t[r] == kNegInf) std::fill(row, row + n, 0.f);
-            else exp_shifted(row, n, lse_t[r]);
-          }
-          gemm(true, false, n, p.Dv, rows, 1.f, s.data(), n, dot, p.Dv, 1.f, dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-          gemm(false, true, rows, n, p.Dv, 1.f, dot, p.Dv, vh + k0 * p.Dv, p.Dv, 0.f, dp.data(), n);  // dP = dO V^T
-          for (int64_t r = 0; r < rows; ++r) {  // dS = P * (dP - rowsum(dO * O)), in place in dp
-            float* d = dp.data() + r * n;
-            const float* pr = s.data() + r * n;
-            const Vec sub(delta_t[r]);
-            int64_t c = 0;
-            for (; c + Vec::size() <= n; c += Vec::size())
-              (Vec::loadu(pr + c) * (Vec::loadu(d + c) - sub)).store(d + c);
-            for (; c < n; ++c) d[c] = pr[c] * (d[c] - delta_t[r]);
-          }
-          if (p.bias == kTable) {
-            table_grad(p, b, my_dbias + h * p.R, dp.data(), rows, n, q0, k0);
-          } else if (p.bias == kEmbeddings) {
-            // bias = bias_scale * q . emb[o]: dZ gathers dS by offset; dq += bias_scale dZ emb, demb += bias_scale dZ^T q
-            const int64_t w = span.width();
-            if ((int64_t)dz.size() < rows * w) dz.resize(rows * w);
-            embedding_grad_z(p, b, span, dz.data(), dp.data(), rows, n, q0, k0);
-            const float* emb = p.emb_rev.data() + (p.M - span.o_max) * p.E;
-            gemm(false, false, rows, p.E, w, p.bias_scale / p.scale, dz.data(), w, emb, p.E, 1.f, dq_acc.data(), p.E);
-            gemm(true, false, w, p.E, rows, p.bias_scale, dz.data(), w, qt, p.E, 1.f,
-                 my_dbias + (p.M - span.o_max) * p.E, p.E);
-          }
-          gemm(false, false, rows, p.E, n, 1.f, dp.data(), n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);  // dQ += dS K
-          gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
-        }
-        scale_row(dq_acc.data(), rows * p.E, p.scale);  // dS's scale, once per tile
+        const BackwardTile t{b, h, q0, rows, ke, fe,
+                             widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data()),
+                             widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data()), kh, vh,
+                             lse + bh * p.Tq + q0, delta + bh * p.Tq + q0, dq_acc.data(), dk_acc, dv_acc};
+        tile(state, t);
         narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
       }
       scale_row(dk_acc, p.Tk * p.E, p.scale);
@@ -487,6 +498,53 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         narrow(dv_acc, p.Tk * p.Dv, dv + bh * p.Tk * p.Dv);
       }
     }
+  });
+}
+
+// The backward of the plain and positional-bias forms; dbias: per thread, the bias parameters' gradient.
+template <typename T, typename O>
+void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                     const float* delta, O* dq, O* dk, O* dv, float* dbias) {
+  const int64_t dbias_size = p.bias == kTable ? p.H * p.R : p.bias == kEmbeddings ? (2 * p.M + 1) * p.E : 0;
+  struct State {
+    std::vector<float> s, dp, z, dz;  // z, dz: grown on demand
+    float* dbias;
+  };
+  auto make_state = [&] {
+    return State{std::vector<float>(p.bq * p.bk), std::vector<float>(p.bq * p.bk), {}, {},
+                 dbias ? dbias + at::get_thread_num() * dbias_size : nullptr};
+  };
+  backward_frame<T, O>(p, q, k, v, dout, lse, delta, dq, dk, dv, make_state, [&](State& st, const BackwardTile& t) {
+    float* s = st.s.data();
+    float* dp = st.dp.data();
+    for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
+      const int64_t n = std::min(p.bk, t.ke - k0);
+      OffsetSpan span{};
+      tile_logits(p, t.b, t.h, s, st.z, t.qt, t.kh + k0 * p.E, t.rows, n, t.q0, k0, t.fe, &span);
+      for (int64_t r = 0; r < t.rows; ++r) {  // P = exp(S - logsumexp), recomputed
+        float* row = s + r * n;
+        if (t.lse[r] == kNegInf) std::fill(row, row + n, 0.f);
+        else exp_shifted(row, n, t.lse[r]);
+      }
+      gemm(true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+      gemm(false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      for (int64_t r = 0; r < t.rows; ++r) softmax_grad_row(s + r * n, dp + r * n, n, t.delta[r]);  // dS, in dp
+      if (p.bias == kTable) {
+        table_grad(p, t.b, st.dbias + t.h * p.R, dp, t.rows, n, t.q0, k0);
+      } else if (p.bias == kEmbeddings) {
+        // bias = bias_scale * q . emb[o]: dZ gathers dS by offset; dq += bias_scale dZ emb, demb += bias_scale dZ^T q
+        const int64_t w = span.width();
+        if ((int64_t)st.dz.size() < t.rows * w) st.dz.resize(t.rows * w);
+        embedding_grad_z(p, t.b, span, st.dz.data(), dp, t.rows, n, t.q0, k0);
+        const float* emb = p.emb_rev.data() + (p.M - span.o_max) * p.E;
+        gemm(false, false, t.rows, p.E, w, p.bias_scale / p.scale, st.dz.data(), w, emb, p.E, 1.f, t.dq_acc, p.E);
+        gemm(true, false, w, p.E, t.rows, p.bias_scale, st.dz.data(), w, t.qt, p.E, 1.f,
+             st.dbias + (p.M - span.o_max) * p.E, p.E);
+      }
+      gemm(false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
+      gemm(true, false, n, p.E, t.rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
+    }
+    scale_row(t.dq_acc, t.rows * p.E, p.scale);  // dS's scale, once per tile
   });
 }
 
@@ -536,67 +594,56 @@ inline void position_bias(const Contextual& c, float slope, const float* z, floa
 template <typename T>
 void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q, const T* k, const T* v, T* out,
                                float* lse, float* gtot) {
-  constexpr bool wide = !std::is_same<T, float>::value;
   const float top = (float)(c.P - 1);
-  at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq), run(p.bq), z(c.emb ? p.bq * c.P : 0);
-    std::vector<int64_t> sat(p.bq);
-    std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
-      const int64_t kvh = b * p.Hkv + h / p.g;
-      const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
-      int64_t ke, fe;
-      tile_keys(p, b, q0, rows, &ke, &fe);
-      const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
-      if (c.emb) gemm(false, false, rows, c.P, p.E, 1.f, qt, p.E, c.emb, c.P, 0.f, z.data(), c.P);
-      const float slope = c.slopes ? c.slopes[h] : 0.f;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.f);
-      std::fill(run.begin(), run.end(), 0.f);
-      std::fill(sat.begin(), sat.end(), -1);
-      for (int64_t k0 = ke > 0 ? ((ke - 1) / p.bk) * p.bk : -1; k0 >= 0; k0 -= p.bk) {  // backwards
-        const int64_t n = std::min(p.bk, ke - k0);
-        const float* kt = widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
-        gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s.data(), n);
-        const bool causal_part = p.causal && k0 + n > fe;
-        const bool padded = has_padding(p, b, k0, n);
-        if (causal_part || padded) mask_tile(p, b, s.data(), rows, n, q0, k0, causal_part, padded);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* row = s.data() + r * n;
-          const float* zr = c.emb ? z.data() + r * c.P : nullptr;
-          const float clamped_bias = c.emb ? zr[c.P - 1] : -slope * top;
-          int64_t j = n - 1;
-          if (sat[r] < 0) {
-            float total = run[r];
-            for (; j >= 0; --j) {
-              if (row[j] == kNegInf) continue;  // hidden: no gate, no logit
-              total += sigmoid(row[j]);
-              if (total >= top) {  // this key and every earlier one: position P - 1
-                sat[r] = k0 + j;
-                break;
-              }
-              float bias, unused_d, w;
-              int64_t fl;
-              position_bias(c, slope, zr, total, false, &bias, &unused_d, &fl, &w);
-              row[j] += bias;
-              run[r] = total;  // the sum of the gates after the last clamped key
-            }
+  struct State {
+    std::vector<float> z, run, unused;  // run: per row, the sum of the gates after its last clamped key;
+                                        // unused: tile_logits' scratch for an embedding bias (none here)
+    std::vector<int64_t> sat;           // per row, its last clamped key (-1: none yet)
+  };
+  auto make_state = [&] {
+    return State{std::vector<float>(c.emb ? p.bq * c.P : 0), std::vector<float>(p.bq), {},
+                 std::vector<int64_t>(p.bq)};
+  };
+  auto start = [&](State& st, const ForwardTile& t) {
+    if (c.emb) gemm(false, false, t.rows, c.P, p.E, 1.f, t.qt, p.E, c.emb, c.P, 0.f, st.z.data(), c.P);
+    std::fill(st.run.begin(), st.run.end(), 0.f);
+    std::fill(st.sat.begin(), st.sat.end(), -1);
+  };
+  auto logits = [&](State& st, const ForwardTile& t, float* s, const float* kt, int64_t k0, int64_t n) {
+    OffsetSpan span{};
+    tile_logits(p, t.b, t.h, s, st.unused, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span);  // scale q k^T, masked
+    const float slope = c.slopes ? c.slopes[t.h] : 0.f;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      float* row = s + r * n;
+      const float* zr = c.emb ? st.z.data() + r * c.P : nullptr;
+      const float clamped_bias = c.emb ? zr[c.P - 1] : -slope * top;
+      int64_t j = n - 1;
+      if (st.sat[r] < 0) {
+        float total = st.run[r];
+        for (; j >= 0; --j) {
+          if (row[j] == kNegInf) continue;  // hidden: no gate, no logit
+          total += sigmoid(row[j]);
+          if (total >= top) {  // this key and every earlier one: position P - 1
+            st.sat[r] = k0 + j;
+            break;
           }
-          if (j >= 0) add_scalar(row, clamped_bias, j + 1);  // (-inf stays -inf)
+          float bias, unused_d, w;
+          int64_t fl;
+          position_bias(c, slope, zr, total, false, &bias, &unused_d, &fl, &w);
+          row[j] += bias;
+          st.run[r] = total;
         }
-        softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
-        const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
-        gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
-      finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
-      for (int64_t r = 0; r < rows; ++r) {  // (as float: exact for key indices below 2^24)
-        gtot[2 * (bh * p.Tq + q0 + r)] = run[r];
-        gtot[2 * (bh * p.Tq + q0 + r) + 1] = (float)sat[r];
-      }
+      if (j >= 0) add_scalar(row, clamped_bias, j + 1);  // (-inf stays -inf)
     }
-  });
+  };
+  auto done = [&](State& st, const ForwardTile& t) {
+    for (int64_t r = 0; r < t.rows; ++r) {  // (as float: exact for key indices below 2^24)
+      gtot[2 * (t.bh * p.Tq + t.q0 + r)] = st.run[r];
+      gtot[2 * (t.bh * p.Tq + t.q0 + r) + 1] = (float)st.sat[r];
+    }
+  };
+  forward_frame<T>(p, q, k, v, out, lse, true, make_state, start, logits, done);
 }
 
 // dparam: per thread, (E, P) for the embeddings or (H) for the slopes. Gradients as backward_kernel's.
@@ -604,134 +651,110 @@ template <typename T, typename O>
 void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* q, const T* k, const T* v,
                                 const T* dout, const float* lse, const float* delta, const float* gtot, O* dq, O* dk,
                                 O* dv, float* dparam) {
-  constexpr bool wide = !std::is_same<T, float>::value;
-  constexpr bool in_place = std::is_same<O, float>::value;
   const float top = (float)(c.P - 1);
   const int64_t dparam_size = c.emb ? p.E * c.P : p.H;
-  at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
-    const int64_t tile_size = p.bq * p.bk;
-    std::vector<float> s(tile_size), dp(tile_size), g(tile_size), dpos(tile_size), w(tile_size);
-    std::vector<int64_t> fl(c.emb ? tile_size : 0);
-    std::vector<float> dq_acc(p.bq * p.E), z(c.emb ? p.bq * c.P : 0), dz(c.emb ? p.bq * c.P : 0), before(p.bq),
-        dbefore(p.bq);
-    std::vector<int64_t> clamped(p.bq);  // per row of the tile: its keys [0, clamped) sit at position P - 1
-    std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
-        vbuf(wide ? p.Tk * p.Dv : 0);
-    std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
-    float* my_dparam = dparam + at::get_thread_num() * dparam_size;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
-      const float slope = c.slopes ? c.slopes[h] : 0.f;
-      float* dk_acc = in_place ? reinterpret_cast<float*>(dk + bh * p.Tk * p.E) : dk_own.data();
-      float* dv_acc = in_place ? reinterpret_cast<float*>(dv + bh * p.Tk * p.Dv) : dv_own.data();
-      if (!in_place) {
-        std::fill(dk_own.begin(), dk_own.end(), 0.f);
-        std::fill(dv_own.begin(), dv_own.end(), 0.f);
-      }
-      const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
-      const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
-      for (int64_t tile = 0; tile < p.tiles; ++tile) {
-        const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
-        int64_t ke, fe;
-        tile_keys(p, b, q0, rows, &ke, &fe);
-        const float* qt = widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data());
-        const float* dot = widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data());
-        const float* lse_t = lse + bh * p.Tq + q0;
-        const float* delta_t = delta + bh * p.Tq + q0;
-        const float* saved = gtot + 2 * (bh * p.Tq + q0);  // per row: (the gates' sum after the last clamped key, it)
-        if (c.emb) {
-          gemm(false, false, rows, c.P, p.E, 1.f, qt, p.E, c.emb, c.P, 0.f, z.data(), c.P);
-          std::fill(dz.begin(), dz.end(), 0.f);
+  const int64_t tile_size = p.bq * p.bk;
+  struct State {
+    std::vector<float> s, dp, g, dpos, w, z, dz, before, dbefore, unused;
+    std::vector<int64_t> fl, clamped;  // clamped: per row of the tile, its keys [0, clamped) sit at position P - 1
+    float* dparam;
+  };
+  auto make_state = [&] {
+    State st;
+    for (auto* buf : {&st.s, &st.dp, &st.g, &st.dpos, &st.w}) buf->resize(tile_size);
+    st.z.resize(c.emb ? p.bq * c.P : 0);
+    st.dz.resize(c.emb ? p.bq * c.P : 0);
+    st.before.resize(p.bq);
+    st.dbefore.resize(p.bq);
+    st.fl.resize(c.emb ? tile_size : 0);
+    st.clamped.resize(p.bq);
+    st.dparam = dparam + at::get_thread_num() * dparam_size;
+    return st;
+  };
+  backward_frame<T, O>(p, q, k, v, dout, lse, delta, dq, dk, dv, make_state, [&](State& st, const BackwardTile& t) {
+    float *s = st.s.data(), *dp = st.dp.data(), *g = st.g.data(), *dpos = st.dpos.data(), *w = st.w.data();
+    float *z = st.z.data(), *dz = st.dz.data(), *before = st.before.data(), *dbefore = st.dbefore.data();
+    int64_t *fl = st.fl.data(), *clamped = st.clamped.data();
+    const int64_t h = t.h, rows = t.rows;
+    const float slope = c.slopes ? c.slopes[h] : 0.f;
+    const float* saved = gtot + 2 * ((t.b * p.H + h) * p.Tq + t.q0);  // per row: (the gates' sum after the last clamped key, it)
+    if (c.emb) {
+      gemm(false, false, rows, c.P, p.E, 1.f, t.qt, p.E, c.emb, c.P, 0.f, z, c.P);
+      std::fill(st.dz.begin(), st.dz.end(), 0.f);
+    }
+    std::fill(st.before.begin(), st.before.end(), 0.f);
+    std::fill(st.dbefore.begin(), st.dbefore.end(), 0.f);
+    for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
+      const int64_t n = std::min(p.bk, t.ke - k0);
+      OffsetSpan span{};
+      tile_logits(p, t.b, h, s, st.unused, t.qt, t.kh + k0 * p.E, rows, n, t.q0, k0, t.fe, &span);  // masked
+      for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
+        float* row = s + r * n;
+        const float* zr = c.emb ? z + r * c.P : nullptr;
+        if (t.lse[r] == kNegInf) {  // a query that sees no key
+          std::fill(row, row + n, 0.f);
+          clamped[r] = n;
+          continue;
         }
-        std::fill(dq_acc.begin(), dq_acc.begin() + rows * p.E, 0.f);
-        std::fill(before.begin(), before.end(), 0.f);
-        std::fill(dbefore.begin(), dbefore.end(), 0.f);
-        for (int64_t k0 = 0; k0 < ke; k0 += p.bk) {
-          const int64_t n = std::min(p.bk, ke - k0);
-          gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kh + k0 * p.E, p.E, 0.f, s.data(), n);
-          const bool causal_part = p.causal && k0 + n > fe;
-          const bool padded = has_padding(p, b, k0, n);
-          if (causal_part || padded) mask_tile(p, b, s.data(), rows, n, q0, k0, causal_part, padded);
-          for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
-            float* row = s.data() + r * n;
-            const float* zr = c.emb ? z.data() + r * c.P : nullptr;
-            if (lse_t[r] == kNegInf) {  // a query that sees no key
-              std::fill(row, row + n, 0.f);
-              clamped[r] = n;
-              continue;
-            }
-            // keys up to the last clamped one: constant bias, no gate (P only, vectorised)
-            const int64_t cut = std::min<int64_t>(std::max<int64_t>((int64_t)saved[2 * r + 1] + 1 - k0, 0), n);
-            clamped[r] = cut;
-            if (cut > 0) {
-              add_scalar(row, (c.emb ? zr[c.P - 1] : -slope * top) - lse_t[r], cut);
-              exp_shifted(row, cut, 0.f);
-            }
-            for (int64_t j = cut; j < n; ++j) {
-              const int64_t e = r * n + j;
-              if (row[j] == kNegInf) {
-                row[j] = g[e] = dpos[e] = w[e] = 0.f;
-                if (c.emb) fl[e] = 0;
-                continue;
-              }
-              const float gate = sigmoid(row[j]);
-              // the gates of this key and the later ones (up to the clamped ones); summed in the other order
-              // than the forward's, it can round below 0 when they are tiny, which no index may see
-              const float raw = std::max(saved[2 * r] - before[r], 0.f);
-              before[r] += gate;
-              float bias;
-              int64_t f;
-              position_bias(c, slope, zr, std::min(raw, top), raw >= top, &bias, &dpos[e], &f, &w[e]);
-              if (c.emb) fl[e] = f;
-              g[e] = gate;
-              row[j] = std::exp(row[j] + bias - lse_t[r]);
-            }
+        // keys up to the last clamped one: constant bias, no gate (P only, vectorised)
+        const int64_t cut = std::min<int64_t>(std::max<int64_t>((int64_t)saved[2 * r + 1] + 1 - k0, 0), n);
+        clamped[r] = cut;
+        if (cut > 0) {
+          add_scalar(row, (c.emb ? zr[c.P - 1] : -slope * top) - t.lse[r], cut);
+          exp_shifted(row, cut, 0.f);
+        }
+        for (int64_t j = cut; j < n; ++j) {
+          const int64_t e = r * n + j;
+          if (row[j] == kNegInf) {
+            row[j] = g[e] = dpos[e] = w[e] = 0.f;
+            if (c.emb) fl[e] = 0;
+            continue;
           }
-          gemm(true, false, n, p.Dv, rows, 1.f, s.data(), n, dot, p.Dv, 1.f, dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-          gemm(false, true, rows, n, p.Dv, 1.f, dot, p.Dv, vh + k0 * p.Dv, p.Dv, 0.f, dp.data(), n);  // dP = dO V^T
-          for (int64_t r = 0; r < rows; ++r) {
-            float* dzr = c.emb ? dz.data() + r * c.P : nullptr;
-            const int64_t cut = clamped[r];
-            if (cut > 0) {  // clamped keys: d logit = P (dP - delta), all of it onto the constant bias
-              float* d = dp.data() + r * n;
-              const float* pr = s.data() + r * n;
-              const Vec sub(delta_t[r]);
-              int64_t j = 0;
-              for (; j + Vec::size() <= cut; j += Vec::size())
-                (Vec::loadu(pr + j) * (Vec::loadu(d + j) - sub)).store(d + j);
-              for (; j < cut; ++j) d[j] = pr[j] * (d[j] - delta_t[r]);
-              const float sum = row_sum(d, cut);
-              if (c.emb) dzr[c.P - 1] += sum;
-              else my_dparam[h] -= sum * top;
-            }
-            for (int64_t j = cut; j < n; ++j) {
-              const int64_t e = r * n + j;
-              const float da = s[e] * (dp[e] - delta_t[r]);  // d logit
-              if (c.emb) {
-                dzr[fl[e]] += da * (1.f - w[e]);
-                if (w[e] > 0.f) dzr[fl[e] + 1] += da * w[e];
-              } else {
-                my_dparam[h] -= da * w[e];  // bias = -slope p
-              }
-              dbefore[r] += da * dpos[e];  // dL/dp summed over this key and the earlier ones: dL/dg of this key
-              dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
-            }
+          const float gate = sigmoid(row[j]);
+          // the gates of this key and the later ones (up to the clamped ones); summed in the other order
+          // than the forward's, it can round below 0 when they are tiny, which no index may see
+          const float raw = std::max(saved[2 * r] - before[r], 0.f);
+          before[r] += gate;
+          float bias;
+          int64_t f;
+          position_bias(c, slope, zr, std::min(raw, top), raw >= top, &bias, &dpos[e], &f, &w[e]);
+          if (c.emb) fl[e] = f;
+          g[e] = gate;
+          row[j] = std::exp(row[j] + bias - t.lse[r]);
+        }
+      }
+      gemm(true, false, n, p.Dv, rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+      gemm(false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dzr = c.emb ? dz + r * c.P : nullptr;
+        const int64_t cut = clamped[r];
+        if (cut > 0) {  // clamped keys: d logit = P (dP - delta), all of it onto the constant bias
+          float* d = dp + r * n;
+          softmax_grad_row(s + r * n, d, cut, t.delta[r]);
+          const float sum = row_sum(d, cut);
+          if (c.emb) dzr[c.P - 1] += sum;
+          else st.dparam[h] -= sum * top;
+        }
+        for (int64_t j = cut; j < n; ++j) {
+          const int64_t e = r * n + j;
+          const float da = s[e] * (dp[e] - t.delta[r]);  // d logit
+          if (c.emb) {
+            dzr[fl[e]] += da * (1.f - w[e]);
+            if (w[e] > 0.f) dzr[fl[e] + 1] += da * w[e];
+          } else {
+            st.dparam[h] -= da * w[e];  // bias = -slope p
           }
-          gemm(false, false, rows, p.E, n, 1.f, dp.data(), n, kh + k0 * p.E, p.E, 1.f, dq_acc.data(), p.E);
-          gemm(true, false, n, p.E, rows, 1.f, dp.data(), n, qt, p.E, 1.f, dk_acc + k0 * p.E, p.E);
+          dbefore[r] += da * dpos[e];  // dL/dp summed over this key and the earlier ones: dL/dg of this key
+          dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
         }
-        scale_row(dq_acc.data(), rows * p.E, p.scale);
-        if (c.emb) {  // z = q e: dq += dz e^T, de += q^T dz
-          gemm(false, true, rows, p.E, c.P, 1.f, dz.data(), c.P, c.emb, c.P, 1.f, dq_acc.data(), p.E);
-          gemm(true, false, p.E, c.P, rows, 1.f, qt, p.E, dz.data(), c.P, 1.f, my_dparam, c.P);
-        }
-        narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
       }
-      scale_row(dk_acc, p.Tk * p.E, p.scale);
-      if (!in_place) {
-        narrow(dk_acc, p.Tk * p.E, dk + bh * p.Tk * p.E);
-        narrow(dv_acc, p.Tk * p.Dv, dv + bh * p.Tk * p.Dv);
-      }
+      gemm(false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);
+      gemm(true, false, n, p.E, rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);
+    }
+    scale_row(t.dq_acc, rows * p.E, p.scale);
+    if (c.emb) {  // z = q e: dq += dz e^T, de += q^T dz
+      gemm(false, true, rows, p.E, c.P, 1.f, dz, c.P, c.emb, c.P, 1.f, t.dq_acc, p.E);
+      gemm(true, false, p.E, c.P, rows, 1.f, t.qt, p.E, dz, c.P, 1.f, st.dparam, c.P);
     }
   });
 }
