@@ -136,28 +136,11 @@ def rope_sdpa_baseline(enc):
     return fn
 
 
-class _CpuKernel:
-    """POSKIT_CPU_KERNEL set to `value` for the duration of one call (the engine reads the switch at every call)."""
-
-    def __init__(self, value: str):
-        self.value = value
-
-    def __enter__(self):
-        self.saved = os.environ.get(cpu_flash.ENV_SWITCH)
-        os.environ[cpu_flash.ENV_SWITCH] = self.value
-
-    def __exit__(self, *exc):
-        if self.saved is None:
-            del os.environ[cpu_flash.ENV_SWITCH]
-        else:
-            os.environ[cpu_flash.ENV_SWITCH] = self.saved
-
-
 def without_kernel(enc):
     """poskit.attention with the compiled CPU kernel switched off (POSKIT_CPU_KERNEL=0): the path a machine without
     a compiler takes."""
     def fn(q, k, v):
-        with _CpuKernel("0"):
+        with cpu_flash.switched("0"):
             return poskit.attention(q, k, v, enc, is_causal=True)
     return fn
 
@@ -218,7 +201,7 @@ def bench_grid(args):
                     heavy = path == "reference" and est_reference_gb(B, H, T) > args.max_gb
                     cases.append((label, fn, heavy))
                     if args.without_kernel and path == "cpu-flash":
-                        with _CpuKernel("0"):
+                        with cpu_flash.switched("0"):
                             off = route(enc, q, k)
                         heavy = off == "reference" and est_reference_gb(B, H, T) > args.max_gb
                         cases.append((f"{name}, POSKIT_CPU_KERNEL=0 [{off}]", without_kernel(enc), heavy))

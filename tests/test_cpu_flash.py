@@ -655,3 +655,11 @@ def test_cope_through_the_kernel_equals_the_float64_reference(kernel, B, heads, 
         _against_reference(enc, q, k, v, atol=1e-4, **kw)
     finally:
         cpu_flash.BLOCK_Q, cpu_flash.BLOCK_K = saved
+
+
+def test_cope_beyond_the_kernels_key_limit_keeps_its_blocked_path(kernel, monkeypatch):
+    # the kernel keeps key indices as floats (exact below 2^24): longer calls must not reach it
+    q = torch.randn(1, 4, 9, 8)
+    assert route(build("cope"), q, is_causal=True) == "cpu-flash"
+    monkeypatch.setattr(cpu_flash, "MAX_CONTEXTUAL_KEYS", 8)
+    assert route(build("cope"), q, is_causal=True) == "blocked-contextual"

@@ -900,6 +900,8 @@ std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k,
 
 Contextual make_contextual(const Problem& p, const at::Tensor& emb, const at::Tensor& slopes, int64_t p_max) {
   TORCH_CHECK(p_max >= 1, "cpu_flash: p_max must be >= 1");
+  // the forward saves each row's last clamped key index as a float, exact below 2^24
+  TORCH_CHECK(p.Tk < (int64_t(1) << 24), "cpu_flash: CoPE's kernel takes fewer than 2^24 keys, got ", p.Tk);
   TORCH_CHECK((emb.numel() > 0) != (slopes.numel() > 0), "cpu_flash: give exactly one of emb and slopes");
   Contextual c;
   c.P = p_max;

@@ -16,6 +16,7 @@ the kernel never turns a working call into an error.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -49,6 +50,21 @@ def enabled() -> bool:
         return False
     raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {[v for v in _ON if v]} or unset (use the "
                      f"compiled CPU kernel, the default) or {list(_OFF)} (do not), got {os.environ[ENV_SWITCH]!r}")
+
+
+@contextlib.contextmanager
+def switched(value: str):
+    """POSKIT_CPU_KERNEL set to `value` inside the block, restored after (the engine reads it at every call): to
+    time or test a call with the kernel on ("1") and off ("0") in one process."""
+    saved = os.environ.get(ENV_SWITCH)
+    os.environ[ENV_SWITCH] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[ENV_SWITCH]
+        else:
+            os.environ[ENV_SWITCH] = saved
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,13 +161,16 @@ def _call_served(inp: AttentionInputs) -> bool:
 
 
 CONTEXTUAL = "contextual"  # the calibration's name for CoPE's form
+# the kernel saves each query's last clamped key index as a float (exact below 2^24; cpu_flash.cpp checks it too)
+MAX_CONTEXTUAL_KEYS = 2**24 - 1
 
 
 def serves_contextual(inp: AttentionInputs, enc) -> bool:
     """Whether the kernel serves a contextual encoding's call (CoPE, cope-alibi): gates from the keys themselves
     (the encoding's gate source is k; value gates and separate gate keys keep the blocked path), scalar positions,
     finite q/k, and serves()'s conditions on the call, the build and the calibration."""
-    if enc.kind != "contextual" or not _call_served(inp) or not _scalar_positions(inp):
+    if (enc.kind != "contextual" or not _call_served(inp) or not _scalar_positions(inp)
+            or inp.k.shape[2] > MAX_CONTEXTUAL_KEYS):
         return False
     try:
         if enc.gate_source(inp.k, inp.v, None) is not inp.k:

@@ -79,7 +79,6 @@ def cmd_kernel(args) -> int:
 def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
     """(kernel ms, ms without it): medians of interleaved forward + backward rounds of one causal call at
     kernel_calibration.SHAPE."""
-    import os
     import statistics
     import time
 
@@ -94,16 +93,9 @@ def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
                for _ in range(3))
 
     def call(switch):
-        saved = os.environ.get(cpu_flash.ENV_SWITCH)
-        os.environ[cpu_flash.ENV_SWITCH] = switch
-        try:
+        with cpu_flash.switched(switch):
             out = poskit.attention(q, k, v, enc, is_causal=True)
             out.backward(torch.ones_like(out))
-        finally:
-            if saved is None:
-                del os.environ[cpu_flash.ENV_SWITCH]
-            else:
-                os.environ[cpu_flash.ENV_SWITCH] = saved
 
     times = {"1": [], "0": []}
     for switch in times:  # warm-up: tables, allocator
