@@ -1,6 +1,8 @@
 """The `poskit` command end to end at tiny sizes: train, compare, extrapolate, reproduce, demo, bad input."""
 import json
 import pytest
+
+from poskit.training import read_metrics
 import torch
 
 from poskit.cli import build_parser, main
@@ -267,6 +269,22 @@ def test_compare_end_to_end(tmp_path, capsys):
                   "--steps", "6", "--out", str(out), "--workers", "1", "--quiet", *extra, *TINY, *FF])
         assert needle in capsys.readouterr().err
     assert (out / "rope" / "seed0" / CHECKPOINT_FILE).stat().st_mtime_ns == mtime
+
+
+def test_compare_keeps_each_curve_split_s_learning_curve_and_plots_them(tmp_path):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--task", "flip-flop", "--encodings", "rope,alibi", "--seeds", "0,1", "--steps", "6",
+                 "--out", str(out), "--workers", "1", "--quiet", *TINY, *FF, "eval_every=3",
+                 'curve_splits=["ood_dense"]']) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["curves"]) == ["validation", "ood_dense"]
+    for split, by_label in results["curves"].items():
+        for label, curve in by_label.items():
+            assert curve["steps"] == [3, 6]
+            per_seed = [[m["accuracy"] for m in read_metrics(out / label / f"seed{s}") if m.get("split") == split]
+                        for s in (0, 1)]
+            assert curve["mean"] == pytest.approx([(a + b) / 2 for a, b in zip(*per_seed)], abs=1e-12)
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_compare_in_parallel_processes(tmp_path):

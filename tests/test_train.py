@@ -104,6 +104,11 @@ def test_restrict_targets_counts_like_python_indices():
     ({"eval_split": "train"}, "eval_split must be one of the splits of task 'shakespeare': \\['validation', 'test'\\]"),
     ({"task": "flip-flop", "eval_split": "ood_longer"}, "eval_split must be one of the splits of task 'flip-flop'"),
     ({"preset": "huge"}, "preset must be one of \\['default', 'paper'\\]"),
+    ({"task": "flip-flop", "curve_splits": ["ood_longer"]}, "curve_splits must be a list of distinct splits of task "
+     "'flip-flop' other than eval_split"),
+    ({"task": "flip-flop", "curve_splits": ["validation"]}, "curve_splits must be a list of distinct splits"),
+    ({"task": "flip-flop", "curve_splits": ["test", "test"]}, "curve_splits must be a list of distinct splits"),
+    ({"curve_splits": "test"}, "curve_splits must be a list of strings"),
     ({"task_options": {"lenght": 8}}, "task_options.lenght must be a parameter of task 'shakespeare'"),
     ({"device": "gpu"}, "device must be a torch device"),
 ])
@@ -155,6 +160,24 @@ def test_training_smoke_loss_goes_down(tmp_path):
     assert losses[0] == pytest.approx(math.log(len("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789,+-") + 1), rel=0.15)
     assert results["splits"]["test"]["accuracy"] > 0.5  # chance is 1/52
     assert results["steps"] == 150 and set(results["splits"]) == {"validation", "test"}
+
+
+def test_curve_splits_are_evaluated_with_the_eval_split_and_kept_apart(tmp_path):
+    from poskit.report.aggregate import learning_curves, periodic_evaluations
+
+    train(tiny(curve_splits=["ood_sparse", "test"]), tmp_path / "run", quiet=True)
+    log = read_metrics(tmp_path / "run")
+    evaluations = [(m["step"], m["split"]) for m in log if "split" in m]
+    # every evaluation step logs the eval split first, then each curve split in order
+    assert evaluations == [(s, split) for s in (8, 16, 24) for split in ("validation", "ood_sparse", "test")]
+    assert [m["split"] for m in periodic_evaluations(log)] == ["validation"] * 3
+    by_split = {split: learning_curves([tmp_path / "run"], "accuracy", split)
+                for split in ("validation", "ood_sparse", "test")}
+    for split, (steps, mean, std) in by_split.items():
+        expected = [m["accuracy"] for m in log if m.get("split") == split]
+        assert steps == [8, 16, 24] and mean == expected and std == [0.0] * 3
+    # the default is the eval split's curve, not the last split logged at each step
+    assert learning_curves([tmp_path / "run"], "accuracy") == by_split["validation"]
 
 
 def test_trainer_passes_each_step_to_the_task_so_a_curriculum_advances(tmp_path, monkeypatch):

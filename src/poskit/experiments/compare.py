@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.encodings.spec import EncodingSpec
-from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare
+from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare, plot_split_curves
 from poskit.report.record import relative_to
 from poskit.tasks import task_split_names
 from poskit.training import (
@@ -29,7 +29,7 @@ from poskit.training.distributed import processes_from_env
 from poskit.training.run_dir import check, owned
 
 from .jobs import TrainJob, train_job
-from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, is_legacy_compare, safe_label
+from .outputs import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, CURVES_PLOT, is_legacy_compare, safe_label
 from .parallel import check_workers, run_parallel
 
 
@@ -137,11 +137,18 @@ def train_and_report(plan: ComparePlan, *, workers: int | None = None, quiet: bo
     # run directories relative to the output directory: a results file holds no machine path
     results["runs"] = {label: [relative_to(d, out_dir) for d in ds] for label, ds in dirs.items()}
     eval_metric = results["metric"]
-    curves = {label: learning_curves(ds, eval_metric) for label, ds in dirs.items()}
+    # the learning curve of every periodically evaluated split is kept in the results (convergence is compared
+    # from them, as the CoPE paper's Fig. 5 compares error every 500 steps)
+    results["curves"] = {split: {label: dict(zip(("steps", "mean", "std"), learning_curves(ds, eval_metric, split)))
+                                 for label, ds in dirs.items()}
+                         for split in [plan.base.eval_split, *plan.base.curve_splits]}
+    curves = {label: (c["steps"], c["mean"], c["std"]) for label, c in results["curves"][plan.base.eval_split].items()}
     atomic_write_json(out_dir / COMPARE_JSON, results)
     table = compare_table(results)
     (out_dir / COMPARE_MD).write_text(f"# {title or 'compare: ' + results['task']}\n\n{table}\n")
     plot_compare(results, curves, out_dir / COMPARE_PLOT, title=title)
+    if plan.base.curve_splits:
+        plot_split_curves(results, out_dir / CURVES_PLOT, title=title)
     return results
 
 

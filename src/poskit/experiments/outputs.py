@@ -6,6 +6,8 @@ from pathlib import Path
 
 # `poskit compare` and `poskit reproduce` (the translation reproduction too), in their output directory
 COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "results.json", "results.md", "compare.png"
+# a compare that evaluates further splits periodically (its curve_splits): every split's learning curves
+CURVES_PLOT = "curves.png"
 # `poskit reproduce translation`: the training-loss curves and BLEU per encoding
 CONVERGENCE_PLOT = "convergence.png"
 # `poskit extrapolate`

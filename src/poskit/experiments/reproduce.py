@@ -21,7 +21,7 @@ from poskit.training.run_dir import check
 from .compare import compare_dir, plan_compare, train_and_report
 from .configs import Reproduction, Variant
 from .evidence import measurements_of, reproduction_paper, write_record
-from .outputs import (COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, EXTRAPOLATION_DIR, EXTRAPOLATION_PLOT,
+from .outputs import (COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, CURVES_PLOT, EXTRAPOLATION_DIR, EXTRAPOLATION_PLOT,
                       TRAINING_LOSS_PLOT, is_legacy_compare, safe_label)
 from .overrides import apply_overrides
 from .realdata import add_nll, plan_sweep, run_sweep
@@ -31,8 +31,6 @@ from .resolution import preset_config, reproduction_config, reproduction_specs, 
 __all__ = ["Reproduction", "Variant", "preset_config", "reproduce", "run_reproduction", "select_variants"]
 
 
-
-
 def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, title: str) -> Path:
     """Training loss (left) and validation `metric` (right) of every run against step, one line per run."""
     from poskit.report.plots import plot_runs
@@ -40,14 +38,6 @@ def plot_training_loss(dirs: dict[str, list[Path]], path: Path, metric: str, tit
 
     runs = {(label if len(ds) == 1 else f"{label} {d.name}"): read_metrics(d) for label, ds in dirs.items() for d in ds}
     return plot_runs(runs, path, metric=metric, title=title)
-
-
-
-
-
-
-
-
 
 
 def _get(config: dict, dotted: str):
@@ -120,7 +110,7 @@ def _reproduce_one(r: Reproduction, cfg: dict, specs, seeds, out: Path, title: s
         write_record(out, kind="reproduction", **record, details=results,
                      measurements=measurements_of(results["metric"], results["split"],
                                                   {"": compare_measurements(plan.dirs, out)}),
-                     files=[COMPARE_MD, COMPARE_PLOT, TRAINING_LOSS_PLOT, f"{EXTRAPOLATION_DIR}/{EXTRAPOLATION_PLOT}"])
+                     files=[COMPARE_MD, COMPARE_PLOT, CURVES_PLOT, TRAINING_LOSS_PLOT, f"{EXTRAPOLATION_DIR}/{EXTRAPOLATION_PLOT}"])
     return results
 
 

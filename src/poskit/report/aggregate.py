@@ -71,11 +71,21 @@ def compare_measurements(runs: dict[str, list[Path]], out_dir) -> dict[str, list
             for label, dirs in runs.items()}
 
 
-def learning_curves(dirs: list[Path], metric: str) -> tuple[list[int], list[float], list[float]]:
-    """(steps, mean, std) of the periodic evaluation `metric` over the seeds' metrics logs (steps common to all)."""
+def periodic_evaluations(log: list[dict], split: str | None = None) -> list[dict]:
+    """The periodic evaluations of one metrics log on `split`; None: on the run's eval_split (the split every
+    evaluation logs first, before its curve_splits)."""
+    evaluations = [m for m in log if "split" in m and "step" in m]
+    if split is None and evaluations:
+        split = evaluations[0]["split"]
+    return [m for m in evaluations if m["split"] == split]
+
+
+def learning_curves(dirs: list[Path], metric: str, split: str | None = None) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std) of the periodic evaluation `metric` on `split` (None: the runs' eval_split) over the
+    seeds' metrics logs (steps common to all)."""
     per_run = []
     for d in dirs:
-        per_run.append({m["step"]: m[metric] for m in read_metrics(d) if "split" in m and metric in m})
+        per_run.append({m["step"]: m[metric] for m in periodic_evaluations(read_metrics(d), split) if metric in m})
     common = sorted(set.intersection(*(set(r) for r in per_run))) if per_run else []
     means, stds = [], []
     for s in common:

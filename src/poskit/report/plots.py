@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from .aggregate import periodic_evaluations  # noqa: E402
 from .figure import save_figure  # noqa: E402
 
 # plain numbers on log axes (perplexities like 5, 7, 20 rather than 10^0.7)
@@ -90,13 +91,33 @@ def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None 
     return save_figure(fig, path, dpi=120)
 
 
+def plot_split_curves(results: dict, path, title: str | None = None) -> Path:
+    """One panel per periodically evaluated split (results["curves"], experiments/compare.py): its metric
+    against step, one line per encoding (mean ± std over seeds)."""
+    metric, curves = results["metric"], results["curves"]
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 4.2), squeeze=False)
+    for ax, (split, by_label) in zip(axes[0], curves.items()):
+        for label, c in by_label.items():
+            if c["steps"]:
+                ax.plot(c["steps"], c["mean"], label=label, color=color(label), marker="o", markersize=3)
+                ax.fill_between(c["steps"], [m - s for m, s in zip(c["mean"], c["std"])],
+                                [m + s for m, s in zip(c["mean"], c["std"])], alpha=0.15, color=color(label))
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{split} {metric}")
+        ax.set_title(split)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(title or f"{results['task']}: learning curves per split (mean ± std over seeds)")
+    return save_figure(fig, path, dpi=120)
+
+
 def plot_runs(runs: dict[str, list[dict]], path, metric: str = "accuracy", title: str | None = None) -> Path:
     """Training loss (left) and periodic evaluation `metric` (right) against step for single runs, from their
     metrics logs (`poskit.training.read_metrics`)."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, log in runs.items():
         loss = [(m["step"], m["train_loss"]) for m in log if "train_loss" in m]
-        ev = [(m["step"], m[metric]) for m in log if "split" in m and metric in m]
+        ev = [(m["step"], m[metric]) for m in periodic_evaluations(log) if metric in m]
         if loss:
             ax1.plot(*zip(*loss), label=label, color=color(label), linewidth=0.8)
         if ev:

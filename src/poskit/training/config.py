@@ -73,6 +73,10 @@ class TrainConfig:
     """Evaluate on eval_split every this many steps (and at the end)."""
     eval_split: str = "validation"
     """Split of the periodic evaluations (one of the task's splits; the final evaluation covers all of them)."""
+    curve_splits: list[str] = field(default_factory=list)
+    """Further splits evaluated at every periodic evaluation, for their learning curves (an out-of-distribution
+    split's error as training goes on, as the CoPE paper's Fig. 5 plots); each one of the task's splits other
+    than eval_split, none twice. Only eval_split is shown on the progress line."""
     eval_batches: int | None = None
     """Evaluate periodic checks on at most this many batches of the split (None = all)."""
     final_eval_batches: int | None = None
@@ -146,6 +150,10 @@ class TrainConfig:
         splits = task_split_names(self.task)
         if self.eval_split not in splits:
             raise ConfigError("eval_split", f"one of the splits of task {self.task!r}: {list(splits)}", self.eval_split)
+        others = [s for s in splits if s != self.eval_split]
+        if len(set(self.curve_splits)) != len(self.curve_splits) or any(s not in others for s in self.curve_splits):
+            raise ConfigError("curve_splits", f"a list of distinct splits of task {self.task!r} other than eval_split: "
+                                              f"{others}", self.curve_splits)
         if self.parallel not in PARALLEL_MODES:
             raise ConfigError("parallel", f"one of {list(PARALLEL_MODES)}", self.parallel)
         if self.world_size is not None and self.world_size < 1:

@@ -200,6 +200,9 @@ class Trainer:
                     if evaluation is not None and evaluation[1] is not None:
                         self.log({"step": self.step, "split": evaluation[0], **evaluation[1]})
                         self._report(bar, *evaluation)
+                        for split, metrics in recipe.curve_evaluations(self):
+                            if metrics is not None:
+                                self.log({"step": self.step, "split": split, **metrics})
                         stats = self.encoding_statistics()
                         if stats:
                             self.log({"step": self.step, "encoding": stats})

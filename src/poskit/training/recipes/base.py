@@ -105,6 +105,10 @@ class Recipe:
         """(split, metrics) of the periodic evaluation, or None (nothing to evaluate during training)."""
         return None
 
+    def curve_evaluations(self, trainer) -> list[tuple[str, dict]]:
+        """(split, metrics) of further splits evaluated beside `evaluate`'s, logged for their learning curves."""
+        return []
+
     def write_outputs(self, run_dir: Path, results: dict) -> None:
         """Files besides the results (written before them, so that finished results imply the outputs)."""
 

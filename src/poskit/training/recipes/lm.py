@@ -119,6 +119,9 @@ class LMRecipe(LMSteps, Recipe):
     def evaluate(self, trainer):
         return self.config.eval_split, self._evaluate(trainer, self.config.eval_split, self.config.eval_batches)
 
+    def curve_evaluations(self, trainer):
+        return [(s, self._evaluate(trainer, s, self.config.eval_batches)) for s in self.config.curve_splits]
+
     def final_results(self, trainer) -> dict:
         """Evaluation on every split of the task, plus the run's bookkeeping (the same dict on every rank)."""
         cfg = self.config
