@@ -395,6 +395,8 @@ def _against_reference(enc, q, k, v, dtype=torch.float32, atol=2e-5, **kw):
 def test_every_served_encoding_equals_the_float64_reference(kernel, label, case, monkeypatch):
     monkeypatch.setattr(cpu_flash, "BLOCK_Q", 8)  # several tiles each way at these sizes
     monkeypatch.setattr(cpu_flash, "BLOCK_K", 16)
+    monkeypatch.setattr(cpu_flash, "BLOCK_Q_BACKWARD", 16)  # the backward tiles the queries otherwise
+    monkeypatch.setattr(cpu_flash, "LONG_KEYS", 30)  # (at 30 keys or more)
     B, H, Hkv, Tq, Tk = {"causal": (2, 4, 4, 37, 37), "padded": (2, 4, 2, 29, 29), "gqa-cross": (1, 4, 1, 13, 41),
                          "plain": (2, 4, 4, 21, 33)}[case]
     if label.startswith("relative") and case != "gqa-cross":

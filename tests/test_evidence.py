@@ -423,6 +423,26 @@ def test_collect_suggests_the_values_table_for_an_analysis(tmp_path, capsys):
     assert "<!-- report: analyze-correlation table=values -->" in capsys.readouterr().out
 
 
+def test_a_curves_table_shows_each_split_s_learning_curve_as_its_record_holds_it(flip_flop, tmp_path):
+    record = read_record(flip_flop / "results.json")
+    curves = record.details["curves"]
+    assert list(curves) == ["validation", "test", "ood_sparse", "ood_dense"]  # flip-flop's curve_splits
+    root = _repo(tmp_path, "<!-- report: flip-flop table=curves split=ood_sparse reach=0.3 -->\n<!-- /report -->\n"
+                           "<!-- report: flip-flop table=curves split=nope -->\n<!-- /report -->\n")
+    main_collect(flip_flop, root)
+    with pytest.raises(markers.MarkerError, match="README.md:3: split must be one of \\['validation', 'test'"):
+        markers.regenerate(root, resolve_today)
+    (root / "README.md").write_text("<!-- report: flip-flop table=curves split=ood_sparse reach=0.3 -->\n"
+                                    "<!-- /report -->\n")
+    text = markers.regenerate(root, resolve_today).files[root / "README.md"]
+    assert "| encoding | 2 | first step at >= 30.00 |" in text
+    for label in ("rope", "pope"):
+        c = curves["ood_sparse"][label]
+        mean, std = 100 * c["mean"][0], 100 * c["std"][0]
+        cell = f"{mean:.2f} ± {std:.2f}" if c["std"][0] else f"{mean:.2f}"
+        assert f"| {label} | {cell} | {'2' if c['mean'][0] >= 0.3 else 'not reached'} |" in text
+
+
 def test_a_values_table_refuses_an_unknown_split(tmp_path):
     out = tmp_path / "corr"
     assert main(["analyze", "correlation", "--dim", "16", "--positions", "24", "--high-from", "8", "--anchors", "1,5",

@@ -10,9 +10,10 @@ replaced on every run):
 
 NAME is a directory of docs/results/ (its results.json, or for table=benchmark its benchmark.json), or several
 separated by commas for table=compact and table=contrast, or `coverage` for table=coverage. KIND is one of
-summary, seeds, values, extrapolation, compact, contrast, coverage, benchmark. Options:
+summary, seeds, values, extrapolation, curves, compact, contrast, coverage, benchmark. Options:
 group=G (one group of a record: a variant such as 3, the demo's lm or diagnostic), metric=M (e.g. loss, nll,
-bleu; default the record's headline metric), split=S (the headline split of a summary; the split a values table shows), key=K (extrapolation:
+bleu; default the record's headline metric), split=S (the headline split of a summary; the split a values or
+curves table shows), reach=X (curves: also the first step whose mean reaches X), key=K (extrapolation:
 perplexity or last_perplexity), paper=NNN (coverage: one paper's rows), option=O (contrast, required: the
 encoding option whose two values are set against each other, e.g. delta_projection; report/contrast.py),
 part=P (benchmark: which table of the benchmark document, e.g. attention, peers, decode; default attention).
@@ -34,16 +35,16 @@ from .benchmark import BENCHMARK_JSON, benchmark_table, read_document
 from .benchmark import provenance as benchmark_provenance
 from .contrast import contrast_table
 from .record import RESULTS_JSON, code_label, read_record
-from .results_tables import (TABLE_KINDS, compact_table, extrapolation_table_of, link, provenance, seeds_table,
-                             summary_table, values_table)
+from .results_tables import (TABLE_KINDS, compact_table, curves_table, extrapolation_table_of, link, provenance,
+                             seeds_table, summary_table, values_table)
 from .staleness import stale_label
 
 RESULTS_DIR = Path("docs") / "results"
 KINDS = (*TABLE_KINDS, "contrast", "coverage", "benchmark")
 _MULTI = ("compact", "contrast")  # the kinds that take several results names
 OPTIONS = {"summary": {"group", "metric", "split"}, "seeds": {"group", "metric"}, "values": {"group", "split"},
-           "extrapolation": {"key"}, "compact": set(), "contrast": {"option"}, "coverage": {"paper"},
-           "benchmark": {"part"}}
+           "extrapolation": {"key"}, "curves": {"split", "reach"}, "compact": set(), "contrast": {"option"},
+           "coverage": {"paper"}, "benchmark": {"part"}}
 REQUIRED = {"contrast": {"option"}}
 _OPEN = re.compile(r"<!-- report: (?P<args>.*?) -->")  # a whole line (parse_blocks)
 _CLOSE = "<!-- /report -->"
@@ -224,6 +225,9 @@ class Generator:
                 table = seeds_table(record, group=o.get("group"), metric=o.get("metric"))
             elif block.kind == "values":
                 table = values_table(record, group=o.get("group"), split=o.get("split"))
+            elif block.kind == "curves":
+                reach = o.get("reach")
+                table = curves_table(record, split=o.get("split"), reach=None if reach is None else float(reach))
             else:
                 table = extrapolation_table_of(record, key=o.get("key", "perplexity"))
         except ValueError as e:

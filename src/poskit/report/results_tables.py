@@ -7,6 +7,8 @@ and docs/ between markers (report/markers.py):
     values         one row per encoding (and group), one column per value of one split: every number an
                    analysis recorded (mean ± std when several runs share a row)
     extrapolation  one row per model, one column per evaluation length (the record's extrapolation sweep)
+    curves         one row per encoding, one column per periodic evaluation step of one split (the learning
+                   curves a compare keeps, experiments/compare.py), and the first step whose mean reaches `reach`
     compact        one row per record (README's list of reproductions): headline split and metric, each
                    encoding's mean ± std, seeds, when and on which code it was measured
 
@@ -22,7 +24,7 @@ from .aggregate import mean_std
 from .record import ResultsRecord, code_label
 from .tables import markdown_table
 
-TABLE_KINDS = ("summary", "seeds", "values", "extrapolation", "compact")
+TABLE_KINDS = ("summary", "seeds", "values", "extrapolation", "curves", "compact")
 
 
 def fmt(metric: str, value) -> str:
@@ -199,6 +201,29 @@ def extrapolation_table_of(record: ResultsRecord, *, key: str = "perplexity") ->
         by_len = {r["length"]: r.get(key) for r in rows}
         out.append([label] + [f"{by_len[L]:.2f}" if by_len.get(L) is not None else "—" for L in lengths])
     return markdown_table(headers, out)
+
+
+def curves_table(record: ResultsRecord, *, split: str | None = None, reach: float | None = None) -> str:
+    """One row per encoding: the mean ± std over seeds of the metric on `split` (default: the periodic
+    evaluation's) at every evaluation step, and, with `reach`, the first step whose mean is at least `reach`."""
+    curves = record.details.get("curves")
+    if not isinstance(curves, dict) or not curves:
+        raise ValueError(f"table=curves needs a record with learning curves; {record.name} has none")
+    split = split or next(iter(curves))
+    if split not in curves:
+        raise ValueError(f"split must be one of {list(curves)} for {record.name}, got {split!r}")
+    metric = record.measurements["metric"]
+    steps = sorted({s for c in curves[split].values() for s in c["steps"]})
+    headers = ["encoding"] + [str(s) for s in steps] + ([f"first step at >= {fmt(metric, reach)}"] if reach else [])
+    rows = []
+    for label, c in curves[split].items():
+        at = {s: (m, sd) for s, m, sd in zip(c["steps"], c["mean"], c["std"])}
+        cells = [("—" if s not in at else fmt(metric, at[s][0]) if not at[s][1] else
+                  f"{fmt(metric, at[s][0])} ± {fmt(metric, at[s][1])}") for s in steps]
+        if reach:
+            cells.append(next((str(s) for s in c["steps"] if at[s][0] >= reach), "not reached"))
+        rows.append([label] + cells)
+    return markdown_table(headers, rows)
 
 
 def compact_row(name: str, record: ResultsRecord | None, stale: str | None) -> list[str]:
