@@ -665,3 +665,29 @@ def test_cope_beyond_the_kernels_key_limit_keeps_its_blocked_path(kernel, monkey
     assert route(build("cope"), q, is_causal=True) == "cpu-flash"
     monkeypatch.setattr(cpu_flash, "MAX_CONTEXTUAL_KEYS", 8)
     assert route(build("cope"), q, is_causal=True) == "blocked-contextual"
+
+
+def test_the_tile_benchmark_times_the_backward_tile_it_names(kernel, monkeypatch, capsys):
+    # the backward's tile is fixed when the forward runs: a benchmark that switched it later would time the
+    # default tile under every name
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_tiles.py"
+    spec = importlib.util.spec_from_file_location("bench_kernel_tiles", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ops, used = cpu_flash.kernel(), []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def backward(self, *args):
+            used.append(args[-2])  # (..., block_q, block_k)
+            return ops.backward(*args)
+
+    monkeypatch.setattr(cpu_flash, "kernel", lambda: Spy())
+    bench.main(["--shapes", "1x40", "--widths", "8", "--tiles", "8,16", "--rounds", "2", "--threads", "1"])
+    assert sorted(set(used)) == [8, 16] and used.count(8) == used.count(16) == 3  # warm-up + 2 rounds each
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 ")]
+    assert [r.split("|")[4].strip() for r in rows] == ["8", "16"] and rows[0].split("|")[6].strip() == "1.000"
