@@ -7,11 +7,12 @@ from .records import PaperNumbers, Reproduction
 TEXT_COPE = Reproduction(
     paper="CoPE paper, Table 5 left (Wikitext-103, GPT-2 size, context 1024, p_max 64; relative 23.81, "
           "CoPE 23.46 test perplexity)",
-    summary="cope, relative, rope, pope on the Wikipedia extract (bytes), context 256, 2 layers d 128, 400 steps, "
+    summary="learned, cope, relative, rope, pope on the Wikipedia extract (bytes), context 256, 2 layers d 128, 400 steps, "
             "2 seeds: 8 min measured on the nearly idle 2-core machine (docs/reproductions.md)",
     config=corpus_lm_config("lm-wiki", task_options={"tokenizer": "bytes"}),
     # p_max 64 as the paper's language model; relative PE with offsets up to the context (no cap needed)
-    encodings="cope:p_max=64,relative:max_distance=256,rope,pope",
+    # learned: the paper's absolute PE row
+    encodings="learned,cope:p_max=64,relative:max_distance=256,rope,pope",
     seeds=(0, 1),
     paper_numbers=(PaperNumbers(source="CoPE paper, Table 5 left", metric="Wikitext-103 perplexity per token",
                                 columns=("validation", "test"),
