@@ -58,9 +58,11 @@ def test_train_writes_a_run_directory_and_resumes(tmp_path, capsys):
     config = json.loads((run / "config.json").read_text())
     assert results["steps"] == 8 and config["model"]["encoding"] == "pope" and config["model"]["d_model"] == 16
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    # 4 loss lines, 2 evaluations, and beside each evaluation where PoPE's phase bias sits
+    # 4 loss lines, 2 evaluations (each of the eval split and of flip-flop's 3 curve splits, its default), and
+    # beside each evaluation where PoPE's phase bias sits
     assert [sorted(r)[0] for r in records if "train_loss" not in r].count("encoding") == 2
-    assert sum("train_loss" in r for r in records) == 4 and len(records) == 4 + 2 + 2
+    assert [r["split"] for r in records if "split" in r] == ["validation", "test", "ood_sparse", "ood_dense"] * 2
+    assert sum("train_loss" in r for r in records) == 4 and len(records) == 4 + 2 * 4 + 2
 
 
 @pytest.mark.parametrize("content,needle", [("[1, 2]", "--config must hold a JSON object of TrainConfig fields"),

@@ -12,6 +12,8 @@ import poskit
 from poskit.encodings import polar_pair as polar_pair_module
 from poskit.encodings.polar_pair import polar_pair
 
+from cpu_kernel_helpers import kernel_off, require_kernel
+
 
 def _op_by_op(x, ca, sa, cd, sd, scale, softplus):
     mu = F.softplus(x) if softplus else x
@@ -88,3 +90,55 @@ def test_pope_query_keeps_nothing_larger_than_q_for_the_backward(monkeypatch):
     big = [tuple(t.shape) for t in saved if t.numel() >= q.numel() and t.data_ptr() != q.data_ptr()]
     assert not big, f"encode_q keeps q-sized tensors besides q for its backward: {big}"
     assert any(t.data_ptr() == q.data_ptr() for t in saved)  # the input itself: the backward needs it
+
+
+# ----------------------------------------------------------------- the compiled library's single-pass ops
+
+def _served(x, ca, sa, cd, sd, grads=(True, False, False, True, True)):
+    return polar_pair_module._fused_ops(x, ca, sa, cd, sd, grads) is not None
+
+
+@settings(max_examples=30, deadline=None)
+@given(B=st.integers(1, 3), H=st.integers(1, 3), T=st.integers(1, 6), d=st.integers(1, 19),
+       per_batch=st.booleans(), rotated=st.booleans(), rotation_grad=st.booleans(), softplus=st.booleans(),
+       scale=st.sampled_from([1.0, 0.125, 2.5]), large=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_compiled_ops_equal_the_formula_in_float64(B, H, T, d, per_batch, rotated, rotation_grad, softplus, scale,
+                                                       large, seed):
+    # fp32 through the library's ops (d up to 19: vector lanes and their tail; `large`: x beyond softplus'
+    # threshold of 20, where softplus is x and its derivative 1) against the formula in float64
+    require_kernel()
+    x64, ca64, sa64, cd64, sd64 = _inputs(B, H, T, d, per_batch, seed, tables_grad=False)
+    if large:
+        x64 = (x64.detach() * 15).requires_grad_()
+    x = x64.detach().float().requires_grad_()
+    ca, sa = ca64.detach().float(), sa64.detach().float()
+    cd = sd = None
+    if rotated:
+        cd, sd = (t.detach().float().requires_grad_(rotation_grad) for t in (cd64, sd64))
+        cd64, sd64 = (t.detach().requires_grad_(rotation_grad) for t in (cd64, sd64))
+    else:
+        cd64 = sd64 = None
+    assert _served(x, ca, sa, cd, sd)
+    got = polar_pair(x, ca, sa, softplus, rotation=None if cd is None else (cd, sd), scale=scale)
+    want = _op_by_op(x64, ca64, sa64, cd64, sd64, scale, softplus)
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6 * scale * (1 + want.abs().max().item()))
+    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    leaves = [t for t in (x, cd, sd) if t is not None and t.requires_grad]
+    leaves64 = [t for t in (x64, cd64, sd64) if t is not None and t.requires_grad]
+    for a, b in zip(torch.autograd.grad(got, leaves, g.float()), torch.autograd.grad(want, leaves64, g)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * (1 + b.abs().max().item()))
+
+
+def test_the_compiled_ops_serve_only_their_case(monkeypatch):
+    # fp32 on the CPU, tables of one position row per batch row or one for all, the rotation per head
+    require_kernel()
+    x, ca, sa, cd, sd = (t.detach().float() for t in _inputs(2, 3, 4, 5, False, 0))
+    assert _served(x, ca, sa, cd, sd) and _served(x, ca, sa, None, None)
+    assert not _served(x.double(), ca, sa, cd, sd)  # float64 keeps the exact path
+    assert not _served(x, ca, sa, cd, sd, grads=(True, True, False, False, False))  # tables with a gradient
+    assert not _served(x, ca.expand(2, 3, 4, 5), sa.expand(2, 3, 4, 5), cd, sd)  # tables per head
+    assert not _served(x, ca, sa, cd.expand(2, 3, 1, 5), sd.expand(2, 3, 1, 5))  # a rotation per batch row
+    # switched off (POSKIT_CPU_KERNEL=0) it serves nothing, as attention's kernel
+    kernel_off(monkeypatch)
+    assert not _served(x, ca, sa, cd, sd)

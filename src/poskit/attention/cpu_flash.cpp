@@ -36,6 +36,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -1012,6 +1013,161 @@ at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// PoPE's Cartesian features in one pass (encodings/polar_pair.py defines them and keeps the reference path):
+// out[..., j] = scale mu cos(a - delta), out[..., d + j] = scale mu sin(a - delta), mu = softplus(x) (or x), for
+// x (B, H, T, d), the position tables cos a, sin a (1|B, 1, T, d) and the phase bias's cos delta, sin delta (H, d)
+// or none. softplus as torch's (beta 1, threshold 20: x itself above it). The backward gives dx and, with the
+// rotation, per thread the sums over batch and time of dL/dcos delta and dL/dsin delta (the caller adds the
+// threads' rows). fp32 only; Vec's exp and log1p are the ones torch's own softplus uses.
+struct PolarShape {
+  int64_t B, H, T, d, tables_b;
+  bool rotated, softplus;
+  float scale;
+};
+
+PolarShape polar_shape(const at::Tensor& x, const at::Tensor& ca, const at::Tensor& sa, const at::Tensor& cd,
+                       const at::Tensor& sd, double scale, bool softplus) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "cpu_flash: polar takes x as a contiguous fp32 (B, H, T, d) tensor");
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), d = x.size(3);
+  TORCH_CHECK(ca.dim() == 4 && ca.sizes() == sa.sizes() && (ca.size(0) == 1 || ca.size(0) == B) && ca.size(1) == 1 &&
+                  ca.size(2) == T && ca.size(3) == d && ca.is_contiguous() && sa.is_contiguous() &&
+                  ca.scalar_type() == at::kFloat && sa.scalar_type() == at::kFloat,
+              "cpu_flash: polar takes contiguous fp32 position tables of shape (1 or B, 1, T, d)");
+  const bool rotated = cd.numel() > 0;
+  TORCH_CHECK(!rotated || (cd.dim() == 2 && cd.size(0) == H && cd.size(1) == d && cd.sizes() == sd.sizes() &&
+                           cd.is_contiguous() && sd.is_contiguous() && cd.scalar_type() == at::kFloat &&
+                           sd.scalar_type() == at::kFloat),
+              "cpu_flash: polar takes the rotation as contiguous fp32 (H, d) tables, or empty ones");
+  return PolarShape{B, H, T, d, ca.size(0), rotated, softplus, static_cast<float>(scale)};
+}
+
+// One row (b, h, t): the tables' cos/sin of (a - delta) into c, s (d each).
+inline void polar_tables(const PolarShape& p, const float* ca, const float* sa, const float* cd, const float* sd,
+                         float* c, float* s) {
+  int64_t j = 0;
+  if (!p.rotated) {
+    std::memcpy(c, ca, p.d * sizeof(float));
+    std::memcpy(s, sa, p.d * sizeof(float));
+    return;
+  }
+  // cos(a - delta) = cos a cos delta + sin a sin delta; sin(a - delta) = sin a cos delta - cos a sin delta
+  for (; j + Vec::size() <= p.d; j += Vec::size()) {
+    const Vec ac = Vec::loadu(ca + j), as = Vec::loadu(sa + j), dc = Vec::loadu(cd + j), ds = Vec::loadu(sd + j);
+    (ac * dc + as * ds).store(c + j);
+    (as * dc - ac * ds).store(s + j);
+  }
+  for (; j < p.d; ++j) {
+    c[j] = ca[j] * cd[j] + sa[j] * sd[j];
+    s[j] = sa[j] * cd[j] - ca[j] * sd[j];
+  }
+}
+
+inline Vec softplus_vec(const Vec& x) {
+  return Vec::blendv(x.exp().log1p(), x, x > Vec(20.f));
+}
+
+inline float softplus_one(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+at::Tensor polar_forward(const at::Tensor& x, const at::Tensor& ca, const at::Tensor& sa, const at::Tensor& cd,
+                         const at::Tensor& sd, double scale, bool softplus) {
+  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
+  auto out = at::empty({p.B, p.H, p.T, 2 * p.d}, x.options());
+  const float *xp = x.data_ptr<float>(), *cap = ca.data_ptr<float>(), *sap = sa.data_ptr<float>();
+  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const Vec sc(p.scale);
+  at::parallel_for(0, p.B * p.H * p.T, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> c(p.d), s(p.d);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t t = row % p.T, h = (row / p.T) % p.H, b = row / (p.T * p.H);
+      const int64_t tab = ((p.tables_b == 1 ? 0 : b) * p.T + t) * p.d;
+      polar_tables(p, cap + tab, sap + tab, p.rotated ? cdp + h * p.d : nullptr, p.rotated ? sdp + h * p.d : nullptr,
+                   c.data(), s.data());
+      const float* xr = xp + row * p.d;
+      float* o = op + row * 2 * p.d;
+      int64_t j = 0;
+      for (; j + Vec::size() <= p.d; j += Vec::size()) {
+        const Vec xv = Vec::loadu(xr + j), mu = (p.softplus ? softplus_vec(xv) : xv) * sc;
+        (mu * Vec::loadu(c.data() + j)).store(o + j);
+        (mu * Vec::loadu(s.data() + j)).store(o + p.d + j);
+      }
+      for (; j < p.d; ++j) {
+        const float mu = (p.softplus ? softplus_one(xr[j]) : xr[j]) * p.scale;
+        o[j] = mu * c[j];
+        o[p.d + j] = mu * s[j];
+      }
+    }
+  });
+  return out;
+}
+
+// (dx, drot): drot (threads, 2, H, d) with dL/dcos delta in [:, 0] and dL/dsin delta in [:, 1] (empty without
+// a rotation, or when need_rotation is false).
+std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& ca,
+                                       const at::Tensor& sa, const at::Tensor& cd, const at::Tensor& sd, double scale,
+                                       bool softplus, bool need_rotation) {
+  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
+  TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == at::kFloat && grad.dim() == 4 &&
+                  grad.size(0) == p.B && grad.size(1) == p.H && grad.size(2) == p.T && grad.size(3) == 2 * p.d,
+              "cpu_flash: polar's gradient must be a contiguous fp32 (B, H, T, 2d) tensor");
+  const bool rot_grad = p.rotated && need_rotation;
+  const int64_t threads = at::get_num_threads();
+  auto dx = at::empty_like(x);
+  auto drot = rot_grad ? at::zeros({threads, 2, p.H, p.d}, x.options()) : at::empty({0}, x.options());
+  const float *gp = grad.data_ptr<float>(), *xp = x.data_ptr<float>(), *cap = ca.data_ptr<float>(),
+              *sap = sa.data_ptr<float>();
+  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
+  float* dxp = dx.data_ptr<float>();
+  float* drp = rot_grad ? drot.data_ptr<float>() : nullptr;
+  const Vec sc(p.scale), one(1.f), twenty(20.f);
+  at::parallel_for(0, p.B * p.H * p.T, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> c(p.d), s(p.d);
+    float* dcd = rot_grad ? drp + at::get_thread_num() * 2 * p.H * p.d : nullptr;
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t t = row % p.T, h = (row / p.T) % p.H, b = row / (p.T * p.H);
+      const int64_t tab = ((p.tables_b == 1 ? 0 : b) * p.T + t) * p.d;
+      const float *ac = cap + tab, *as = sap + tab;
+      polar_tables(p, ac, as, p.rotated ? cdp + h * p.d : nullptr, p.rotated ? sdp + h * p.d : nullptr, c.data(),
+                   s.data());
+      const float *xr = xp + row * p.d, *gc = gp + row * 2 * p.d, *gs = gc + p.d;
+      float* dxr = dxp + row * p.d;
+      float* dc = rot_grad ? dcd + h * p.d : nullptr;
+      float* ds = rot_grad ? dcd + (p.H + h) * p.d : nullptr;
+      int64_t j = 0;
+      for (; j + Vec::size() <= p.d; j += Vec::size()) {
+        const Vec xv = Vec::loadu(xr + j), gcv = Vec::loadu(gc + j), gsv = Vec::loadu(gs + j);
+        // dL/dmu = scale (g_c c + g_s s); softplus' = sigmoid (1 above the threshold, as torch's backward)
+        const Vec dmu = (gcv * Vec::loadu(c.data() + j) + gsv * Vec::loadu(s.data() + j)) * sc;
+        Vec dxv = dmu;
+        if (p.softplus) {
+          const Vec e = xv.exp();
+          dxv = Vec::blendv(dmu * (e / (e + one)), dmu, xv > twenty);
+        }
+        dxv.store(dxr + j);
+        if (rot_grad) {
+          // dL/dcos delta = scale mu (g_c cos a + g_s sin a); dL/dsin delta = scale mu (g_c sin a - g_s cos a)
+          const Vec mu = (p.softplus ? softplus_vec(xv) : xv) * sc, av = Vec::loadu(ac + j), bv = Vec::loadu(as + j);
+          (Vec::loadu(dc + j) + mu * (gcv * av + gsv * bv)).store(dc + j);
+          (Vec::loadu(ds + j) + mu * (gcv * bv - gsv * av)).store(ds + j);
+        }
+      }
+      for (; j < p.d; ++j) {
+        const float dmu = (gc[j] * c[j] + gs[j] * s[j]) * p.scale;
+        const float e = std::exp(xr[j]);
+        dxr[j] = p.softplus ? (xr[j] > 20.f ? dmu : dmu * (e / (e + 1.f))) : dmu;
+        if (rot_grad) {
+          const float mu = (p.softplus ? softplus_one(xr[j]) : xr[j]) * p.scale;
+          dc[j] += mu * (gc[j] * ac[j] + gs[j] * as[j]);
+          ds[j] += mu * (gc[j] * as[j] - gs[j] * ac[j]);
+        }
+      }
+    }
+  });
+  return {dx, drot};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(poskit_cpu_flash, m) {
@@ -1028,4 +1184,8 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
   m.def("contextual_backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor gtot, "
         "float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, Tensor emb, Tensor slopes, int p_max, "
         "int bq, int bk) -> Tensor[]", &contextual_backward);
+  m.def("polar_forward(Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, bool softplus) -> Tensor",
+        &polar_forward);
+  m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "
+        "bool softplus, bool need_rotation) -> Tensor[]", &polar_backward);
 }

@@ -23,6 +23,7 @@ import warnings
 
 import torch
 
+from ..encodings import polar_pair
 from ..encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span, distances
 from . import kernel_build, kernel_calibration
 from .inputs import AttentionInputs, all_finite
@@ -101,6 +102,15 @@ _library = None  # the loaded library's path (its directory holds this machine's
 def available() -> bool:
     """Whether the kernel is loadable (builds it on the first call)."""
     return kernel() is not None
+
+
+def _polar_ops():
+    """The library's ops for PoPE's Cartesian features (encodings/polar_pair.py), where attention would use the
+    kernel: switched on and loadable."""
+    return kernel() if enabled() else None
+
+
+polar_pair.use_fused(_polar_ops)
 
 
 def _scalar_positions(inp: AttentionInputs) -> bool:

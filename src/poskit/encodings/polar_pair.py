@@ -21,6 +21,42 @@ import torch.nn.functional as F
 
 KEEP_MU_BELOW = 1 << 20  # elements of x (4 MB in fp32): smaller inputs keep softplus(x) for the backward
 
+# The compiled CPU kernel's library has the common case as two single-pass ops (fp32, x (B, H, T, d), position
+# tables (1|B, 1, T, d), the rotation (1, H, 1, d) or none, no gradient to the position tables): one read of x
+# and the tables, one write of the output, where the ops below make several passes. attention/cpu_flash.py
+# registers a provider of the ops (None when the kernel is switched off or cannot load): the encodings do not
+# depend on the attention package, and without it this module keeps its own path.
+_fused_provider = None
+
+
+def use_fused(provider) -> None:
+    """Register `provider()`, which returns the compiled library's ops (polar_forward, polar_backward) or None."""
+    global _fused_provider
+    _fused_provider = provider
+
+
+def _fused_ops(x, ca, sa, cd, sd, needs_input_grad):
+    """The compiled ops when they serve this call, else None."""
+    if _fused_provider is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 4:
+        return None
+    B, H, T, d = x.shape
+    if any(needs_input_grad[1:3]) or ca.dtype != torch.float32 or sa.dtype != torch.float32:
+        return None
+    if ca.shape != sa.shape or ca.shape not in ((1, 1, T, d), (B, 1, T, d)):
+        return None
+    if cd is not None and (cd.shape != (1, H, 1, d) or sd.shape != cd.shape or cd.dtype != torch.float32
+                           or sd.dtype != torch.float32):
+        return None
+    return _fused_provider()
+
+
+def _rotation_rows(cd, sd):
+    """The rotation as the compiled ops take it: (H, d) contiguous tables, or empty ones."""
+    if cd is None:
+        empty = torch.empty(0)
+        return empty, empty
+    return cd.reshape(cd.shape[1], cd.shape[3]).contiguous(), sd.reshape(sd.shape[1], sd.shape[3]).contiguous()
+
 
 def _reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """Sum a broadcast gradient back to `shape` (same rank)."""
@@ -56,6 +92,13 @@ class PolarPair(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ca, sa, cd, sd, scale: float, softplus: bool):
         # x: (B, H, T, d); ca, sa: broadcastable to x, same rank; cd, sd: (1, H, 1, d) or None -> (B, H, T, 2d)
+        ctx.scale, ctx.softplus = scale, softplus
+        ops = _fused_ops(x, ca, sa, cd, sd, ctx.needs_input_grad)
+        ctx.fused = ops
+        if ops is not None:
+            x, ca, sa = x.contiguous(), ca.contiguous(), sa.contiguous()
+            ctx.save_for_backward(x, ca, sa, cd, sd, None)
+            return ops.polar_forward(x, ca, sa, *_rotation_rows(cd, sd), float(scale), bool(softplus))
         mu = F.softplus(x) if softplus else x
         c, s = _tables(ca, sa, cd, sd, scale)
         d = x.shape[-1]
@@ -65,13 +108,21 @@ class PolarPair(torch.autograd.Function):
         needs_mu = any(ctx.needs_input_grad[1:5])  # only the tables' gradients read mu itself
         keep_mu = softplus and needs_mu and x.numel() < KEEP_MU_BELOW
         ctx.save_for_backward(x, ca, sa, cd, sd, mu if keep_mu else None)
-        ctx.scale, ctx.softplus = scale, softplus
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, ca, sa, cd, sd, kept_mu = ctx.saved_tensors
         scale, softplus = ctx.scale, ctx.softplus
+        if ctx.fused is not None:
+            need_rotation = cd is not None and any(ctx.needs_input_grad[3:5])
+            dx, drot = ctx.fused.polar_backward(grad.contiguous(), x, ca, sa, *_rotation_rows(cd, sd), float(scale),
+                                                bool(softplus), need_rotation)
+            dcd = dsd = None
+            if need_rotation:  # per thread -> summed; (2, H, d) -> each table's (1, H, 1, d)
+                dcd, dsd = (r.reshape(cd.shape) for r in drot.sum(0))
+            return (dx if ctx.needs_input_grad[0] else None, None, None,
+                    dcd if ctx.needs_input_grad[3] else None, dsd if ctx.needs_input_grad[4] else None, None, None)
         d = x.shape[-1]
         g_c, g_s = grad[..., :d], grad[..., d:]
         need_x, need_ca, need_sa, need_cd, need_sd = ctx.needs_input_grad[:5]
