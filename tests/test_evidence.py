@@ -149,7 +149,8 @@ def test_collect_report_and_check_on_a_readme_with_markers(flip_flop, tmp_path, 
                            "<!-- report: flip-flop table=seeds -->\nold\n<!-- /report -->\n")
     assert main(["report", "collect", str(flip_flop), "--root", str(root)]) == 0
     dest = root / "docs" / "results" / "flip-flop"
-    assert sorted(p.name for p in dest.iterdir()) == ["compare.png", "results.json"]  # no runs, no checkpoints
+    # the plots and the results, no runs, no checkpoints
+    assert sorted(p.name for p in dest.iterdir()) == ["compare.png", "curves.png", "results.json"]
     assert (dest / "results.json").read_bytes() == (flip_flop / "results.json").read_bytes()
     capsys.readouterr()
     assert main(["report", "--check", "--root", str(root)]) == 1
