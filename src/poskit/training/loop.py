@@ -197,10 +197,13 @@ class Trainer:
                     self.loss_sum, self.loss_count = 0.0, 0
                 if self.step % loop.eval_every == 0 or done:
                     evaluation = recipe.evaluate(self)
+                    # every rank evaluates the curve splits: under DDP each evaluation ends in a barrier, which
+                    # the ranks that get no metrics (all but rank 0) must reach too
+                    curves = recipe.curve_evaluations(self)
                     if evaluation is not None and evaluation[1] is not None:
                         self.log({"step": self.step, "split": evaluation[0], **evaluation[1]})
                         self._report(bar, *evaluation)
-                        for split, metrics in recipe.curve_evaluations(self):
+                        for split, metrics in curves:
                             if metrics is not None:
                                 self.log({"step": self.step, "split": split, **metrics})
                         stats = self.encoding_statistics()
