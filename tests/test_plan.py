@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 import poskit
@@ -43,6 +43,9 @@ def _spies(mp: pytest.MonkeyPatch, seen: list) -> None:
                through("blocked-bias", blocked_bias.BlockedBiasAttention.apply))
     mp.setattr(blocked_cope.BlockedCoPE, "apply", through("blocked-contextual", blocked_cope.BlockedCoPE.apply))
     mp.setattr(cpu_flash.CpuFlashAttention, "apply",
+               stub("cpu-flash", lambda q, k, v, *rest: q.new_zeros(*q.shape[:3], v.shape[-1])))
+    # CoPE with gates from the keys has the kernel's own pass
+    mp.setattr(cpu_flash.CpuFlashContextual, "apply",
                stub("cpu-flash", lambda q, k, v, *rest: q.new_zeros(*q.shape[:3], v.shape[-1])))
     mp.setattr(triton_pope, "pope_attention_for",
                stub("triton", lambda enc, q, k, v, **kw: q.new_zeros(*q.shape[:3], v.shape[-1])))
@@ -102,8 +105,18 @@ def calls(draw):
     return enc, q, k, v, kw, switches
 
 
+def _cope_on_the_kernel():
+    """A call drawn once and missed by the spies then: CoPE with gates from the keys, the CPU kernel on."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 1, 16, generator=g) for _ in range(3))
+    enc = poskit.build_encoding("cope", head_dim=16, num_heads=2)
+    return (enc, q, k, v, {"backend": "auto", "enable_gqa": False, "is_causal": False},
+            {"cpu_kernel": True, "kernel_builds": True, "max_keys": 4096, "block": 64})
+
+
 @settings(max_examples=150, deadline=None)
 @given(call=calls())
+@example(call=_cope_on_the_kernel())
 def test_the_reported_path_is_the_executed_path(call):
     enc, q, k, v, kw, switches = call
     seen = []
