@@ -142,6 +142,17 @@ _VALUES = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, allow
                     st.dictionaries(st.text("abc", min_size=1, max_size=3), st.integers(0, 9), max_size=2))
 
 
+def test_nan_and_infinity_in_a_spec_stay_text_and_round_trip():
+    # Python's JSON reader takes NaN and Infinity; a NaN option then wrote a label no reader takes (a ValueError
+    # from json.dumps instead of a spec)
+    from poskit.encodings.spec import parse_value
+
+    assert [parse_value(t) for t in ("NaN", "Infinity", "-Infinity", "[1,NaN]")] == \
+        ["NaN", "Infinity", "-Infinity", "[1,NaN]"]
+    spec = EncodingSpec("cope", {"gates": "NaN"})
+    assert spec.options == {"gates": "NaN"} and EncodingSpec.parse(spec.label) == spec
+
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_property_a_label_parses_back_to_an_equal_spec(data):

@@ -48,11 +48,17 @@ class SpecError(ValueError):
         super().__init__(f"{arg + ': ' if arg else ''}{subject} must be {requirement}, got {value!r}{where}")
 
 
+def _not_json(constant: str):
+    raise ValueError(constant)
+
+
 def parse_value(text: str):
-    """JSON when it parses (numbers, true/false/null, lists, objects, quoted strings), else the text itself."""
+    """JSON when it parses (numbers, true/false/null, lists, objects, quoted strings), else the text itself.
+    NaN and Infinity are not JSON (Python's reader takes them by default): they stay text, which the option's
+    own check then refuses by name, where a NaN would have been written back as a label no reader takes."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError:  # json.JSONDecodeError too
         return text
 
 
