@@ -474,3 +474,26 @@ def test_a_record_names_the_code_its_command_started_with_and_the_code_at_its_en
         unchanged = rec.new_record(name="x", kind="reproduction", equivalent=["x"], arguments={}, resolved={},
                                    measurements=measurements, paper=None, wall_seconds=1.0, out_dir=tmp_path)
     assert unchanged.code == same and "code_at_end" not in unchanged.details
+
+
+def test_a_command_does_not_wait_for_git_before_it_starts(tmp_path, monkeypatch):
+    # every CLI command enters command_line; only the few that write a record need the code, so git runs beside it
+    import threading
+
+    from poskit.report import record as rec
+
+    release = threading.Event()
+    code = {"poskit_version": "0.1.0", "git_commit": "ddddddd4", "dirty": False}
+
+    def slow_git():
+        assert release.wait(30)
+        return code
+
+    monkeypatch.setattr(rec, "code_info", slow_git)
+    measurements = {"metric": "m", "split": "test", "variant_field": None, "groups": {}}
+    with rec.command_line(["poskit", "reproduce", "x"]):
+        assert not release.is_set()  # inside the command while git has not answered
+        release.set()
+        made = rec.new_record(name="x", kind="reproduction", equivalent=["x"], arguments={}, resolved={},
+                              measurements=measurements, paper=None, wall_seconds=1.0, out_dir=tmp_path)
+    assert made.code == code

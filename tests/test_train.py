@@ -180,6 +180,22 @@ def test_curve_splits_are_evaluated_with_the_eval_split_and_kept_apart(tmp_path)
     assert learning_curves([tmp_path / "run"], "accuracy") == by_split["validation"]
 
 
+def test_split_learning_curves_read_each_log_once_and_equal_the_per_split_curves(tmp_path, monkeypatch):
+    from poskit.report import aggregate
+
+    for seed in (0, 1):
+        train(tiny(curve_splits=["ood_sparse"], seed=seed), tmp_path / f"run{seed}", quiet=True)
+    dirs = [tmp_path / "run0", tmp_path / "run1"]
+    splits = ["validation", "ood_sparse"]
+    expected = {split: aggregate.learning_curves(dirs, "accuracy", split) for split in splits}
+    reads = []
+    real = aggregate.read_metrics
+    monkeypatch.setattr(aggregate, "read_metrics", lambda d: reads.append(d) or real(d))
+    assert aggregate.split_learning_curves(dirs, "accuracy", splits) == expected
+    assert sorted(reads) == sorted(dirs)
+    assert expected["validation"] != expected["ood_sparse"]
+
+
 def test_trainer_passes_each_step_to_the_task_so_a_curriculum_advances(tmp_path, monkeypatch):
     # a curriculum task draws its training batch from the step; the trainer (and its preflight) must pass it
     from poskit.tasks.indirect_indexing import IndirectIndexing

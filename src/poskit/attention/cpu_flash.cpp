@@ -1140,25 +1140,33 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
         const Vec xv = Vec::loadu(xr + j), gcv = Vec::loadu(gc + j), gsv = Vec::loadu(gs + j);
         // dL/dmu = scale (g_c c + g_s s); softplus' = sigmoid (1 above the threshold, as torch's backward)
         const Vec dmu = (gcv * Vec::loadu(c.data() + j) + gsv * Vec::loadu(s.data() + j)) * sc;
-        Vec dxv = dmu;
+        Vec dxv = dmu, mu = xv;
         if (p.softplus) {
-          const Vec e = xv.exp();
-          dxv = Vec::blendv(dmu * (e / (e + one)), dmu, xv > twenty);
+          // one exp serves both softplus' derivative and, for the rotation's gradient, softplus itself
+          const Vec e = xv.exp(), big = xv > twenty;
+          dxv = Vec::blendv(dmu * (e / (e + one)), dmu, big);
+          if (rot_grad) mu = Vec::blendv(e.log1p(), xv, big);
         }
         dxv.store(dxr + j);
         if (rot_grad) {
           // dL/dcos delta = scale mu (g_c cos a + g_s sin a); dL/dsin delta = scale mu (g_c sin a - g_s cos a)
-          const Vec mu = (p.softplus ? softplus_vec(xv) : xv) * sc, av = Vec::loadu(ac + j), bv = Vec::loadu(as + j);
+          mu = mu * sc;
+          const Vec av = Vec::loadu(ac + j), bv = Vec::loadu(as + j);
           (Vec::loadu(dc + j) + mu * (gcv * av + gsv * bv)).store(dc + j);
           (Vec::loadu(ds + j) + mu * (gcv * bv - gsv * av)).store(ds + j);
         }
       }
       for (; j < p.d; ++j) {
         const float dmu = (gc[j] * c[j] + gs[j] * s[j]) * p.scale;
-        const float e = std::exp(xr[j]);
-        dxr[j] = p.softplus ? (xr[j] > 20.f ? dmu : dmu * (e / (e + 1.f))) : dmu;
+        float mu = xr[j];
+        dxr[j] = dmu;
+        if (p.softplus && xr[j] <= 20.f) {
+          const float e = std::exp(xr[j]);
+          dxr[j] = dmu * (e / (e + 1.f));
+          mu = std::log1p(e);
+        }
         if (rot_grad) {
-          const float mu = (p.softplus ? softplus_one(xr[j]) : xr[j]) * p.scale;
+          mu *= p.scale;
           dc[j] += mu * (gc[j] * ac[j] + gs[j] * as[j]);
           ds[j] += mu * (gc[j] * as[j] - gs[j] * ac[j]);
         }

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poskit.encodings.spec import EncodingSpec
-from poskit.report import aggregate_compare, compare_table, learning_curves, plot_compare, plot_split_curves
+from poskit.report import aggregate_compare, compare_table, plot_compare, plot_split_curves, split_learning_curves
 from poskit.report.record import relative_to
 from poskit.tasks import task_split_names
 from poskit.training import (
@@ -139,9 +139,10 @@ def train_and_report(plan: ComparePlan, *, workers: int | None = None, quiet: bo
     eval_metric = results["metric"]
     # the learning curve of every periodically evaluated split is kept in the results (convergence is compared
     # from them, as the CoPE paper's Fig. 5 compares error every 500 steps)
-    results["curves"] = {split: {label: dict(zip(("steps", "mean", "std"), learning_curves(ds, eval_metric, split)))
-                                 for label, ds in dirs.items()}
-                         for split in [plan.base.eval_split, *plan.base.curve_splits]}
+    splits = [plan.base.eval_split, *plan.base.curve_splits]
+    by_label = {label: split_learning_curves(ds, eval_metric, splits) for label, ds in dirs.items()}
+    results["curves"] = {split: {label: dict(zip(("steps", "mean", "std"), by_label[label][split])) for label in dirs}
+                         for split in splits}
     curves = {label: (c["steps"], c["mean"], c["std"]) for label, c in results["curves"][plan.base.eval_split].items()}
     atomic_write_json(out_dir / COMPARE_JSON, results)
     table = compare_table(results)

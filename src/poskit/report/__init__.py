@@ -8,6 +8,7 @@ every command uses to record its command line) does not load matplotlib."""
 import importlib
 
 _EXPORTS = {"aggregate_compare": "aggregate", "learning_curves": "aggregate", "mean_std": "aggregate",
+            "split_learning_curves": "aggregate",
             "plot_compare": "plots", "plot_extrapolation": "plots", "plot_runs": "plots", "plot_split_curves": "plots",
             "compare_table": "tables", "extrapolation_table": "tables", "markdown_table": "tables",
             "variants_table": "tables"}

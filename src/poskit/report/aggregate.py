@@ -83,9 +83,18 @@ def periodic_evaluations(log: list[dict], split: str | None = None) -> list[dict
 def learning_curves(dirs: list[Path], metric: str, split: str | None = None) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std) of the periodic evaluation `metric` on `split` (None: the runs' eval_split) over the
     seeds' metrics logs (steps common to all)."""
-    per_run = []
-    for d in dirs:
-        per_run.append({m["step"]: m[metric] for m in periodic_evaluations(read_metrics(d), split) if metric in m})
+    return _curve([read_metrics(d) for d in dirs], metric, split)
+
+
+def split_learning_curves(dirs: list[Path], metric: str,
+                          splits: list[str]) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """learning_curves for each of `splits`, reading each run's metrics log once."""
+    logs = [read_metrics(d) for d in dirs]
+    return {split: _curve(logs, metric, split) for split in splits}
+
+
+def _curve(logs: list[list[dict]], metric: str, split: str | None) -> tuple[list[int], list[float], list[float]]:
+    per_run = [{m["step"]: m[metric] for m in periodic_evaluations(log, split) if metric in m} for log in logs]
     common = sorted(set.intersection(*(set(r) for r in per_run))) if per_run else []
     means, stds = [], []
     for s in common:

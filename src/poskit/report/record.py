@@ -49,6 +49,8 @@ import os
 import platform
 import shlex
 import subprocess
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -67,12 +69,26 @@ def command_line(argv: list[str]):
     code as the command starts: a run can outlast commits made meanwhile, and what it measured is the code it
     started with (new_record)."""
     token = _COMMAND.set([str(a) for a in argv])
-    code_token = _CODE_AT_START.set(code_info())
+    # git is asked beside the command, not before it: most commands write no record and need not wait for it
+    code_token = _CODE_AT_START.set(_in_background(code_info))
     try:
         yield
     finally:
         _COMMAND.reset(token)
         _CODE_AT_START.reset(code_token)
+
+
+def _in_background(fn) -> Future:
+    future: Future = Future()
+
+    def run():
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # handed to whoever asks for the result
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="poskit-code-info", daemon=True).start()
+    return future
 
 
 def _same_code(a: dict, b: dict) -> bool:
@@ -334,8 +350,9 @@ def new_record(*, name: str, kind: str, equivalent: list[str], arguments: dict, 
     code the CLI command started with (command_line), or now's for a call from Python; where the two differ, the
     details keep the code at the end too (`code_at_end`)."""
     out_dir = Path(out_dir)
-    now = code_info()
     started = _CODE_AT_START.get()
+    started = started.result() if started is not None else None  # read before now's, as the command began
+    now = code_info()
     code = started if started is not None else now
     if not _same_code(code, now):
         details = {**(details or {}), "code_at_end": now}
