@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,30 +20,7 @@ import torch  # noqa: E402
 
 from _harness import keep_freed_memory, table  # noqa: E402
 from poskit.attention import cpu_flash  # noqa: E402
-
-
-def backward_timer(B: int, T: int, E: int, H: int = 8, Dv: int = 64):
-    g = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(B, H, T, E, generator=g).requires_grad_() for _ in range(2))
-    v = torch.randn(B, H, T, Dv, generator=g).requires_grad_()
-    grad = torch.randn(B, H, T, Dv, generator=g)
-    positions = torch.arange(T)[None]
-
-    def run(tile: int) -> float:
-        saved = cpu_flash.backward_block_q
-        cpu_flash.backward_block_q = lambda keys: tile  # the forward records the backward's tile
-        try:
-            out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=positions,
-                                                k_positions=positions, causal=True)
-        finally:
-            cpu_flash.backward_block_q = saved
-        t = time.perf_counter()
-        out.backward(grad)
-        elapsed = time.perf_counter() - t
-        for x in (q, k, v):
-            x.grad = None
-        return elapsed
-    return run
+from poskit.attention.kernel_timing import backward_timer, interleaved  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -63,13 +39,7 @@ def main(argv=None) -> None:
     for shape in args.shapes.split(","):
         B, T = (int(x) for x in shape.split("x"))
         for E in (int(w) for w in args.widths.split(",")):
-            run = backward_timer(B, T, E)
-            for tile in tiles:  # warm-up
-                run(tile)
-            times = {tile: [] for tile in tiles}
-            for r in range(args.rounds):
-                for tile in (tiles if r % 2 == 0 else tiles[::-1]):
-                    times[tile].append(run(tile))
+            times = interleaved(backward_timer(B, T, E), tiles, args.rounds)
             for tile in tiles:
                 ratio = statistics.median(a / b for a, b in zip(times[tile], times[tiles[0]]))
                 rows.append(dict(B=B, T=T, E=E, tile=tile, ms=f"{1000 * statistics.median(times[tile]):.1f}",

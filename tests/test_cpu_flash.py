@@ -613,18 +613,69 @@ def test_an_unreadable_calibration_names_its_file_and_leaves_the_kernel_on(kerne
         assert route(_encoding("pope"), torch.randn(1, 4, 8, 16), is_causal=True) == "cpu-flash"
 
 
+def test_the_backward_takes_the_tile_this_machine_measured_at_long_sequences(kernel, tmp_path, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+
+    results = {f"{form}/{dtype}": {"kernel": True} for form in kc.FORMS for dtype in kc.DTYPES}
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    assert cpu_flash.backward_block_q(cpu_flash.LONG_KEYS) == cpu_flash.BLOCK_Q_BACKWARD  # nothing measured
+    for measured in kc.TILE_CHOICES:
+        kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results, "backward_tile": {"block_q": measured}})
+        assert cpu_flash.backward_block_q(cpu_flash.LONG_KEYS) == measured
+        assert cpu_flash.backward_block_q(2 * cpu_flash.LONG_KEYS) == measured
+        assert cpu_flash.backward_block_q(cpu_flash.LONG_KEYS - 1) == cpu_flash.BLOCK_Q  # short: not the choice
+    assert kc.choose_tile({64: 10.0, 128: 9.0}) == 128 and kc.choose_tile({64: 9.0, 128: 10.0}) == 64
+    # a tile the kernel was never measured with is refused by name, and routing keeps its defaults
+    kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results, "backward_tile": {"block_q": 96}})
+    with pytest.raises(kc.CalibrationError, match="backward_tile.block_q 96 is not one of"):
+        kc.read(tmp_path / kc.FILE_NAME)
+    with pytest.warns(RuntimeWarning, match="not a readable kernel calibration"):
+        assert cpu_flash.backward_block_q(cpu_flash.LONG_KEYS) == cpu_flash.BLOCK_Q_BACKWARD
+
+
+def test_the_backward_tile_can_be_given_apart_from_the_forwards(kernel, monkeypatch):
+    ops, used = cpu_flash.kernel(), []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def forward(self, *args):
+            used.append(("forward", args[-2]))
+            return ops.forward(*args)
+
+        def backward(self, *args):
+            used.append(("backward", args[-2]))
+            return ops.backward(*args)
+
+    monkeypatch.setattr(cpu_flash, "kernel", lambda: Spy())
+    q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
+    pos = torch.arange(40)[None]
+    out = cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, q_positions=pos, k_positions=pos, causal=True,
+                                        block_q_backward=16)
+    out.sum().backward()
+    assert used == [("forward", cpu_flash.BLOCK_Q), ("backward", 16)]
+    with pytest.raises(ValueError, match="block_q_backward must be a positive int, got 0"):
+        cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, block_q_backward=0)
+
+
 def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, tmp_path, monkeypatch):
     from poskit.attention import kernel_calibration as kc
     from poskit.cli.kernel import calibrate
 
     monkeypatch.setattr(kc, "SHAPE", {"B": 1, "H": 2, "T": 64, "D": 16})  # small: this checks the mechanics
+    monkeypatch.setattr(kc, "TILE_SHAPE", {"B": 1, "H": 2, "T": 256, "E": 32, "Dv": 16})
     lines = []
     doc = calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
-    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 8
+    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 9
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
         assert entry["kernel"] == kc.decide(entry["kernel_ms"], entry["fallback_ms"])
-    assert kc.read(tmp_path / kc.FILE_NAME) == {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}
+    tile = doc["backward_tile"]
+    assert set(tile["ms"]) == {str(t) for t in kc.TILE_CHOICES} and all(m > 0 for m in tile["ms"].values())
+    assert tile["block_q"] == kc.choose_tile({int(t): m for t, m in tile["ms"].items()})
+    assert kc.read(tmp_path / kc.FILE_NAME) == {**{tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()},
+                                                kc.LONG_TILE: tile["block_q"]}
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 

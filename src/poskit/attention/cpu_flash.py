@@ -47,8 +47,12 @@ LONG_KEYS = 4096
 
 
 def backward_block_q(keys: int) -> int:
-    """The backward's query tile for calls with `keys` keys (read at call time)."""
-    return BLOCK_Q_BACKWARD if keys >= LONG_KEYS else BLOCK_Q
+    """The backward's query tile for calls with `keys` keys (read at call time): from LONG_KEYS on, this machine's
+    calibrated tile where `poskit kernel calibrate` measured one, BLOCK_Q_BACKWARD otherwise."""
+    if keys < LONG_KEYS:
+        return BLOCK_Q
+    measured = kernel_calibration.long_backward_block_q(_library)
+    return BLOCK_Q_BACKWARD if measured is None else measured
 
 # The dtypes the kernel serves (bf16 is widened to fp32 per tile: on CPUs without native bf16 arithmetic every
 # bf16 GEMM does that inside); float16 and float64 keep their exact paths.
@@ -259,20 +263,23 @@ def _kernel_args(bias_values, form, offset, scale):
 
 def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=None, causal: bool = False,
                         key_padding_mask=None, bias: KernelBias | None = None, block_q: int | None = None,
-                        block_k: int | None = None) -> torch.Tensor:
+                        block_k: int | None = None, block_q_backward: int | None = None) -> torch.Tensor:
     """softmax(scale q k^T + bias, causal by position, key padding) @ v through the compiled kernel.
 
     q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), Hkv dividing H (query head h reads kv head
     h // (H // Hkv)), any E and Dv, fp32 or bf16. Positions (1|B, T) int tensors (needed when causal or with a
     bias); key_padding_mask (B, Tk) bool, True = real key; bias: a KernelBias (encodings/kernel_bias.py). A
     query that sees no key outputs zeros. block_q, block_k: the tile of both passes (default: BLOCK_Q x BLOCK_K
-    in the forward, backward_block_q(Tk) x BLOCK_K in the backward, read at call time). Callers check `available()`
-    first.
+    in the forward, backward_block_q(Tk) x BLOCK_K in the backward, read at call time); block_q_backward: the
+    backward's query tile alone (default block_q where given). Callers check `available()` first.
     """
-    block_q_backward = block_q  # None: backward_block_q's, read when the forward runs
+    if block_q_backward is None:
+        block_q_backward = block_q  # None: backward_block_q's, read when the forward runs
     block_q = BLOCK_Q if block_q is None else block_q
     block_k = BLOCK_K if block_k is None else block_k
-    for name, value in (("block_q", block_q), ("block_k", block_k)):
+    for name, value in (("block_q", block_q), ("block_k", block_k), ("block_q_backward", block_q_backward)):
+        if value is None and name == "block_q_backward":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     B, H, Tq, E = q.shape

@@ -4,11 +4,16 @@ library, so that routing follows this CPU's numbers rather than constants measur
 The kernel serves a call where it can (cpu_flash.serves), unless a calibration of this machine measured the path
 without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of call, one decision per form x
 dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...),
-"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16. `poskit kernel calibrate` measures it (cli/kernel.py; and
-`poskit kernel build` after building): forward + backward of one causal call per form and dtype at B=2, H=8,
-T=1024, d=64 with the threads torch has, medians of interleaved rounds. A form keeps the kernel unless its median
-exceeds the fallback's by MARGIN, so that noise on a shared machine does not flip a default. Without a
-calibration the kernel serves (faster than the paths without it wherever docs/benchmarks.md compared the two).
+"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16.
+`poskit kernel calibrate` measures it (cli/kernel.py; and `poskit kernel build` after building): forward +
+backward of one causal call per form and dtype at B=2, H=8, T=1024, d=64 with the threads torch has, medians of
+interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN, so that noise on a
+shared machine does not flip a default. Without a calibration the kernel serves (faster than the paths without it
+wherever docs/benchmarks.md compared the two).
+
+The same file keeps the backward's query tile at long sequences (TILE_SHAPE): the faster of TILE_CHOICES by the
+median of interleaved backward passes; without it the kernel takes cpu_flash.BLOCK_Q_BACKWARD, measured on an
+AMD EPYC.
 
 Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles while the kernel widens bf16 to fp32
 (docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form is what the
@@ -34,6 +39,12 @@ ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
               "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
+LONG_TILE = ("backward", "long_block_q")  # its key among the decisions read from a file
+# The kernel's backward query tile from cpu_flash.LONG_KEYS keys on, measured at this shape (PoPE's 128-wide q/k,
+# 64-wide values: the widest case the kernel serves by default), one choice per machine: whether a head's keys,
+# values and their gradients stay in cache at that length depends on the CPU's caches.
+TILE_SHAPE = {"B": 1, "H": 8, "T": 4096, "E": 128, "Dv": 64}
+TILE_CHOICES = (64, 128)
 
 _measuring = False  # while True, serves() ignores the calibration (a calibration measures the kernel itself)
 
@@ -52,7 +63,8 @@ def decide(kernel_ms: float, fallback_ms: float) -> bool:
 
 
 def read(path: Path) -> dict:
-    """{(form, dtype name): use the kernel} from a calibration file (CalibrationError naming it otherwise)."""
+    """{(form, dtype name): use the kernel} from a calibration file, and
+    under LONG_TILE the backward's query tile at long sequences where the file has one (CalibrationError naming it otherwise)."""
     try:
         doc = json.loads(Path(path).read_text())
         results = doc["results"]
@@ -62,6 +74,11 @@ def read(path: Path) -> dict:
             if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
                 raise ValueError(f"entry {key!r}")
             found[(form, dtype)] = entry["kernel"]
+        if "backward_tile" in doc:  # absent in a calibration written before tiles were measured
+            tile = doc["backward_tile"]["block_q"]
+            if type(tile) is not int or tile not in TILE_CHOICES:
+                raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
+            found[LONG_TILE] = tile
         return found
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CalibrationError(f"{path}: not a readable kernel calibration ({type(err).__name__}: {err}); "
@@ -91,6 +108,16 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
     """Whether the kernel should serve a call of this form and dtype on this machine."""
     name = next((n for n, d in DTYPES.items() if d == dtype), None)
     return decisions(library).get((form, name), True)
+
+
+def long_backward_block_q(library: Path | None) -> int | None:
+    """This machine's measured backward query tile at long sequences (None: not measured)."""
+    return decisions(library).get(LONG_TILE)
+
+
+def choose_tile(ms: dict[int, float]) -> int:
+    """The tile with the lowest median time."""
+    return min(ms, key=ms.get)
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 
 build: compile it now into the per-machine cache (otherwise the first attention call that needs it does), or
     again with --force, then calibrate (unless --no-calibrate). calibrate: time the kernel against the paths
-    without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower
-    (saved beside the library; attention/kernel_calibration.py). info: what this machine would use: CPU model
+    without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower,
+    and choose its backward's query tile at long sequences (saved beside the library;
+    attention/kernel_calibration.py). info: what this machine would use: CPU model
     and instruction set, compiler, cache directory, whether the library is built, its calibration, and whether
     attention uses it.
 """
@@ -134,10 +135,25 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
                                                    "fallback_ms": round(fallback_ms, 2), "kernel": use}
                 progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
                          f"   -> {'kernel' if use else 'without it'}")
+        backward_tile = _measured_tile(rounds, progress)
     doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
-           "rounds": rounds, "margin": kc.MARGIN, "results": results}
+           "rounds": rounds, "margin": kc.MARGIN, "results": results, "backward_tile": backward_tile}
     kc.write(library, doc)
     return doc
+
+
+def _measured_tile(rounds: int, progress) -> dict:
+    """The backward's query tile at long sequences: the faster of kernel_calibration.TILE_CHOICES at TILE_SHAPE."""
+    from poskit.attention import kernel_calibration as kc
+    from poskit.attention import kernel_timing
+
+    shape = kc.TILE_SHAPE
+    run = kernel_timing.backward_timer(shape["B"], shape["T"], shape["E"], H=shape["H"], Dv=shape["Dv"])
+    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, list(kc.TILE_CHOICES), rounds))
+    chosen = kc.choose_tile(ms)
+    progress("  backward tile at long sequences  " + "   ".join(f"{t} rows {m:8.1f} ms" for t, m in ms.items())
+             + f"   -> {chosen}")
+    return {"shape": shape, "ms": {str(t): round(m, 2) for t, m in ms.items()}, "block_q": chosen}
 
 
 def _calibrate(library) -> None:
@@ -146,8 +162,10 @@ def _calibrate(library) -> None:
     print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
     doc = calibrate(library)
     off = [key for key, entry in doc["results"].items() if not entry["kernel"]]
+    tile = doc.get("backward_tile", {}).get("block_q")
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
-          + ("every form and dtype" if not off else f"all but {', '.join(off)}"))
+          + ("every form and dtype" if not off else f"all but {', '.join(off)}")
+          + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else ""))
 
 
 def _calibration_line(library) -> str:
@@ -162,5 +180,13 @@ def _calibration_line(library) -> str:
         found = kernel_calibration.read(path)
     except kernel_calibration.CalibrationError as err:
         return str(err)
+    tile = found.pop(kernel_calibration.LONG_TILE, None)
     off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.items()) if not use]
-    return f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
+    return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
+            + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured"))
+
+
+def _long_keys() -> int:
+    from poskit.attention import cpu_flash
+
+    return cpu_flash.LONG_KEYS
