@@ -3,7 +3,7 @@
     python benchmarks/triton_cope.py                 # CUDA: T in 512..4096, fwd and fwd+bwd
     TRITON_INTERPRET=1 python benchmarks/triton_cope.py --smoke   # CPU interpreter, tiny shape
 
-Reports time per call (ms) and peak extra memory (MiB, CUDA only).
+Reports the median time per call (ms) and peak extra memory (MiB, CUDA only).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
+from pathlib import Path
 
 import torch  # torch does not import triton, so the interpreter can still be chosen below
 
@@ -20,6 +20,9 @@ if "--smoke" in sys.argv or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from poskit.attention.triton_cope import cope_attention_triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import median_ms  # noqa: E402
 
 
 def cope_torch(q, k, v, e, *, scale, p_max):
@@ -41,16 +44,12 @@ def cope_torch(q, k, v, e, *, scale, p_max):
 
 
 def bench(fn, iters):
-    for _ in range(2):
+    """Median ms per call over `iters` calls after two warm-up calls (each call synchronised on CUDA)."""
+    def call():
         fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e3
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return median_ms(call, repeats=iters, warmup=2)
 
 
 def main():
