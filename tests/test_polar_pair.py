@@ -130,12 +130,46 @@ def test_the_compiled_ops_equal_the_formula_in_float64(B, H, T, d, per_batch, ro
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * (1 + b.abs().max().item()))
 
 
+@settings(max_examples=20, deadline=None)
+@given(B=st.integers(1, 2), H=st.integers(1, 3), T=st.integers(1, 6), d=st.integers(1, 19), per_batch=st.booleans(),
+       rotated=st.booleans(), softplus=st.booleans(), bf16_tables=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_compiled_ops_in_bf16_round_once_from_the_float64_formula(B, H, T, d, per_batch, rotated, softplus,
+                                                                    bf16_tables, seed):
+    # bf16 x (and gradient) with fp32 or bf16 tables: computed in fp32 inside, so the output and dx are the float64
+    # formula on the same bf16 inputs rounded once to bf16 (2^-8 relative), the rotation's gradient summed in fp32
+    require_kernel()
+    x64, ca64, sa64, cd64, sd64 = _inputs(B, H, T, d, per_batch, seed, tables_grad=False)
+    table_dtype = torch.bfloat16 if bf16_tables else torch.float32
+    x = x64.detach().bfloat16().requires_grad_()
+    ca, sa = (t.detach().to(table_dtype) for t in (ca64, sa64))
+    cd = sd = None
+    if rotated:
+        cd, sd = (t.detach().to(table_dtype).requires_grad_() for t in (cd64, sd64))
+    assert _served(x, ca, sa, cd, sd)
+    got = polar_pair(x, ca, sa, softplus, rotation=None if cd is None else (cd, sd))
+    assert got.dtype == torch.bfloat16
+    # the reference: the same (rounded) inputs, in float64
+    xr = x.detach().double().requires_grad_()
+    cdr, sdr = (None, None) if cd is None else (t.detach().double().requires_grad_() for t in (cd, sd))
+    want = _op_by_op(xr, ca.double(), sa.double(), cdr, sdr, 1.0, softplus)
+    torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6 * (1 + want.abs().max().item()))
+    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).bfloat16()
+    leaves, leaves64 = [t for t in (x, cd, sd) if t is not None], [t for t in (xr, cdr, sdr) if t is not None]
+    grads = torch.autograd.grad(got, leaves, g)
+    for a, b, leaf in zip(grads, torch.autograd.grad(want, leaves64, g.double()), leaves):
+        assert a.dtype == leaf.dtype and a.shape == b.shape
+        scale_b = 1 + b.abs().max().item()
+        torch.testing.assert_close(a.double(), b, rtol=2 ** -7, atol=2 ** -8 * scale_b)
+
+
 def test_the_compiled_ops_serve_only_their_case(monkeypatch):
     # fp32 on the CPU, tables of one position row per batch row or one for all, the rotation per head
     require_kernel()
     x, ca, sa, cd, sd = (t.detach().float() for t in _inputs(2, 3, 4, 5, False, 0))
     assert _served(x, ca, sa, cd, sd) and _served(x, ca, sa, None, None)
     assert not _served(x.double(), ca, sa, cd, sd)  # float64 keeps the exact path
+    assert not _served(x.half(), ca, sa, cd, sd)
+    assert _served(x.bfloat16(), ca, sa, cd, sd) and _served(x.bfloat16(), *(t.bfloat16() for t in (ca, sa, cd, sd)))
     assert not _served(x, ca, sa, cd, sd, grads=(True, True, False, False, False))  # tables with a gradient
     assert not _served(x, ca.expand(2, 3, 4, 5), sa.expand(2, 3, 4, 5), cd, sd)  # tables per head
     assert not _served(x, ca, sa, cd.expand(2, 3, 1, 5), sd.expand(2, 3, 1, 5))  # a rotation per batch row

@@ -1019,7 +1019,8 @@ at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
 // x (B, H, T, d), the position tables cos a, sin a (1|B, 1, T, d) and the phase bias's cos delta, sin delta (H, d)
 // or none. softplus as torch's (beta 1, threshold 20: x itself above it). The backward gives dx and, with the
 // rotation, per thread the sums over batch and time of dL/dcos delta and dL/dsin delta (the caller adds the
-// threads' rows). fp32 only; Vec's exp and log1p are the ones torch's own softplus uses.
+// threads' rows). x, the output and the gradients fp32 or bf16 (bf16 rows widened to fp32, computed there and
+// rounded once on the way out), the tables fp32; Vec's exp and log1p are the ones torch's own softplus uses.
 struct PolarShape {
   int64_t B, H, T, d, tables_b;
   bool rotated, softplus;
@@ -1028,8 +1029,9 @@ struct PolarShape {
 
 PolarShape polar_shape(const at::Tensor& x, const at::Tensor& ca, const at::Tensor& sa, const at::Tensor& cd,
                        const at::Tensor& sd, double scale, bool softplus) {
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "cpu_flash: polar takes x as a contiguous fp32 (B, H, T, d) tensor");
+  TORCH_CHECK(x.dim() == 4 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  x.is_contiguous(),
+              "cpu_flash: polar takes x as a contiguous fp32 or bf16 (B, H, T, d) tensor");
   const int64_t B = x.size(0), H = x.size(1), T = x.size(2), d = x.size(3);
   TORCH_CHECK(ca.dim() == 4 && ca.sizes() == sa.sizes() && (ca.size(0) == 1 || ca.size(0) == B) && ca.size(1) == 1 &&
                   ca.size(2) == T && ca.size(3) == d && ca.is_contiguous() && sa.is_contiguous() &&
@@ -1070,23 +1072,19 @@ inline Vec softplus_vec(const Vec& x) {
 
 inline float softplus_one(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
-at::Tensor polar_forward(const at::Tensor& x, const at::Tensor& ca, const at::Tensor& sa, const at::Tensor& cd,
-                         const at::Tensor& sd, double scale, bool softplus) {
-  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
-  auto out = at::empty({p.B, p.H, p.T, 2 * p.d}, x.options());
-  const float *xp = x.data_ptr<float>(), *cap = ca.data_ptr<float>(), *sap = sa.data_ptr<float>();
-  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
+template <typename T>
+void polar_forward_rows(const PolarShape& p, const T* xp, const float* cap, const float* sap, const float* cdp,
+                        const float* sdp, T* op) {
   const Vec sc(p.scale);
   at::parallel_for(0, p.B * p.H * p.T, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> c(p.d), s(p.d);
+    std::vector<float> c(p.d), s(p.d), xs(p.d), os(2 * p.d);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % p.T, h = (row / p.T) % p.H, b = row / (p.T * p.H);
       const int64_t tab = ((p.tables_b == 1 ? 0 : b) * p.T + t) * p.d;
       polar_tables(p, cap + tab, sap + tab, p.rotated ? cdp + h * p.d : nullptr, p.rotated ? sdp + h * p.d : nullptr,
                    c.data(), s.data());
-      const float* xr = xp + row * p.d;
-      float* o = op + row * 2 * p.d;
+      const float* xr = widen(xp + row * p.d, p.d, xs.data());
+      float* o = std::is_same_v<T, float> ? reinterpret_cast<float*>(op + row * 2 * p.d) : os.data();
       int64_t j = 0;
       for (; j + Vec::size() <= p.d; j += Vec::size()) {
         const Vec xv = Vec::loadu(xr + j), mu = (p.softplus ? softplus_vec(xv) : xv) * sc;
@@ -1098,32 +1096,34 @@ at::Tensor polar_forward(const at::Tensor& x, const at::Tensor& ca, const at::Te
         o[j] = mu * c[j];
         o[p.d + j] = mu * s[j];
       }
+      if constexpr (!std::is_same_v<T, float>) narrow(o, 2 * p.d, op + row * 2 * p.d);
     }
   });
+}
+
+at::Tensor polar_forward(const at::Tensor& x, const at::Tensor& ca, const at::Tensor& sa, const at::Tensor& cd,
+                         const at::Tensor& sd, double scale, bool softplus) {
+  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
+  auto out = at::empty({p.B, p.H, p.T, 2 * p.d}, x.options());
+  const float *cap = ca.data_ptr<float>(), *sap = sa.data_ptr<float>();
+  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
+  if (x.scalar_type() == at::kFloat) {
+    polar_forward_rows<float>(p, x.data_ptr<float>(), cap, sap, cdp, sdp, out.data_ptr<float>());
+  } else {
+    using B = at::BFloat16;
+    polar_forward_rows<B>(p, x.data_ptr<B>(), cap, sap, cdp, sdp, out.data_ptr<B>());
+  }
   return out;
 }
 
 // (dx, drot): drot (threads, 2, H, d) with dL/dcos delta in [:, 0] and dL/dsin delta in [:, 1] (empty without
 // a rotation, or when need_rotation is false).
-std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& ca,
-                                       const at::Tensor& sa, const at::Tensor& cd, const at::Tensor& sd, double scale,
-                                       bool softplus, bool need_rotation) {
-  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
-  TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == at::kFloat && grad.dim() == 4 &&
-                  grad.size(0) == p.B && grad.size(1) == p.H && grad.size(2) == p.T && grad.size(3) == 2 * p.d,
-              "cpu_flash: polar's gradient must be a contiguous fp32 (B, H, T, 2d) tensor");
-  const bool rot_grad = p.rotated && need_rotation;
-  const int64_t threads = at::get_num_threads();
-  auto dx = at::empty_like(x);
-  auto drot = rot_grad ? at::zeros({threads, 2, p.H, p.d}, x.options()) : at::empty({0}, x.options());
-  const float *gp = grad.data_ptr<float>(), *xp = x.data_ptr<float>(), *cap = ca.data_ptr<float>(),
-              *sap = sa.data_ptr<float>();
-  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
-  float* dxp = dx.data_ptr<float>();
-  float* drp = rot_grad ? drot.data_ptr<float>() : nullptr;
+template <typename T>
+void polar_backward_rows(const PolarShape& p, const T* gp, const T* xp, const float* cap, const float* sap,
+                         const float* cdp, const float* sdp, bool rot_grad, T* dxp, float* drp) {
   const Vec sc(p.scale), one(1.f), twenty(20.f);
   at::parallel_for(0, p.B * p.H * p.T, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> c(p.d), s(p.d);
+    std::vector<float> c(p.d), s(p.d), xs(p.d), gsc(2 * p.d), dxs(p.d);
     float* dcd = rot_grad ? drp + at::get_thread_num() * 2 * p.H * p.d : nullptr;
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % p.T, h = (row / p.T) % p.H, b = row / (p.T * p.H);
@@ -1131,8 +1131,10 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
       const float *ac = cap + tab, *as = sap + tab;
       polar_tables(p, ac, as, p.rotated ? cdp + h * p.d : nullptr, p.rotated ? sdp + h * p.d : nullptr, c.data(),
                    s.data());
-      const float *xr = xp + row * p.d, *gc = gp + row * 2 * p.d, *gs = gc + p.d;
-      float* dxr = dxp + row * p.d;
+      const float* xr = widen(xp + row * p.d, p.d, xs.data());
+      const float* gc = widen(gp + row * 2 * p.d, 2 * p.d, gsc.data());
+      const float* gs = gc + p.d;
+      float* dxr = std::is_same_v<T, float> ? reinterpret_cast<float*>(dxp + row * p.d) : dxs.data();
       float* dc = rot_grad ? dcd + h * p.d : nullptr;
       float* ds = rot_grad ? dcd + (p.H + h) * p.d : nullptr;
       int64_t j = 0;
@@ -1171,8 +1173,36 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
           ds[j] += mu * (gc[j] * as[j] - gs[j] * ac[j]);
         }
       }
+      if constexpr (!std::is_same_v<T, float>) narrow(dxr, p.d, dxp + row * p.d);
     }
   });
+}
+
+// (dx, drot): drot (threads, 2, H, d) with dL/dcos delta in [:, 0] and dL/dsin delta in [:, 1] (empty without
+// a rotation, or when need_rotation is false).
+std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& ca,
+                                       const at::Tensor& sa, const at::Tensor& cd, const at::Tensor& sd, double scale,
+                                       bool softplus, bool need_rotation) {
+  const PolarShape p = polar_shape(x, ca, sa, cd, sd, scale, softplus);
+  TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == x.scalar_type() && grad.dim() == 4 &&
+                  grad.size(0) == p.B && grad.size(1) == p.H && grad.size(2) == p.T && grad.size(3) == 2 * p.d,
+              "cpu_flash: polar's gradient must be a contiguous (B, H, T, 2d) tensor of x's dtype");
+  const bool rot_grad = p.rotated && need_rotation;
+  const int64_t threads = at::get_num_threads();
+  auto dx = at::empty_like(x);
+  auto drot = rot_grad ? at::zeros({threads, 2, p.H, p.d}, x.options().dtype(at::kFloat))
+                       : at::empty({0}, x.options().dtype(at::kFloat));
+  const float *cap = ca.data_ptr<float>(), *sap = sa.data_ptr<float>();
+  const float *cdp = p.rotated ? cd.data_ptr<float>() : nullptr, *sdp = p.rotated ? sd.data_ptr<float>() : nullptr;
+  float* drp = rot_grad ? drot.data_ptr<float>() : nullptr;
+  if (x.scalar_type() == at::kFloat) {
+    polar_backward_rows<float>(p, grad.data_ptr<float>(), x.data_ptr<float>(), cap, sap, cdp, sdp, rot_grad,
+                               dx.data_ptr<float>(), drp);
+  } else {
+    using B = at::BFloat16;
+    polar_backward_rows<B>(p, grad.data_ptr<B>(), x.data_ptr<B>(), cap, sap, cdp, sdp, rot_grad, dx.data_ptr<B>(),
+                           drp);
+  }
   return {dx, drot};
 }
 

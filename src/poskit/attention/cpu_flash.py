@@ -277,11 +277,10 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
         block_q_backward = block_q  # None: backward_block_q's, read when the forward runs
     block_q = BLOCK_Q if block_q is None else block_q
     block_k = BLOCK_K if block_k is None else block_k
-    for name, value in (("block_q", block_q), ("block_k", block_k), ("block_q_backward", block_q_backward)):
-        if value is None and name == "block_q_backward":
-            continue
+    tiles = (("block_q", block_q), ("block_k", block_k), ("block_q_backward", block_q_backward))
+    for label, value in (t for t in tiles if t[1] is not None):  # block_q_backward None: read when the forward runs
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+            raise ValueError(f"{label} must be a positive int, got {value!r}")
     B, H, Tq, E = q.shape
     if k.shape[0] != B or k.shape[-1] != E or k.shape[:3] != v.shape[:3] or k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"q (B, H, Tq, E), k (B, Hkv, Tk, E) and v (B, Hkv, Tk, Dv) disagree: q {tuple(q.shape)}, "

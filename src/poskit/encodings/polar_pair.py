@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 KEEP_MU_BELOW = 1 << 20  # elements of x (4 MB in fp32): smaller inputs keep softplus(x) for the backward
 
-# The compiled CPU kernel's library has the common case as two single-pass ops (fp32, x (B, H, T, d), position
-# tables (1|B, 1, T, d), the rotation (1, H, 1, d) or none, no gradient to the position tables): one read of x
-# and the tables, one write of the output, where the ops below make several passes. attention/cpu_flash.py
+# The compiled CPU kernel's library has the common case as two single-pass ops (fp32 or bf16 x (B, H, T, d),
+# position tables (1|B, 1, T, d), the rotation (1, H, 1, d) or none, no gradient to the position tables): one
+# read of x and the tables, one write of the output, where the ops below make several passes. attention/cpu_flash.py
 # registers a provider of the ops (None when the kernel is switched off or cannot load): the encodings do not
 # depend on the attention package, and without it this module keeps its own path.
 _fused_provider = None
@@ -35,27 +35,35 @@ def use_fused(provider) -> None:
     _fused_provider = provider
 
 
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _fused_ops(x, ca, sa, cd, sd, needs_input_grad):
-    """The compiled ops when they serve this call, else None."""
-    if _fused_provider is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 4:
+    """The compiled ops when they serve this call, else None. x in fp32 or bf16 (computed in fp32 and rounded
+    once, where the op-by-op path rounds after every op); the tables in either, read as fp32."""
+    if _fused_provider is None or x.device.type != "cpu" or x.dtype not in _FUSED_DTYPES or x.dim() != 4:
         return None
     B, H, T, d = x.shape
-    if any(needs_input_grad[1:3]) or ca.dtype != torch.float32 or sa.dtype != torch.float32:
+    if any(needs_input_grad[1:3]) or ca.dtype not in _FUSED_DTYPES or sa.dtype not in _FUSED_DTYPES:
         return None
     if ca.shape != sa.shape or ca.shape not in ((1, 1, T, d), (B, 1, T, d)):
         return None
-    if cd is not None and (cd.shape != (1, H, 1, d) or sd.shape != cd.shape or cd.dtype != torch.float32
-                           or sd.dtype != torch.float32):
+    if cd is not None and (cd.shape != (1, H, 1, d) or sd.shape != cd.shape or cd.dtype not in _FUSED_DTYPES
+                           or sd.dtype not in _FUSED_DTYPES):
         return None
     return _fused_provider()
 
 
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32).contiguous()
+
+
 def _rotation_rows(cd, sd):
-    """The rotation as the compiled ops take it: (H, d) contiguous tables, or empty ones."""
+    """The rotation as the compiled ops take it: (H, d) contiguous fp32 tables, or empty ones."""
     if cd is None:
         empty = torch.empty(0)
         return empty, empty
-    return cd.reshape(cd.shape[1], cd.shape[3]).contiguous(), sd.reshape(sd.shape[1], sd.shape[3]).contiguous()
+    return _fp32(cd.reshape(cd.shape[1], cd.shape[3])), _fp32(sd.reshape(sd.shape[1], sd.shape[3]))
 
 
 def _reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -96,7 +104,7 @@ class PolarPair(torch.autograd.Function):
         ops = _fused_ops(x, ca, sa, cd, sd, ctx.needs_input_grad)
         ctx.fused = ops
         if ops is not None:
-            x, ca, sa = x.contiguous(), ca.contiguous(), sa.contiguous()
+            x, ca, sa = x.contiguous(), _fp32(ca), _fp32(sa)
             ctx.save_for_backward(x, ca, sa, cd, sd, None)
             return ops.polar_forward(x, ca, sa, *_rotation_rows(cd, sd), float(scale), bool(softplus))
         mu = F.softplus(x) if softplus else x
@@ -116,11 +124,11 @@ class PolarPair(torch.autograd.Function):
         scale, softplus = ctx.scale, ctx.softplus
         if ctx.fused is not None:
             need_rotation = cd is not None and any(ctx.needs_input_grad[3:5])
-            dx, drot = ctx.fused.polar_backward(grad.contiguous(), x, ca, sa, *_rotation_rows(cd, sd), float(scale),
-                                                bool(softplus), need_rotation)
+            dx, drot = ctx.fused.polar_backward(grad.to(x.dtype).contiguous(), x, ca, sa, *_rotation_rows(cd, sd),
+                                                float(scale), bool(softplus), need_rotation)
             dcd = dsd = None
-            if need_rotation:  # per thread -> summed; (2, H, d) -> each table's (1, H, 1, d)
-                dcd, dsd = (r.reshape(cd.shape) for r in drot.sum(0))
+            if need_rotation:  # per thread -> summed in fp32; (2, H, d) -> each table's (1, H, 1, d) and dtype
+                dcd, dsd = (r.reshape(cd.shape).to(t.dtype) for r, t in zip(drot.sum(0), (cd, sd)))
             return (dx if ctx.needs_input_grad[0] else None, None, None,
                     dcd if ctx.needs_input_grad[3] else None, dsd if ctx.needs_input_grad[4] else None, None, None)
         d = x.shape[-1]
