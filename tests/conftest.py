@@ -51,6 +51,26 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _no_calibration_from_the_kernel_cache(monkeypatch):
+    """The suite asserts where the compiled kernel serves; a calibration this machine's user saved beside the
+    cached library (`poskit kernel calibrate`) may route forms elsewhere or change its tiles, so the suite reads
+    none from the kernel cache. Tests of calibration write theirs elsewhere (tmp_path) and read it as users do."""
+    from pathlib import Path
+
+    from poskit.attention import kernel_build
+    from poskit.attention import kernel_calibration as kc
+
+    real = kc._decisions_at
+
+    def decisions_at(path: str) -> dict:
+        root = kernel_build.cache_root().resolve()
+        return {} if root in Path(path).resolve().parents else real(path)
+
+    decisions_at.cache_clear = real.cache_clear  # kc.write forgets what was read through it
+    monkeypatch.setattr(kc, "_decisions_at", decisions_at)
+
+
 def make_qkv(B=2, H=4, Hkv=2, Tq=7, Tk=7, D=16, Dv=None, dtype=torch.float64, requires_grad=False, gen_seed=0):
     g = torch.Generator().manual_seed(gen_seed)
     q = torch.randn(B, H, Tq, D, generator=g, dtype=dtype)

@@ -613,6 +613,23 @@ def test_an_unreadable_calibration_names_its_file_and_leaves_the_kernel_on(kerne
         assert route(_encoding("pope"), torch.randn(1, 4, 8, 16), is_causal=True) == "cpu-flash"
 
 
+def test_the_suite_reads_no_calibration_from_the_kernel_cache(kernel, tmp_path, monkeypatch):
+    # a user's `poskit kernel calibrate` saved beside the cached library once failed this suite's routing tests
+    # (tests/conftest.py keeps it out); a calibration elsewhere is read as before
+    from poskit.attention import kernel_calibration as kc
+
+    monkeypatch.setattr(kernel_build, "cache_root", lambda: tmp_path / "cache")
+    results = {f"{form}/{dtype}": {"kernel": False} for form in kc.FORMS for dtype in kc.DTYPES}
+    q = torch.randn(1, 4, 8, 16)
+    for library, kernel_serves in ((tmp_path / "cache" / "cpu_flash-x" / kernel_build.LIBRARY_NAME, True),
+                                   (tmp_path / "elsewhere" / kernel_build.LIBRARY_NAME, False)):
+        library.parent.mkdir(parents=True)
+        kc.write(library, {"results": results, "backward_tile": {"block_q": 64}})
+        monkeypatch.setattr(cpu_flash, "_library", library)
+        assert (route(_encoding("pope"), q, is_causal=True) == "cpu-flash") is kernel_serves
+        assert (cpu_flash.backward_block_q(cpu_flash.LONG_KEYS) == cpu_flash.BLOCK_Q_BACKWARD) is kernel_serves
+
+
 def test_the_backward_takes_the_tile_this_machine_measured_at_long_sequences(kernel, tmp_path, monkeypatch):
     from poskit.attention import kernel_calibration as kc
 
