@@ -110,10 +110,11 @@ ROWS = (
         "Byte-level test NLL PoPE 2.0521 ± 0.0098 vs RoPE 2.0955 ± 0.0086 on today's code (perplexity 4.2 % "
         "lower) on a 0.63M-token Wikipedia extract, 0.46M parameters; bytes, so only the direction compares."),
     Row("000", "Table 4", "size trend", "The gap holds or grows from 124M to 253M and 774M",
-        "measured, one seed", "poskit reproduce text-size", "text-size",
-        "Test perplexity per byte PoPE below RoPE by 3.4 / 3.2 / 6.1 % at d_model 64 / 128 / 256 (7 min): the gap "
-        "holds and is largest at the largest width. 2 layers, 400 steps, one seed; only the width varies, the "
-        "paper's sizes differ in depth too."),
+        "measured, inconclusive (2 seeds)", "poskit reproduce text-size", "text-size",
+        "The gap holds: test perplexity per byte PoPE below RoPE at every width in both seeds, by 3.4 / 2.2 % "
+        "(seed 0 / 1) at d_model 64, 3.2 / 5.0 % at 128, 6.1 / 3.1 % at 256. Whether it grows is not resolved: "
+        "the seeds' gaps overlap across widths (means 2.8, 4.1, 4.6 %). 2 layers, 400 steps; only the width "
+        "varies, the paper's sizes differ in depth too."),
     Row("000", "Table 5", "", "Zero-shot LAMBADA, BLiMP, CBT, HellaSwag, PIQA, ARC-E: PoPE's mean accuracy is "
         "higher at all three sizes",
         "not run (benchmark data not offline; no BPE-pretrained model of a useful size; GPU compute)",
@@ -125,9 +126,9 @@ ROWS = (
         "1.72, PoPE 1.05; KERPLE (log) flattest, ahead of PoPE from 6x). Concatenated wiki articles stand in "
         "for PG-19 books; context 128 bytes."),
     Row("000", "Fig. 2", "size effect", "RoPE's degradation grows with model size",
-        "measured, one seed", "poskit reproduce text-size", "text-size",
-        "Not in this direction: RoPE's 10x/1x perplexity is 2.10 / 1.72 / 1.77 at d_model 64 / 128 / 256; PoPE's "
-        "1.20 / 1.05 / 1.07. One seed, widths only, 400 steps."),
+        "not reproduced (2 seeds)", "poskit reproduce text-size", "text-size",
+        "The opposite direction in both seeds: RoPE's 10x/1x perplexity is 2.10 / 1.79 (seed 0 / 1) at d_model 64, "
+        "1.72 / 1.49 at 128, 1.77 / 1.47 at 256; PoPE's 1.05-1.20. Widths only, 400 steps."),
     Row("000", "Fig. 3", "", "RoPE 124M: high query/key norms only on a sparse set of frequency chunks",
         "measured, one seed", "poskit reproduce text; poskit analyze frequency RUN_rope RUN_pope",
         "analyze-frequency",
