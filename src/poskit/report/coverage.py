@@ -110,7 +110,7 @@ ROWS = (
         "Byte-level test NLL PoPE 2.0521 ± 0.0098 vs RoPE 2.0955 ± 0.0086 on today's code (perplexity 4.2 % "
         "lower) on a 0.63M-token Wikipedia extract, 0.46M parameters; bytes, so only the direction compares."),
     Row("000", "Table 4", "size trend", "The gap holds or grows from 124M to 253M and 774M",
-        "measured, inconclusive (2 seeds)", "poskit reproduce text-size", "text-size",
+        "reproduced in direction (2 seeds)", "poskit reproduce text-size", "text-size",
         "The gap holds: test perplexity per byte PoPE below RoPE at every width in both seeds, by 3.4 / 2.2 % "
         "(seed 0 / 1) at d_model 64, 3.2 / 5.0 % at 128, 6.1 / 3.1 % at 256. Whether it grows is not resolved: "
         "the seeds' gaps overlap across widths (means 2.8, 4.1, 4.6 %). 2 layers, 400 steps; only the width "
