@@ -11,6 +11,8 @@ from poskit.experiments.configs import StopRule, Study, StudyRun
 from poskit.experiments.registry import experiment
 from poskit.experiments.study import advance, read_spec, run_study, validation_curve, write_spec
 from poskit.report.study import write_study_report
+from poskit.training import TrainConfig, train
+from poskit.training.files import read_metrics
 
 TINY = {"task": "indirect-indexing",
         "task_options": {"min_len": 6, "max_len": 8, "max_shift": 3, "eval_size": 32, "n_queries": 2},
@@ -96,7 +98,6 @@ def test_advance_stops_on_a_plateau_evaluates_every_split_and_is_idempotent(tmp_
 
 @pytest.mark.slow
 def test_advance_in_intervals_equals_one_uninterrupted_run(tmp_path):
-    from poskit.training import TrainConfig, train
 
     never = StopRule(learned_at=1.0, patience=100)
     study = Study("tiny", (StudyRun("r", TINY),), never)
@@ -125,6 +126,17 @@ def test_report_shows_finished_and_waiting_runs(tmp_path):
     assert "| g | d16 L1 H2 | rope | 0 | plateaued | 20 |" in text
     assert "| g | d16 L1 H2 | pope | 0 | waiting | 0 |" in text
     assert png.stat().st_size > 1000
+
+
+def test_report_shows_a_running_run_with_its_curve_and_training_time_so_far(tmp_path):
+    # a run that has trained but not stopped (no outcome yet): its steps and minutes so far, not "-"
+    pope = {**TINY, "model": {**TINY["model"], "encoding": "pope"}}
+    study = Study("tiny", (StudyRun("b", pope, "g"),), StopRule(1.0, 1, 1.0))
+    train(TrainConfig.from_dict(pope), tmp_path / "b", quiet=True)
+    elapsed = max(m["elapsed"] for m in read_metrics(tmp_path / "b") if "elapsed" in m)
+    md, _ = write_study_report(study, tmp_path)
+    last_step = validation_curve(tmp_path / "b")[-1][0]
+    assert f"| g | d16 L1 H2 | pope | 0 | running | {last_step} | {elapsed / 60:.0f} min |" in md.read_text()
 
 
 @pytest.mark.slow

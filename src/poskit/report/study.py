@@ -45,11 +45,16 @@ def _row(study, run, out_dir) -> dict:
     if o:
         acc = o["splits"].get(study.metric_split, {}).get("accuracy")
         row.update(status=o["stop"], steps=o["steps"], seconds=o["train_seconds"], accuracy=acc)
-    else:
+    else:  # a run still training (or stopped between runner starts): its training time so far
         row.update(status="running" if curve else "waiting", steps=curve[-1][0] if curve else 0,
-                   seconds=None, accuracy=None)
+                   seconds=_elapsed_so_far(run_dir) if curve else None, accuracy=None)
     row["best_validation"] = max((v for _, v in curve), default=None)
     return row
+
+
+def _elapsed_so_far(run_dir: Path) -> float | None:
+    """The training seconds of a run's last logged step (the trainer's "elapsed", kept across resumes)."""
+    return max((m["elapsed"] for m in read_metrics(run_dir) if "elapsed" in m), default=None)
 
 
 def _fmt(v, spec: str) -> str:
