@@ -98,7 +98,6 @@ def test_advance_stops_on_a_plateau_evaluates_every_split_and_is_idempotent(tmp_
 
 @pytest.mark.slow
 def test_advance_in_intervals_equals_one_uninterrupted_run(tmp_path):
-
     never = StopRule(learned_at=1.0, patience=100)
     study = Study("tiny", (StudyRun("r", TINY),), never)
     out = advance(study, study.runs[0], tmp_path / "study")
