@@ -53,3 +53,24 @@ def test_every_plot_in_the_package_saves_through_the_helper():
     src = Path(__file__).resolve().parents[1] / "src" / "poskit"
     callers = [p.relative_to(src).as_posix() for p in src.rglob("*.py") if ".savefig(" in p.read_text()]
     assert callers == ["report/figure.py"]
+
+
+@pytest.mark.parametrize("n_lines", [3, 14])
+def test_an_extrapolation_plot_with_many_lines_keeps_its_legend_off_the_curves(tmp_path, monkeypatch, n_lines):
+    # with seeds x test-time scalings the legend listed 15 lines over the panels' curves; beyond
+    # LEGEND_INSIDE_MAX lines it goes to a panel of its own
+    from poskit.report import plots
+
+    sweeps = {f"model {i}": [{"length": n, "perplexity": 8.0 + i + n / 128, "last_perplexity": 9.0 + i}
+                             for n in (128, 256, 512)] for i in range(n_lines)}
+    seen = {}
+
+    def keep(fig, path, dpi):
+        seen["legends"] = [(ax.get_legend() is not None, ax.has_data()) for ax in fig.axes]
+        return save_figure(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    plots.plot_extrapolation(sweeps, tmp_path / "x.png", context=128)
+    beside = n_lines > plots.LEGEND_INSIDE_MAX
+    # (legend, data) per panel: inside each data panel, or only on an empty panel beside them
+    assert seen["legends"] == ([(False, True), (False, True), (True, False)] if beside else [(True, True)] * 2)

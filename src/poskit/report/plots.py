@@ -65,10 +65,18 @@ def plot_compare(results: dict, curves: dict[str, tuple[list, list, list]], path
 _VARIANT_STYLES = {"linear": "--", "ntk": "-.", "dynamic": (0, (1, 1)), "yarn": ":"}
 
 
+LEGEND_INSIDE_MAX = 8  # lines a panel's own legend may list before it covers the curves
+
+
 def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None = None, title: str | None = None) -> Path:
     """Perplexity vs evaluation window length, over all positions (left) and over the last quarter of each
     window (right), one line per model."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    # many lines (models x test-time scalings x seeds): one legend beside the panels instead of one over each
+    beside = len(sweeps) > LEGEND_INSIDE_MAX
+    if beside:  # a third, empty panel holds the legend, so that the layout makes room for it
+        fig, (*axes, legend_ax) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [1, 1, 0.32]})
+    else:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
     for ax, key, sub in ((axes[0], "perplexity", "all positions"), (axes[1], "last_perplexity", "last quarter of each window")):
         for label, rows in sweeps.items():
             # a test-time variant ("rope+yarn") keeps its model's colour with its own line style
@@ -86,7 +94,11 @@ def plot_extrapolation(sweeps: dict[str, list[dict]], path, context: int | None 
         ax.set_xlabel("evaluation window length (tokens)" + (f"; training context {context} (dotted)" if context else ""))
         ax.set_ylabel("perplexity per token (character or corpus token)")
         ax.set_title(sub)
-        ax.legend(loc="upper left")
+        if not beside:
+            ax.legend(loc="upper left")
+    if beside:
+        legend_ax.axis("off")
+        legend_ax.legend(*axes[0].get_legend_handles_labels(), loc="center left", fontsize=8)
     fig.suptitle(title or "zero-shot length extrapolation")
     return save_figure(fig, path, dpi=120)
 
