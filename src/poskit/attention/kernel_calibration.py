@@ -63,8 +63,8 @@ def decide(kernel_ms: float, fallback_ms: float) -> bool:
 
 
 def read(path: Path) -> dict:
-    """{(form, dtype name): use the kernel} from a calibration file, and
-    under LONG_TILE the backward's query tile at long sequences where the file has one (CalibrationError naming it otherwise)."""
+    """{(form, dtype name): use the kernel} from a calibration file, and under LONG_TILE the backward's query
+    tile at long sequences where the file has one (CalibrationError naming the file otherwise)."""
     try:
         doc = json.loads(Path(path).read_text())
         results = doc["results"]
