@@ -139,17 +139,17 @@ ROWS = (
         "The opposite direction in both seeds: RoPE's 10x/1x perplexity is 2.10 / 1.79 (seed 0 / 1) at d_model 64, "
         "1.72 / 1.49 at 128, 1.77 / 1.47 at 256; PoPE's 1.05-1.20. Widths only, 400 steps."),
     Row("000", "Fig. 3", "", "RoPE 124M: high query/key norms only on a sparse set of frequency chunks",
-        "measured, one seed", "poskit reproduce text; poskit analyze frequency RUN_rope RUN_pope",
+        "measured, inconclusive (2 seeds)", "poskit reproduce text; poskit analyze frequency RUN_rope RUN_pope",
         "analyze-frequency",
         "Partial: layer 1 peaks at the highest chunk and around chunk 8 of 16, not sparse; the highest quarter "
-        "holds 0.33-0.36 of the magnitude, the lowest 0.13-0.14. text's 2-layer d_model-128 byte LMs after 400 "
-        "steps, not 124M."),
+        "holds 0.33-0.36 of the magnitude, the lowest 0.13-0.14 (seed 1, analyze-frequency-seed1: 0.33-0.36 and "
+        "0.13-0.15). text's 2-layer d_model-128 byte LMs after 400 steps, not 124M."),
     Row("000", "Fig. 4", "", "PoPE 124M: high magnitudes on the highest frequencies in every layer but the "
         "first; broader use of frequencies",
-        "measured, one seed", "poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency",
+        "measured, inconclusive (2 seeds)", "poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency",
         "Partial: second-layer keys peak at the highest frequencies, the first layer is flatter; the keys' lowest "
-        "quarter holds 0.17-0.18 of the magnitude against RoPE's 0.13-0.14, but the highest quarter's share is "
-        "about RoPE's (0.31-0.36)."),
+        "quarter holds 0.17-0.18 of the magnitude against RoPE's 0.13-0.14 (seed 1: 0.17-0.19 against "
+        "0.13-0.15), but the highest quarter's share is about RoPE's (0.29-0.37 over both seeds)."),
     Row("000", "Table 6", "", "Model configurations per dataset",
         "not run (not applicable: a configuration table)", "poskit reproduce NAME --preset paper",
         notes="The jsb, maestro, genome, text (124M) and indirect-indexing presets match it; no 253M or 774M "
@@ -167,14 +167,17 @@ ROWS = (
         "0.27 rad of its start after 400 steps."),
     Row("000", "Fig. 5", "", "Fig. 3's analysis on the 253M model: RoPE uses a sparse set of frequencies and "
         "not the highest ones",
-        "measured, one seed", "poskit reproduce text-size; poskit analyze frequency RUN_rope RUN_pope",
-        "analyze-frequency-d256",
+        "measured, inconclusive (2 seeds)",
+        "poskit reproduce text-size; poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency-d256",
         "Partial: at d_model 256 layer 1 has a sparse set of high-norm chunks, but the highest chunk is among "
-        "them; highest quarter 0.36-0.42 of the magnitude. text-size's d_model-256 run stands in for 253M."),
+        "them (the largest in both seeds); highest quarter 0.36-0.42 of the magnitude (seed 1, "
+        "analyze-frequency-d256-seed1: 0.37-0.44). text-size's d_model-256 runs stand in for 253M."),
     Row("000", "Fig. 6", "", "Fig. 4's analysis on the 253M model: PoPE uses a broader set, notably the highest",
-        "measured, one seed", "poskit analyze frequency RUN_rope RUN_pope", "analyze-frequency-d256",
-        "Partial: layer-1 keys peak in a band of the upper third, not at the very highest; their lowest "
-        "quarter holds 0.16-0.21 against RoPE's 0.13-0.16. As Fig. 5."),
+        "measured, inconclusive (2 seeds)", "poskit analyze frequency RUN_rope RUN_pope",
+        "analyze-frequency-d256",
+        "Partial: layer-1 keys peak in a band of the upper third (seed 1: at the highest components and a band "
+        "there); their lowest quarter holds 0.16-0.21 against RoPE's 0.13-0.16 (seed 1: 0.17-0.22 against "
+        "0.12-0.15). As Fig. 5."),
     # ------------------------------------------------------------------------------------------ 001 article
     Row("001", "Plot: RoPE rotation angles by position", "",
         "High-frequency pairs cycle fast; low-frequency pairs barely move",
