@@ -315,8 +315,8 @@ ROWS = (
     Row("004", "Table 2 right", "CoPE vs RoPE",
         "Selective copy error: CoPE 0 / 0 / 0 (in / dense / sparse) vs RoPE 40.1 / 100 / 100",
         "reproduced in direction (3 seeds)", "poskit reproduce selective-copy", "selective-copy",
-        "Rerun on today's code: CoPE 100 ± 0 % in-distribution and on dense blanks, 88.2 ± 20.4 % on sparse "
-        "(64.6 % in one seed); RoPE 24.0 ± 6.5 % in-distribution, 0 % OOD. 16 tokens and 16 blanks (OOD 8 / "
+        "Rerun on today's code: CoPE 100 ± 0 % in-distribution and on dense blanks, 88.1 ± 20.6 % on sparse "
+        "(64.4 % in one seed); RoPE 24.0 ± 6.5 % in-distribution, 0 % OOD. 16 tokens and 16 blanks (OOD 8 / "
         "32), 1000 steps. Accuracy per whole example."),
     Row("004", "Table 2 right", "absolute PE", "Absolute PE 16.9 / 25.6 / 85.2",
         "not reproduced (3 seeds)", "poskit reproduce selective-copy", "selective-copy",
