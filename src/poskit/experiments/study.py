@@ -31,7 +31,7 @@ from poskit.training import atomic_write_json
 from poskit.training.files import read_json, read_metrics
 from poskit.training.run_dir import RunDirError, check, owned
 
-from poskit.report.study import OUTCOME_FILE, outcome, validation_curve
+from poskit.report.study import OUTCOME_FILE, curve_of, outcome, training_seconds, validation_curve
 
 from .configs.records import StopRule, Study, StudyRun
 from .outputs import is_legacy_study
@@ -78,18 +78,18 @@ def advance(study: Study, run: StudyRun, out_dir, quiet: bool = True) -> dict:
         verdict = study.rule.verdict(validation_curve(run_dir))
         if results is not None or verdict is not None:
             break
+    log = read_metrics(run_dir)
+    curve = curve_of(log)
     if results is None:  # stopped early: the same evaluation a finished run's results.json holds
         model, task, cfg = load_run(run_dir)
         splits = {s: evaluate(model, task, s) for s in task.split_names}
-        steps = max((s for s, _ in validation_curve(run_dir)), default=0)
+        steps = max((s for s, _ in curve), default=0)
     else:
         splits, steps = results["splits"], results["steps"]
-    log = read_metrics(run_dir)
-    seconds = max((m.get("elapsed", 0.0) for m in log), default=0.0)
     record = {"name": run.name, "group": run.group, "encoding": cfg.model.encoding, "seed": cfg.seed,
               "stop": verdict or "max_steps", "steps": steps, "planned_steps": cfg.max_steps,
-              "train_seconds": round(seconds, 1), "this_invocation_seconds": round(time.perf_counter() - t0, 1),
-              "splits": splits, "curve": validation_curve(run_dir)}
+              "train_seconds": round(training_seconds(log) or 0.0, 1),
+              "this_invocation_seconds": round(time.perf_counter() - t0, 1), "splits": splits, "curve": curve}
     atomic_write_json(run_dir / OUTCOME_FILE, record)
     return record
 

@@ -19,12 +19,24 @@ STUDY_MD = "study.md"
 STUDY_PNG = "study.png"
 
 
+def run_log(run_dir) -> list[dict]:
+    """A run's metrics log (empty before its first line)."""
+    return read_metrics(run_dir) if (Path(run_dir) / "metrics.jsonl").exists() else []
+
+
+def curve_of(log: list[dict], split: str = "validation") -> list[tuple[int, float]]:
+    """[(step, accuracy)] of the periodic evaluations in a metrics log."""
+    return [(m["step"], m["accuracy"]) for m in log if m.get("split") == split and "accuracy" in m]
+
+
 def validation_curve(run_dir, split: str = "validation") -> list[tuple[int, float]]:
     """[(step, accuracy)] of a run's periodic evaluations."""
-    if not (Path(run_dir) / "metrics.jsonl").exists():
-        return []
-    return [(m["step"], m["accuracy"]) for m in read_metrics(run_dir)
-            if m.get("split") == split and "accuracy" in m]
+    return curve_of(run_log(run_dir), split)
+
+
+def training_seconds(log: list[dict]) -> float | None:
+    """The training seconds of a log's last logged step (the trainer's "elapsed", kept across resumes)."""
+    return max((m["elapsed"] for m in log if "elapsed" in m), default=None)
 
 
 
@@ -38,7 +50,8 @@ def _row(study, run, out_dir) -> dict:
     run_dir = Path(out_dir) / run.name
     cfg = run.config
     o = outcome(run_dir)
-    curve = o["curve"] if o else validation_curve(run_dir)
+    log = [] if o else run_log(run_dir)
+    curve = o["curve"] if o else curve_of(log)
     row = {"group": run.group or run.name, "encoding": cfg["model"]["encoding"], "seed": cfg.get("seed", 0),
            "model": "d{d_model} L{n_layers} H{n_heads}".format(**cfg["model"]),
            "curve": [tuple(p) for p in curve]}
@@ -47,14 +60,9 @@ def _row(study, run, out_dir) -> dict:
         row.update(status=o["stop"], steps=o["steps"], seconds=o["train_seconds"], accuracy=acc)
     else:  # a run still training (or stopped between runner starts): its training time so far
         row.update(status="running" if curve else "waiting", steps=curve[-1][0] if curve else 0,
-                   seconds=_elapsed_so_far(run_dir) if curve else None, accuracy=None)
+                   seconds=training_seconds(log) if curve else None, accuracy=None)
     row["best_validation"] = max((v for _, v in curve), default=None)
     return row
-
-
-def _elapsed_so_far(run_dir: Path) -> float | None:
-    """The training seconds of a run's last logged step (the trainer's "elapsed", kept across resumes)."""
-    return max((m["elapsed"] for m in read_metrics(run_dir) if "elapsed" in m), default=None)
 
 
 def _fmt(v, spec: str) -> str:
