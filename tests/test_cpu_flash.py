@@ -284,11 +284,11 @@ def formula(q, k, v, scale, qp, kp, causal, pad, bias):
 
 
 @st.composite
-def problems(draw):
+def problems(draw, widths=st.sampled_from([4, 8, 12])):
     B, Hkv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     H = Hkv * draw(st.integers(1, 3))
     Tq, Tk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
-    E, Dv = draw(st.sampled_from([4, 8, 12])), draw(st.sampled_from([4, 8, 12]))
+    E, Dv = draw(widths), draw(widths)
     causal = draw(st.booleans())
     gaps = draw(st.booleans())  # positions with gaps: the kernel's general (not consecutive) key path
     per_batch = draw(st.booleans())
@@ -316,20 +316,23 @@ def problems(draw):
     return q, k, v, draw(st.floats(0.1, 1.0)), qp, kp, causal, pad, bias, blocks
 
 
-def check_against_formula(q, k, v, scale, qp, kp, causal, pad, bias, blocks, atol=2e-5):
+def check_against_formula(q, k, v, scale, qp, kp, causal, pad, bias, blocks, atol=2e-5, bias_atol=None, **kw):
     got = cpu_flash.cpu_flash_attention(q, k, v, scale=scale, q_positions=qp, k_positions=kp, causal=causal,
-                                        key_padding_mask=pad, bias=bias, block_q=blocks[0], block_k=blocks[1])
+                                        key_padding_mask=pad, bias=bias, block_q=blocks[0], block_k=blocks[1], **kw)
     leaves = [q, k, v] + ([bias.values] if bias is not None else [])
     leaves64 = [t.detach().double().requires_grad_() for t in leaves]
     bias64 = None if bias is None else bias._replace(values=leaves64[3])
     want = formula(*leaves64[:3], scale, qp, kp, causal, pad, bias64)
     torch.testing.assert_close(got.double(), want, atol=atol, rtol=0)
-    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-    grads = torch.autograd.grad(got, leaves, w.to(got.dtype))
-    wants = torch.autograd.grad(want, leaves64, w, allow_unused=True)
+    # the incoming gradient as the kernel gets it (rounded to its dtype), so that only the kernel's own rounding
+    # separates the two
+    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).to(got.dtype)
+    grads = torch.autograd.grad(got, leaves, w)
+    wants = torch.autograd.grad(want, leaves64, w.double(), allow_unused=True)
     for name, a, b in zip(("q", "k", "v", "bias"), grads, wants):
         b = torch.zeros_like(a, dtype=torch.float64) if b is None else b
-        torch.testing.assert_close(a.double(), b, atol=atol * max(1.0, b.abs().max().item()), rtol=0,
+        tol = bias_atol if name == "bias" and bias_atol is not None else atol
+        torch.testing.assert_close(a.double(), b, atol=tol * max(1.0, b.abs().max().item()), rtol=0,
                                    msg=lambda m: f"gradient of {name}: {m}")
 
 
@@ -347,6 +350,33 @@ def test_the_kernel_equals_the_float64_formula(kernel, problem):
 @given(problem=problems())
 def test_the_kernel_equals_the_float64_formula_at_length(kernel, problem):
     check_against_formula(*problem)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["widened", "bf16-products"])
+def products(request, kernel):
+    """bf16 widened to fp32 per tile, and (where the CPU has AVX512_BF16) the kernel's bf16 products."""
+    if request.param and not cpu_flash.bf16_products_available():
+        pytest.skip("bf16 products need a CPU with AVX512_BF16 and an AVX-512 build of the kernel; this machine "
+                    "widens bf16 to fp32 (the other case)")
+    return request.param
+
+
+def _bf16(problem):
+    """A drawn problem with q, k, v in bf16 (leaves again); positions, masks, bias and tiles as drawn."""
+    q, k, v, *rest = problem
+    return (*(t.detach().bfloat16().requires_grad_() for t in (q, k, v)), *rest)
+
+
+@settings(max_examples=30, deadline=None)
+@given(problem=problems(widths=st.integers(1, 19)))
+def test_bf16_either_way_is_within_a_few_roundings_of_the_float64_formula(products, problem):
+    """bf16 inputs with odd and even widths (the products pair up the inner dimension: an odd one ends in a half
+    pair), ragged tiles, grouped kv heads, masks and both bias forms, widened or through the bf16 products,
+    against the formula in float64 on the same bf16 inputs. The bias parameters' gradient sums dS = P (dP - D)
+    over many logits, where D = rowsum(dO * O) comes from the output rounded to bf16; the cancellation in that sum
+    magnifies the rounding either way (up to 0.025 of its largest entry widened, 0.024 with products, over 150
+    drawn problems; one drawn case reached 0.044 with products), hence its wider bound."""
+    check_against_formula(*_bf16(problem), atol=4e-2, bias_atol=8e-2, bf16_products=products)
 
 
 def test_bf16_is_within_a_few_roundings_of_the_float64_formula(kernel):
@@ -419,9 +449,12 @@ def test_every_served_encoding_equals_the_float64_reference(kernel, label, case,
 
 @pytest.mark.parametrize("label", ["pope", "alibi", "t5-causal", "relative-capped", "dynamic", "cope", "cope-alibi"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_bf16_through_attention_is_close_to_the_float64_reference(kernel, label, kv_heads):
+def test_bf16_through_attention_is_close_to_the_float64_reference(products, label, kv_heads, monkeypatch):
     # kv_heads 4: the gradients are written in bf16 by the kernel; 2 (grouped): in fp32, summed over each group
-    # before the one rounding
+    # before the one rounding. The engine takes the machine's default: products where available (made unavailable
+    # here for the widened case)
+    if not products:
+        monkeypatch.setattr(cpu_flash, "bf16_products_available", lambda: False)
     enc = build(label)
     q = torch.randn(2, 4, 50, 8, generator=torch.Generator().manual_seed(0))
     k, v = (torch.randn(2, kv_heads, 50, 8, generator=torch.Generator().manual_seed(n)) for n in (1, 2))
@@ -658,11 +691,11 @@ def test_the_backward_tile_can_be_given_apart_from_the_forwards(kernel, monkeypa
             return getattr(ops, name)
 
         def forward(self, *args):
-            used.append(("forward", args[-2]))
+            used.append(("forward", args[-3]))  # (the query tile, before the key tile and bf16_products)
             return ops.forward(*args)
 
         def backward(self, *args):
-            used.append(("backward", args[-2]))
+            used.append(("backward", args[-3]))
             return ops.backward(*args)
 
     monkeypatch.setattr(cpu_flash, "kernel", lambda: Spy())
@@ -676,6 +709,56 @@ def test_the_backward_tile_can_be_given_apart_from_the_forwards(kernel, monkeypa
         cpu_flash.cpu_flash_attention(q, k, v, scale=0.5, block_q_backward=0)
 
 
+def test_bf16_calls_take_the_products_where_the_cpu_has_them_unless_measured_slower(kernel, tmp_path, monkeypatch):
+    from poskit.attention import kernel_calibration as kc
+
+    ops, used = cpu_flash.kernel(), []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def forward(self, *args):
+            used.append(args[-1])
+            return ops.forward(*args)
+
+    monkeypatch.setattr(cpu_flash, "kernel", lambda: Spy())
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    q, k, v = (torch.randn(1, 2, 20, 8).bfloat16() for _ in range(3))
+
+    def default_call():
+        used.clear()
+        cpu_flash.cpu_flash_attention(q, k, v, scale=0.3)
+        cpu_flash.cpu_flash_attention(q.float(), k.float(), v.float(), scale=0.3)
+        return used[:]
+
+    assert default_call() == [ops.bf16_products_available(), False]  # fp32 never; bf16 where the CPU can
+    monkeypatch.setattr(cpu_flash, "bf16_products_available", lambda: True)
+    assert default_call() == [True, False]  # nothing measured: taken
+    results = {f"{form}/{dtype}": {"kernel": True} for form in kc.FORMS for dtype in kc.DTYPES}
+    kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results, "bf16_products": {"use": False}})
+    assert default_call() == [False, False]  # measured slower here: widened
+    kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results, "bf16_products": {"use": "sometimes"}})
+    with pytest.raises(kc.CalibrationError, match="bf16_products.use 'sometimes' is not true or false"):
+        kc.read(tmp_path / kc.FILE_NAME)
+
+
+def test_bf16_products_asked_for_where_they_cannot_be_had_are_refused_by_name(kernel, monkeypatch):
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match=r"bf16_products=True needs bf16 inputs \(got torch.float32\)"):
+        cpu_flash.cpu_flash_attention(q, q, q, scale=0.5, bf16_products=True)
+    with pytest.raises(ValueError, match="bf16_products must be True, False or None"):
+        cpu_flash.cpu_flash_attention(q, q, q, scale=0.5, bf16_products=1)
+    monkeypatch.setattr(cpu_flash, "bf16_products_available", lambda: False)
+    with pytest.raises(ValueError, match="a CPU with AVX512_BF16 under an AVX-512 build of the kernel .here: False."):
+        cpu_flash.cpu_flash_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), scale=0.5, bf16_products=True)
+    # the operator itself refuses them for fp32 (and wherever the CPU lacks the instructions)
+    empty, pos = torch.empty(0), torch.empty(0, 0, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="bf16_products needs bf16 inputs and a CPU with AVX512_BF16"):
+        cpu_flash.kernel().forward(q, q, q, 0.5, False, pos, pos, torch.empty(0, dtype=torch.bool), 0, empty, 0, 0,
+                                   0.0, 64, 512, True)
+
+
 def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, tmp_path, monkeypatch):
     from poskit.attention import kernel_calibration as kc
     from poskit.cli.kernel import calibrate
@@ -684,15 +767,21 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     monkeypatch.setattr(kc, "TILE_SHAPE", {"B": 1, "H": 2, "T": 256, "E": 32, "Dv": 16})
     lines = []
     doc = calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
-    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 9
+    assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES} and len(lines) == 10
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
         assert entry["kernel"] == kc.decide(entry["kernel_ms"], entry["fallback_ms"])
     tile = doc["backward_tile"]
     assert set(tile["ms"]) == {str(t) for t in kc.TILE_CHOICES} and all(m > 0 for m in tile["ms"].values())
     assert tile["block_q"] == kc.choose_tile({int(t): m for t, m in tile["ms"].items()})
+    products = doc.get("bf16_products")
+    assert (products is not None) == cpu_flash.bf16_products_available()  # measured where there is a choice
+    if products is not None:
+        assert products["products_ms"] > 0 and products["widened_ms"] > 0
+        assert products["use"] == kc.decide(products["products_ms"], products["widened_ms"])
     assert kc.read(tmp_path / kc.FILE_NAME) == {**{tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()},
-                                                kc.LONG_TILE: tile["block_q"]}
+                                                kc.LONG_TILE: tile["block_q"],
+                                                **({kc.BF16_PRODUCTS: products["use"]} if products else {})}
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 
@@ -751,7 +840,7 @@ def test_the_tile_benchmark_times_the_backward_tile_it_names(kernel, monkeypatch
             return getattr(ops, name)
 
         def backward(self, *args):
-            used.append(args[-2])  # (..., block_q, block_k)
+            used.append(args[-3])  # (..., block_q, block_k, bf16_products)
             return ops.backward(*args)
 
     monkeypatch.setattr(cpu_flash, "kernel", lambda: Spy())

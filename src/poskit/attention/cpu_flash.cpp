@@ -18,8 +18,12 @@
 //     table[h, d - lo]; its gradient is accumulated in the backward;
 //   offset embeddings (relative PE): emb (2M + 1, E) fp32, added as bias_scale * q_t . emb[clamp(d, -M, M) + M];
 //     gradients for q and for emb.
-// bf16 inputs are widened to fp32 tile by tile (on CPUs without native bf16 arithmetic that is what every
-// bf16 GEMM does inside); every product, softmax statistic and accumulator is fp32.
+// bf16 inputs: on a CPU with AVX512_BF16 (and a library built for AVX-512) the attention's products take bf16
+// operands with fp32 accumulation ("bf16 products", section below): q, k, v and dO as given, the probabilities P and
+// dS rounded to bf16 before their products, as bf16 flash-attention kernels (torch's CPU one included) do.
+// Otherwise bf16 tiles are widened to fp32 and multiplied by sgemm (on CPUs without native bf16 arithmetic that is
+// what every bf16 GEMM does inside). Softmax statistics and accumulators are fp32 either way; products with
+// the bias parameters (relative PE's and CoPE's embeddings) stay fp32.
 // Built by poskit/attention/kernel_build.py; the sgemm symbol comes from the MKL inside libtorch_cpu.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
@@ -46,6 +50,10 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#ifdef CPU_CAPABILITY_AVX512
+#include <immintrin.h>
+#endif
 
 extern "C" {
 // MKL (LP64) as linked into libtorch_cpu: Fortran sgemm, column major
@@ -84,6 +92,159 @@ const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
   at::vec::convert(src, scratch, n);
   return scratch;
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 products: row-major C (m x n) = alpha op(A) op(B) + beta C with A and B rounded to bf16 (round to nearest
+// even; exact for values that came from bf16) and accumulated in fp32 by AVX512_BF16's dot-product instruction,
+// which multiplies pairs along the inner dimension. Both operands are packed into pairs first: B as
+// [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
+// packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
+// functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
+#ifdef CPU_CAPABILITY_AVX512
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+bool cpu_has_bf16_products() { return __builtin_cpu_supports("avx512bf16"); }
+
+// 16 pairs (x0[i], x1[i]) as bf16, x1 = null: zeros (an odd inner size's last pair); lanes past the mask zero.
+BF16_TARGET inline __m512i bf16_pairs(const float* x0, const float* x1, __mmask16 mask) {
+  const __m512 a = _mm512_maskz_loadu_ps(mask, x0);
+  const __m512 b = x1 ? _mm512_maskz_loadu_ps(mask, x1) : _mm512_setzero_ps();
+  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+inline __mmask16 lanes_mask(int64_t count) {
+  const int64_t w = std::max<int64_t>(0, std::min<int64_t>(16, count));
+  return (__mmask16)((1u << w) - 1);
+}
+
+// out[j * width + c] = (x[2j][c], x[2j + 1][c]) for a (k x n) row-major x with stride ld, c < width (a multiple of
+// 16; zeros past n and past k).
+BF16_TARGET void pack_pairs_down(const float* x, int64_t ld, int64_t k, int64_t n, int64_t width, uint32_t* out) {
+  for (int64_t j = 0; j < (k + 1) / 2; ++j) {
+    const float* r0 = x + 2 * j * ld;
+    const float* r1 = 2 * j + 1 < k ? r0 + ld : nullptr;
+    for (int64_t c = 0; c < width; c += 16)
+      _mm512_storeu_si512(out + j * width + c, bf16_pairs(r0 + c, r1 ? r1 + c : nullptr, lanes_mask(n - c)));
+  }
+}
+
+// out[r * (k + 1) / 2 + j] = (x[r][2j], x[r][2j + 1]) for rows of k values with stride ld (each row's values in
+// pairs as they lie; a zero after an odd k).
+BF16_TARGET void pack_pairs_along(const float* x, int64_t ld, int64_t rows, int64_t k, uint32_t* out) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out + r * pairs);
+    for (int64_t c = 0; c < k; c += 16) {
+      const __mmask16 mask = lanes_mask(k - c);
+      _mm256_mask_storeu_epi16(o + c, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + r * ld + c)));
+    }
+    if (k & 1) o[k] = 0;
+  }
+}
+
+struct PackScratch {
+  std::vector<uint32_t> a, b, rows;
+};
+
+// The (k x n) operand op(B) as [pair][column]: straight down B's rows, or, for B stored (n x k), each row in pairs
+// and then gathered 16 columns at a time.
+BF16_TARGET void pack_b(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, int64_t width, uint32_t* out,
+                        std::vector<uint32_t>& rows) {
+  if (!tb) return pack_pairs_down(b, ldb, k, n, width, out);
+  const int64_t pairs = (k + 1) / 2;
+  if ((int64_t)rows.size() < width * pairs) rows.resize(width * pairs);
+  pack_pairs_along(b, ldb, n, k, rows.data());
+  std::fill(rows.begin() + n * pairs, rows.begin() + width * pairs, 0u);
+  const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)pairs));
+  for (int64_t c = 0; c < width; c += 16)
+    for (int64_t j = 0; j < pairs; ++j)
+      _mm512_storeu_si512(out + j * width + c, _mm512_i32gather_epi32(index, rows.data() + c * pairs + j, 4));
+}
+
+// MR rows x NV vectors of 16 columns of C; A's pair j of row r at a[r * row_step + j * pair_step].
+template <int MR, int NV>
+BF16_TARGET void bf16_block(int64_t pairs, const uint32_t* a, int64_t row_step, int64_t pair_step, const uint32_t* b,
+                            int64_t width, float* c, int64_t ldc, float alpha, float beta, int64_t cols) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + j * width + v * 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * row_step + j * pair_step]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int v = 0; v < NV; ++v) {
+    const __mmask16 mask = lanes_mask(cols - v * 16);
+    for (int r = 0; r < MR; ++r) {
+      float* out = c + r * ldc + v * 16;
+      __m512 x = _mm512_mul_ps(acc[r][v], va);
+      if (beta != 0.f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, out), x);  // (beta 0: C is not read)
+      _mm512_mask_storeu_ps(out, mask, x);
+    }
+  }
+}
+
+template <int MR>
+BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row_step, int64_t pair_step,
+                           const uint32_t* b, int64_t width, float* c, int64_t ldc, float alpha, float beta,
+                           int64_t cols) {
+  switch (nv) {
+    case 1: return bf16_block<MR, 1>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
+    case 2: return bf16_block<MR, 2>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
+    case 3: return bf16_block<MR, 3>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
+    default: return bf16_block<MR, 4>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
+  }
+}
+
+BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  thread_local PackScratch scratch;
+  const int64_t pairs = (k + 1) / 2, width = (n + 15) / 16 * 16, a_width = (m + 15) / 16 * 16;
+  if ((int64_t)scratch.b.size() < pairs * width) scratch.b.resize(pairs * width);
+  if ((int64_t)scratch.a.size() < pairs * a_width) scratch.a.resize(pairs * a_width);
+  pack_b(tb, b, ldb, k, n, width, scratch.b.data(), scratch.rows);
+  int64_t row_step, pair_step;
+  if (ta) {  // A stored (k x m): its columns are the rows of op(A)
+    pack_pairs_down(a, lda, k, m, a_width, scratch.a.data());
+    row_step = 1, pair_step = a_width;
+  } else {
+    pack_pairs_along(a, lda, m, k, scratch.a.data());
+    row_step = pairs, pair_step = 1;
+  }
+  constexpr int MR = 6;  // 6 rows x 4 vectors: 24 accumulators, 4 B vectors and a broadcast of the 32 registers
+  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    const int64_t cols = std::min<int64_t>(64, n - c0);
+    const int nv = (int)((cols + 15) / 16);
+    for (int64_t r0 = 0; r0 < m; r0 += MR) {
+      const uint32_t* ar = scratch.a.data() + r0 * row_step;
+      const uint32_t* bc = scratch.b.data() + c0;
+      float* cr = c + r0 * ldc + c0;
+      switch (std::min<int64_t>(MR, m - r0)) {
+        case 1: bf16_rows<1>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+        case 2: bf16_rows<2>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+        case 3: bf16_rows<3>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+        case 4: bf16_rows<4>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+        case 5: bf16_rows<5>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+        default: bf16_rows<6>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
+      }
+    }
+  }
+}
+#else
+bool cpu_has_bf16_products() { return false; }
+void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
+               float*, int64_t) {
+  TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
+}
+#endif
 
 float lanes_max(const Vec& v) {
   float tmp[Vec::size()];
@@ -175,11 +336,20 @@ struct Problem {
   std::vector<float> emb_rev;
   int64_t M;
   float bias_scale;
+  bool bf16_products = false;  // the attention's products with bf16 operands (bf16 inputs, a CPU with AVX512_BF16)
 
   const int64_t* qp(int64_t b) const { return qpos + (pos_rows == 1 ? 0 : b) * Tq; }
   const int64_t* kp(int64_t b) const { return kpos + (pos_rows == 1 ? 0 : b) * Tk; }
   int64_t row(int64_t b) const { return pos_rows == 1 ? 0 : b; }
 };
+
+// The attention's own products (q k^T, P v and the backward's four), with bf16 operands where the call asks for it;
+// products with the bias parameters call gemm (fp32) directly.
+void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 // [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before
 // full_end are visible to all of it (no causal mask); with unsorted keys every key is scanned and masked.
@@ -327,7 +497,7 @@ void embedding_grad_z(const Problem& p, int64_t b, const OffsetSpan& span, float
 // The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32.
 void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
                  const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span) {
-  gemm(false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n);
+  product(p, false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n);
   if (p.bias == kTable) {
     add_table_bias(p, b, h, s, rows, n, q0, k0);
   } else if (p.bias == kEmbeddings) {
@@ -414,7 +584,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
         logits(state, t, s.data(), widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data()), k0, n);
         softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
-        gemm(false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
+        product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
       }
       finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
       done(state, t);
@@ -527,8 +697,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         if (t.lse[r] == kNegInf) std::fill(row, row + n, 0.f);
         else exp_shifted(row, n, t.lse[r]);
       }
-      gemm(true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-      gemm(false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      product(p, true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+      product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
       for (int64_t r = 0; r < t.rows; ++r) softmax_grad_row(s + r * n, dp + r * n, n, t.delta[r]);  // dS, in dp
       if (p.bias == kTable) {
         table_grad(p, t.b, st.dbias + t.h * p.R, dp, t.rows, n, t.q0, k0);
@@ -542,8 +712,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         gemm(true, false, w, p.E, t.rows, p.bias_scale, st.dz.data(), w, t.qt, p.E, 1.f,
              st.dbias + (p.M - span.o_max) * p.E, p.E);
       }
-      gemm(false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
-      gemm(true, false, n, p.E, t.rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
+      product(p, false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
+      product(p, true, false, n, p.E, t.rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
     scale_row(t.dq_acc, t.rows * p.E, p.scale);  // dS's scale, once per tile
   });
@@ -724,8 +894,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           row[j] = std::exp(row[j] + bias - t.lse[r]);
         }
       }
-      gemm(true, false, n, p.Dv, rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-      gemm(false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      product(p, true, false, n, p.Dv, rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+      product(p, false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
       for (int64_t r = 0; r < rows; ++r) {
         float* dzr = c.emb ? dz + r * c.P : nullptr;
         const int64_t cut = clamped[r];
@@ -749,8 +919,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
         }
       }
-      gemm(false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);
-      gemm(true, false, n, p.E, rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);
+      product(p, false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
+      product(p, true, false, n, p.E, rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
     scale_row(t.dq_acc, rows * p.E, p.scale);
     if (c.emb) {  // z = q e: dq += dz e^T, de += q^T dz
@@ -763,14 +933,17 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
                      const at::Tensor& q_pos, const at::Tensor& k_pos, const at::Tensor& pad, int64_t bias_kind,
                      const at::Tensor& bias_values, int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq,
-                     int64_t bk) {
+                     int64_t bk, bool bf16_products) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "cpu_flash: q, k, v must be (B, heads, T, width)");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "cpu_flash: inputs must be contiguous");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
               (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
               "cpu_flash: q, k, v must all be float32 or all bfloat16");
   TORCH_CHECK(bq >= 1 && bk >= 1, "cpu_flash: tile sizes must be positive");
+  TORCH_CHECK(!bf16_products || (q.scalar_type() == at::kBFloat16 && cpu_has_bf16_products()),
+              "cpu_flash: bf16_products needs bf16 inputs and a CPU with AVX512_BF16 (bf16_products_available())");
   Problem p{};
+  p.bf16_products = bf16_products;
   p.B = q.size(0), p.H = q.size(1), p.Tq = q.size(2), p.E = q.size(3);
   p.Hkv = k.size(1), p.Tk = k.size(2), p.Dv = v.size(3);
   TORCH_CHECK(k.size(0) == p.B && v.size(0) == p.B && v.size(1) == p.Hkv && v.size(2) == p.Tk && k.size(3) == p.E &&
@@ -839,9 +1012,10 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 std::vector<at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
                                       const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
-                                      int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk) {
+                                      int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk,
+                                      bool bf16_products) {
   const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
-                                 bias_scale, bq, bk);
+                                 bias_scale, bq, bk, bf16_products);
   auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
   auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
   if (q.scalar_type() == at::kFloat) {
@@ -862,9 +1036,10 @@ std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
                                        double scale, bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
                                        const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
-                                       int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk) {
+                                       int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk,
+                                      bool bf16_products) {
   const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
-                                 bias_scale, bq, bk);
+                                 bias_scale, bq, bk, bf16_products);
   TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() && dout.sizes() == at::IntArrayRef({p.B, p.H, p.Tq, p.Dv}),
               "cpu_flash: the output gradient must be contiguous and shaped like the output");
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == at::kFloat &&
@@ -921,8 +1096,9 @@ Contextual make_contextual(const Problem& p, const at::Tensor& emb, const at::Te
 std::vector<at::Tensor> contextual_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                            bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
                                            const at::Tensor& pad, const at::Tensor& emb, const at::Tensor& slopes,
-                                           int64_t p_max, int64_t bq, int64_t bk) {
-  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk);
+                                           int64_t p_max, int64_t bq, int64_t bk, bool bf16_products) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk,
+                                 bf16_products);
   const Contextual c = make_contextual(p, emb, slopes, p_max);
   auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
   auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
@@ -943,8 +1119,9 @@ std::vector<at::Tensor> contextual_backward(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
                                             const at::Tensor& gtot, double scale, bool causal, const at::Tensor& q_pos,
                                             const at::Tensor& k_pos, const at::Tensor& pad, const at::Tensor& emb,
-                                            const at::Tensor& slopes, int64_t p_max, int64_t bq, int64_t bk) {
-  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk);
+                                            const at::Tensor& slopes, int64_t p_max, int64_t bq, int64_t bk, bool bf16_products) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk,
+                                 bf16_products);
   const Contextual c = make_contextual(p, emb, slopes, p_max);
   TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() && dout.sizes() == at::IntArrayRef({p.B, p.H, p.Tq, p.Dv}),
               "cpu_flash: the output gradient must be contiguous and shaped like the output");
@@ -1210,18 +1387,21 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
 
 TORCH_LIBRARY(poskit_cpu_flash, m) {
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
+  m.def("bf16_products_available() -> bool", [] { return cpu_has_bf16_products(); });
   m.def("forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, "
-        "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk) -> Tensor[]",
+        "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk, "
+        "bool bf16_products) -> Tensor[]",
         &flash_forward);
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, float scale, bool causal, "
         "Tensor q_pos, Tensor k_pos, Tensor pad, int bias_kind, Tensor bias_values, int bias_hi, int bias_max, "
-        "float bias_scale, int bq, int bk) -> Tensor[]",
+        "float bias_scale, int bq, int bk, bool bf16_products) -> Tensor[]",
         &flash_backward);
   m.def("contextual_forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, "
-        "Tensor pad, Tensor emb, Tensor slopes, int p_max, int bq, int bk) -> Tensor[]", &contextual_forward);
+        "Tensor pad, Tensor emb, Tensor slopes, int p_max, int bq, int bk, bool bf16_products) -> Tensor[]",
+        &contextual_forward);
   m.def("contextual_backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor gtot, "
         "float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, Tensor emb, Tensor slopes, int p_max, "
-        "int bq, int bk) -> Tensor[]", &contextual_backward);
+        "int bq, int bk, bool bf16_products) -> Tensor[]", &contextual_backward);
   m.def("polar_forward(Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, bool softplus) -> Tensor",
         &polar_forward);
   m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "

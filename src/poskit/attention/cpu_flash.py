@@ -4,7 +4,8 @@ CoPE's contextual positions with gates from the keys (cope, cope-alibi: cpu_flas
 
 What it computes: softmax(scale q k^T + bias, causal by position, key padding) @ v, exactly (the formula of
 attention/reference.py; only the rounding differs), in cache-sized tiles with an online softmax, causal tiles
-skipped, grouped kv heads read in place, fp32 and bf16 (widened to fp32 per tile), and a backward by
+skipped, grouped kv heads read in place, fp32 and bf16 (bf16 products with fp32 accumulation on a CPU with
+AVX512_BF16, `bf16_products`; otherwise widened to fp32 per tile), and a backward by
 recomputation that also returns the bias parameters' gradient. The bias comes from the encoding's declaration
 (`kernel_bias`, encodings/kernel_bias.py) and is generated per tile from the positions, never as a Tq x Tk tensor.
 
@@ -54,8 +55,9 @@ def backward_block_q(keys: int) -> int:
     measured = kernel_calibration.long_backward_block_q(_library)
     return BLOCK_Q_BACKWARD if measured is None else measured
 
-# The dtypes the kernel serves (bf16 is widened to fp32 per tile: on CPUs without native bf16 arithmetic every
-# bf16 GEMM does that inside); float16 and float64 keep their exact paths.
+# The dtypes the kernel serves (bf16: products of bf16 operands where the CPU has AVX512_BF16, see bf16_products;
+# otherwise widened to fp32 per tile, which on CPUs without native bf16 arithmetic every bf16 GEMM does inside);
+# float16 and float64 keep their exact paths.
 DTYPES = (torch.float32, torch.bfloat16)
 _BIAS_CODES = {None: 0, "distance_table": 1, "offset_embeddings": 2}
 
@@ -106,6 +108,27 @@ _library = None  # the loaded library's path (its directory holds this machine's
 def available() -> bool:
     """Whether the kernel is loadable (builds it on the first call)."""
     return kernel() is not None
+
+
+def bf16_products_available() -> bool:
+    """Whether the kernel can multiply bf16 operands natively here: a CPU with AVX512_BF16 and a library built for
+    AVX-512 (the products then accumulate in fp32, P and dS rounded to bf16 first, as bf16 flash kernels do)."""
+    ops = kernel()
+    return ops is not None and bool(ops.bf16_products_available())
+
+
+def uses_bf16_products(dtype: torch.dtype, requested: bool | None = None) -> bool:
+    """Whether a call in `dtype` takes bf16 products: `requested` when given (True refused, by name, where they
+    cannot be had), else for bf16 wherever available and not measured slower by this machine's calibration."""
+    if requested is None:
+        return (dtype == torch.bfloat16 and bf16_products_available()
+                and kernel_calibration.bf16_products_win(_library))
+    if not isinstance(requested, bool):
+        raise ValueError(f"bf16_products must be True, False or None (this machine's default), got {requested!r}")
+    if requested and (dtype != torch.bfloat16 or not bf16_products_available()):
+        raise ValueError(f"bf16_products=True needs bf16 inputs (got {dtype}) and a CPU with AVX512_BF16 under an "
+                         f"AVX-512 build of the kernel (here: {bf16_products_available()})")
+    return requested
 
 
 def _polar_ops():
@@ -223,11 +246,13 @@ def _positions(inp: AttentionInputs, needed: bool):
 class CpuFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias_values, scale, q_positions, k_positions, pad, causal, bias_form, bias_offset,
-                block_q, block_k, block_q_backward):
+                block_q, block_k, block_q_backward, products):
         ops = kernel()
         args = _kernel_args(bias_values, bias_form, bias_offset, scale)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q, block_k)
+        out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q, block_k,
+                               products)
+        ctx.products = products
         ctx.save_for_backward(q, k, v, out, lse, q_positions, k_positions, pad, bias_values)
         ctx.scale, ctx.causal, ctx.bias = float(scale), causal, (bias_form, bias_offset)
         ctx.blocks = (backward_block_q(k.shape[2]) if block_q_backward is None else block_q_backward, block_k)
@@ -240,7 +265,7 @@ class CpuFlashAttention(torch.autograd.Function):
         delta = kernel().row_dot(do, out.contiguous())  # rowsum(dO * O) in fp32, FlashAttention's D
         args = _kernel_args(bias_values, *ctx.bias, ctx.scale)
         dq, dk, dv, dbias = kernel().backward(q, k, v, do, lse, delta, ctx.scale, ctx.causal, q_positions,
-                                              k_positions, pad, *args, *ctx.blocks)
+                                              k_positions, pad, *args, *ctx.blocks, ctx.products)
         B, Hkv, Tk = k.shape[:3]
         g = q.shape[1] // Hkv
         if g > 1:  # per query head -> per kv head
@@ -249,7 +274,7 @@ class CpuFlashAttention(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             # per thread, reversed along the distances (the kernel's layout): summed and put back in order
             dvalues = dbias.sum(0).flip(-1 if ctx.bias[0] == "distance_table" else 0).to(bias_values.dtype)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dvalues, *(None,) * 10)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dvalues, *(None,) * 11)
 
 
 def _kernel_args(bias_values, form, offset, scale):
@@ -263,7 +288,8 @@ def _kernel_args(bias_values, form, offset, scale):
 
 def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=None, causal: bool = False,
                         key_padding_mask=None, bias: KernelBias | None = None, block_q: int | None = None,
-                        block_k: int | None = None, block_q_backward: int | None = None) -> torch.Tensor:
+                        block_k: int | None = None, block_q_backward: int | None = None,
+                        bf16_products: bool | None = None) -> torch.Tensor:
     """softmax(scale q k^T + bias, causal by position, key padding) @ v through the compiled kernel.
 
     q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), Hkv dividing H (query head h reads kv head
@@ -271,8 +297,10 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     bias); key_padding_mask (B, Tk) bool, True = real key; bias: a KernelBias (encodings/kernel_bias.py). A
     query that sees no key outputs zeros. block_q, block_k: the tile of both passes (default: BLOCK_Q x BLOCK_K
     in the forward, backward_block_q(Tk) x BLOCK_K in the backward, read at call time); block_q_backward: the
-    backward's query tile alone (default block_q where given). Callers check `available()` first.
+    backward's query tile alone (default block_q where given). bf16_products: see `uses_bf16_products` (None: this
+    machine's default). Callers check `available()` first.
     """
+    products = uses_bf16_products(q.dtype, bf16_products)
     if block_q_backward is None:
         block_q_backward = block_q  # None: backward_block_q's, read when the forward runs
     block_q = BLOCK_Q if block_q is None else block_q
@@ -298,30 +326,32 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     qp, kp = _positions(inp, causal or form is not None)
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     return CpuFlashAttention.apply(q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
-                                   bool(causal), form, offset, block_q, block_k, block_q_backward)
+                                   bool(causal), form, offset, block_q, block_k, block_q_backward, products)
 
 
 class CpuFlashContextual(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, pos_emb, slopes, scale, q_positions, k_positions, pad, causal, p_max, block_q, block_k):
+    def forward(ctx, q, k, v, pos_emb, slopes, scale, q_positions, k_positions, pad, causal, p_max, block_q, block_k,
+                products):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         emb = pos_emb.to(torch.float32).contiguous() if pos_emb is not None else torch.empty(0)
         sl = slopes.to(torch.float32).contiguous() if slopes is not None else torch.empty(0)
         out, lse, gtot = kernel().contextual_forward(q, k, v, float(scale), causal, q_positions, k_positions, pad,
-                                                     emb, sl, p_max, block_q, block_k)
+                                                     emb, sl, p_max, block_q, block_k, products)
         ctx.save_for_backward(q, k, v, out, lse, gtot, q_positions, k_positions, pad, emb, sl)
-        ctx.cfg = (float(scale), causal, p_max, block_q, block_k)
+        ctx.cfg = (float(scale), causal, p_max, block_q, block_k, products)
         ctx.param = (pos_emb, slopes)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, gtot, q_positions, k_positions, pad, emb, sl = ctx.saved_tensors
-        scale, causal, p_max, block_q, block_k = ctx.cfg
+        scale, causal, p_max, block_q, block_k, products = ctx.cfg
         do = grad_out.to(out.dtype).contiguous()
         delta = kernel().row_dot(do, out.contiguous())
         dq, dk, dv, dparam = kernel().contextual_backward(q, k, v, do, lse, delta, gtot, scale, causal, q_positions,
-                                                          k_positions, pad, emb, sl, p_max, block_q, block_k)
+                                                          k_positions, pad, emb, sl, p_max, block_q, block_k,
+                                                          products)
         B, Hkv, Tk = k.shape[:3]
         g = q.shape[1] // Hkv
         if g > 1:  # per query head -> per kv head
@@ -329,22 +359,25 @@ class CpuFlashContextual(torch.autograd.Function):
         pos_emb, slopes = ctx.param
         d_emb = dparam.sum(0).to(pos_emb.dtype) if pos_emb is not None and ctx.needs_input_grad[3] else None
         d_slopes = dparam.sum(0).to(slopes.dtype) if slopes is not None and ctx.needs_input_grad[4] else None
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_emb, d_slopes, *(None,) * 8)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_emb, d_slopes, *(None,) * 9)
 
 
 def cpu_flash_contextual_attention(q, k, v, *, scale: float, p_max: int, pos_emb=None, slopes=None, q_positions=None,
                                    k_positions=None, causal: bool = False, key_padding_mask=None,
-                                   block_q: int | None = None, block_k: int | None = None) -> torch.Tensor:
+                                   block_q: int | None = None, block_k: int | None = None,
+                                   bf16_products: bool | None = None) -> torch.Tensor:
     """CoPE attention through the compiled kernel, gates from the keys: exactly one of pos_emb (D, p_max) (cope:
     the bias interpolates q . e at the contextual position) or slopes (H,) (cope-alibi: -slope_h p). Shapes,
-    positions, masks and blocks as cpu_flash_attention's; keys non-decreasing in position (the caller checks).
+    positions, masks, blocks and bf16_products as cpu_flash_attention's; keys non-decreasing in position (the
+    caller checks).
     Callers check `available()` first."""
     if (pos_emb is None) == (slopes is None):
         raise ValueError("pass exactly one of pos_emb (cope) and slopes (cope-alibi)")
+    products = uses_bf16_products(q.dtype, bf16_products)
     block_q = BLOCK_Q if block_q is None else block_q
     block_k = BLOCK_K if block_k is None else block_k
     inp = AttentionInputs(q, k, v, q_positions, k_positions, scale, causal, key_padding_mask)
     qp, kp = _positions(inp, causal)
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     return CpuFlashContextual.apply(q, k, v, pos_emb, slopes, float(scale), qp, kp, pad, bool(causal), int(p_max),
-                                    block_q, block_k)
+                                    block_q, block_k, products)

@@ -15,6 +15,10 @@ The same file keeps the backward's query tile at long sequences (TILE_SHAPE): th
 median of interleaved backward passes; without it the kernel takes cpu_flash.BLOCK_Q_BACKWARD, measured on an
 AMD EPYC.
 
+On a CPU with AVX512_BF16 it also keeps whether bf16 calls take the kernel's bf16 products (cpu_flash.cpp) or
+widen bf16 to fp32: PoPE's widths at SHAPE, forward + backward, the products kept unless widening was faster by
+MARGIN; without a measurement they are taken wherever the CPU has them.
+
 Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles while the kernel widens bf16 to fp32
 (docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form is what the
 calibration answers on each machine.
@@ -40,6 +44,7 @@ ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 LONG_TILE = ("backward", "long_block_q")  # its key among the decisions read from a file
+BF16_PRODUCTS = ("bf16", "products")  # likewise, whether bf16 calls take the kernel's bf16 products
 # The kernel's backward query tile from cpu_flash.LONG_KEYS keys on, measured at this shape (PoPE's 128-wide q/k,
 # 64-wide values: the widest case the kernel serves by default), one choice per machine: whether a head's keys,
 # values and their gradients stay in cache at that length depends on the CPU's caches.
@@ -63,8 +68,9 @@ def decide(kernel_ms: float, fallback_ms: float) -> bool:
 
 
 def read(path: Path) -> dict:
-    """{(form, dtype name): use the kernel} from a calibration file, and under LONG_TILE the backward's query
-    tile at long sequences where the file has one (CalibrationError naming the file otherwise)."""
+    """{(form, dtype name): use the kernel} from a calibration file, under LONG_TILE the backward's query tile at
+    long sequences and under BF16_PRODUCTS whether bf16 calls take bf16 products, where the file has them
+    (CalibrationError naming the file otherwise)."""
     try:
         doc = json.loads(Path(path).read_text())
         results = doc["results"]
@@ -74,6 +80,11 @@ def read(path: Path) -> dict:
             if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
                 raise ValueError(f"entry {key!r}")
             found[(form, dtype)] = entry["kernel"]
+        if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
+            use = doc["bf16_products"]["use"]
+            if not isinstance(use, bool):
+                raise ValueError(f"bf16_products.use {use!r} is not true or false")
+            found[BF16_PRODUCTS] = use
         if "backward_tile" in doc:  # absent in a calibration written before tiles were measured
             tile = doc["backward_tile"]["block_q"]
             if type(tile) is not int or tile not in TILE_CHOICES:
@@ -108,6 +119,11 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
     """Whether the kernel should serve a call of this form and dtype on this machine."""
     name = next((n for n, d in DTYPES.items() if d == dtype), None)
     return decisions(library).get((form, name), True)
+
+
+def bf16_products_win(library: Path | None) -> bool:
+    """Whether bf16 calls should take the kernel's bf16 products on this machine (True unless measured slower)."""
+    return decisions(library).get(BF16_PRODUCTS, True)
 
 
 def long_backward_block_q(library: Path | None) -> int | None:

@@ -4,9 +4,9 @@ build: compile it now into the per-machine cache (otherwise the first attention 
     again with --force, then calibrate (unless --no-calibrate). calibrate: time the kernel against the paths
     without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower,
     and choose its backward's query tile at long sequences (saved beside the library;
-    attention/kernel_calibration.py). info: what this machine would use: CPU model
-    and instruction set, compiler, cache directory, whether the library is built, its calibration, and whether
-    attention uses it.
+    attention/kernel_calibration.py), and on a CPU with AVX512_BF16 whether bf16 calls take bf16 products. info:
+    what this machine would use: CPU model and instruction set, compiler, cache directory, whether the library is
+    built, its calibration, how bf16 multiplies, and whether attention uses it.
 """
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def cmd_kernel(args) -> int:
     print(f"cache:       {kernel_build.cache_root()}")
     print(f"library:     {library if library and library.exists() else 'not built (poskit kernel build)'}")
     print(f"calibration: {_calibration_line(library)}")
+    print(f"bf16:        {_bf16_line(library)}")
     print(f"attention:   {switch}")
     return 0
 
@@ -80,33 +81,27 @@ def cmd_kernel(args) -> int:
 def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
     """(kernel ms, ms without it): medians of interleaved forward + backward rounds of one causal call at
     kernel_calibration.SHAPE."""
-    import statistics
     import time
 
     import torch
 
     import poskit
-    from poskit.attention import cpu_flash, kernel_calibration
+    from poskit.attention import cpu_flash, kernel_calibration, kernel_timing
 
     g = torch.Generator().manual_seed(0)
     shape = kernel_calibration.SHAPE
     q, k, v = (torch.randn(shape["B"], shape["H"], shape["T"], shape["D"], generator=g).to(dtype).requires_grad_()
                for _ in range(3))
 
-    def call(switch):
+    def run(switch: str) -> float:
+        started = time.perf_counter()
         with cpu_flash.switched(switch):
             out = poskit.attention(q, k, v, enc, is_causal=True)
             out.backward(torch.ones_like(out))
+        return time.perf_counter() - started
 
-    times = {"1": [], "0": []}
-    for switch in times:  # warm-up: tables, allocator
-        call(switch)
-    for _ in range(rounds):
-        for switch in times:
-            started = time.perf_counter()
-            call(switch)
-            times[switch].append(time.perf_counter() - started)
-    return 1000 * statistics.median(times["1"]), 1000 * statistics.median(times["0"])
+    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, ["1", "0"], rounds))
+    return ms["1"], ms["0"]
 
 
 def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
@@ -136,8 +131,11 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
                 progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
                          f"   -> {'kernel' if use else 'without it'}")
         backward_tile = _measured_tile(rounds, progress)
+        products = _measured_products(rounds, progress)
     doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
            "rounds": rounds, "margin": kc.MARGIN, "results": results, "backward_tile": backward_tile}
+    if products is not None:
+        doc["bf16_products"] = products
     kc.write(library, doc)
     return doc
 
@@ -156,6 +154,26 @@ def _measured_tile(rounds: int, progress) -> dict:
     return {"shape": shape, "ms": {str(t): round(m, 2) for t, m in ms.items()}, "block_q": chosen}
 
 
+def _measured_products(rounds: int, progress) -> dict | None:
+    """Whether bf16 calls take the kernel's bf16 products: PoPE's widths at kernel_calibration.SHAPE, products
+    against bf16 widened to fp32; None where the CPU cannot (nothing to decide)."""
+    from poskit.attention import cpu_flash
+    from poskit.attention import kernel_calibration as kc
+    from poskit.attention import kernel_timing
+
+    if not cpu_flash.bf16_products_available():
+        progress("  bf16 products  not available here (no AVX512_BF16, or not an AVX-512 build): bf16 is widened")
+        return None
+    shape = kc.SHAPE
+    run = kernel_timing.products_timer(shape["B"], shape["T"], 2 * shape["D"], H=shape["H"], Dv=shape["D"])
+    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, [True, False], rounds))
+    use = kc.decide(ms[True], ms[False])
+    progress(f"  bf16 products  {ms[True]:8.1f} ms   widened to fp32 {ms[False]:8.1f} ms   -> "
+             + ("products" if use else "widened"))
+    return {"shape": {**shape, "E": 2 * shape["D"], "Dv": shape["D"]}, "products_ms": round(ms[True], 2),
+            "widened_ms": round(ms[False], 2), "use": use}
+
+
 def _calibrate(library) -> None:
     from poskit.attention import kernel_calibration
 
@@ -163,9 +181,12 @@ def _calibrate(library) -> None:
     doc = calibrate(library)
     off = [key for key, entry in doc["results"].items() if not entry["kernel"]]
     tile = doc.get("backward_tile", {}).get("block_q")
+    products = doc.get("bf16_products", {}).get("use")
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
           + ("every form and dtype" if not off else f"all but {', '.join(off)}")
-          + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else ""))
+          + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else "")
+          + ({True: "; bf16 calls take bf16 products", False: "; bf16 is widened to fp32 (products measured slower)",
+              None: ""}[products]))
 
 
 def _calibration_line(library) -> str:
@@ -181,9 +202,27 @@ def _calibration_line(library) -> str:
     except kernel_calibration.CalibrationError as err:
         return str(err)
     tile = found.pop(kernel_calibration.LONG_TILE, None)
+    products = found.pop(kernel_calibration.BF16_PRODUCTS, None)
     off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.items()) if not use]
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
-            + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured"))
+            + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
+            + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
+               None: ""}[products])
+
+
+def _bf16_line(library) -> str:
+    """How bf16 calls multiply on this machine (loading the library, when built, to ask it)."""
+    import torch
+
+    from poskit.attention import cpu_flash
+
+    if not library or not library.exists():
+        return "not known until the library is built"
+    if not cpu_flash.bf16_products_available():
+        return "widened to fp32 per tile (this CPU has no AVX512_BF16, or the library is not an AVX-512 build)"
+    if cpu_flash.uses_bf16_products(torch.bfloat16):
+        return "bf16 products with fp32 accumulation (AVX512_BF16)"
+    return "widened to fp32 (this machine's calibration measured the bf16 products slower)"
 
 
 def _long_keys() -> int:
