@@ -152,8 +152,13 @@ def refuse_absolute(enc: PositionalEncoding) -> None:
 def all_finite(*tensors) -> bool:
     """True when no tensor holds a NaN or an infinity: one sum per tensor (NaN and inf survive a sum), about
     0.2 ms for a 16 MB q on 2 CPU cores, against ~100 ms for the attention itself. A finite sum that overflows
-    only sends the call to the slower exact path, never to a wrong answer."""
-    total = sum(t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors if t is not None)
+    only sends the call to the slower exact path, never to a wrong answer. Summed in their own dtype where that
+    has fp32's exponent range (fp32, fp64, bf16: torch accumulates bf16 in fp32), in fp32 otherwise (fp16 would
+    overflow at 65504); an fp32 result asked of a bf16 tensor would first copy it whole."""
+    def total_of(t: torch.Tensor) -> torch.Tensor:
+        return t.sum() if t.dtype in (torch.float32, torch.float64, torch.bfloat16) else t.sum(dtype=torch.float32)
+
+    total = sum(total_of(t) for t in tensors if t is not None)
     return bool(torch.isfinite(total))
 
 
