@@ -51,11 +51,14 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _no_calibration_from_the_kernel_cache(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _no_calibration_from_the_kernel_cache():
     """The suite asserts where the compiled kernel serves; a calibration this machine's user saved beside the
     cached library (`poskit kernel calibrate`) may route forms elsewhere or change its tiles, so the suite reads
-    none from the kernel cache. Tests of calibration write theirs elsewhere (tmp_path) and read it as users do."""
+    none from the kernel cache. Tests of calibration write theirs elsewhere (tmp_path) and read it as users do.
+    Session-wide, so that module-scoped fixtures (a benchmark run once per module) read none either, and by
+    POSKIT_KERNEL_CALIBRATION=off for the processes tests start (tests/test_cpu_flash.py turns it on for its own
+    calibration tests)."""
     from pathlib import Path
 
     from poskit.attention import kernel_build
@@ -68,7 +71,10 @@ def _no_calibration_from_the_kernel_cache(monkeypatch):
         return {} if root in Path(path).resolve().parents else real(path)
 
     decisions_at.cache_clear = real.cache_clear  # kc.write forgets what was read through it
-    monkeypatch.setattr(kc, "_decisions_at", decisions_at)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kc, "_decisions_at", decisions_at)
+        patch.setenv(kc.ENV_SWITCH, "off")
+        yield
 
 
 def make_qkv(B=2, H=4, Hkv=2, Tq=7, Tk=7, D=16, Dv=None, dtype=torch.float64, requires_grad=False, gen_seed=0):

@@ -1,6 +1,7 @@
 """The compiled CPU attention kernel (cpu_flash.cpp): the default CPU path for q/k wider than v (PoPE), for a
 logit bias computed from positions (ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative PE) and for
-CoPE's contextual positions with gates from the keys (cope, cope-alibi: cpu_flash_contextual_attention).
+CoPE's contextual positions with gates from the keys (cope, cope-alibi: cpu_flash_contextual_attention); for
+equal-width q/k (the rope family) where this machine's calibration measured it faster than SDPA.
 
 What it computes: softmax(scale q k^T + bias, causal by position, key padding) @ v, exactly (the formula of
 attention/reference.py; only the rounding differs), in cache-sized tiles with an online softmax, causal tiles
@@ -146,7 +147,8 @@ def _scalar_positions(inp: AttentionInputs) -> bool:
 
 def qk_served(enc) -> bool:
     """A q/k transform the kernel takes encoded: q/k wider than v (qk_width > 1: CPU SDPA would pad v). Equal widths
-    stay on SDPA's own flash kernel (docs/benchmarks.md compares the two)."""
+    (the QK_EQUAL form) only where this machine's calibration measured the kernel faster than SDPA's own flash
+    kernel (kernel_calibration.MEASURED_ONLY)."""
     return enc.kind == "qk" and enc.qk_width > 1
 
 
@@ -171,12 +173,18 @@ def as_table(bias: KernelBias, q_positions, k_positions) -> KernelBias | None:
     return KernelBias("distance_table", (-bias.values.to(torch.float32)[:, None] * d).contiguous(), span[0])
 
 
-QK = "qk"  # what `serves` returns for a q/k encoding (the kernel takes its encoded q/k)
+QK = "qk"  # what `serves` returns for a q/k encoding with q/k wider than v (the kernel takes its encoded q/k)
+QK_EQUAL = "qk_equal"  # ... and for equal widths (the kernel takes transform_qk's q/k)
+QK_EQUAL_DECODE = "qk_equal_decode"  # the calibration's form for equal widths against cached encoded keys
+# Up to this many queries, a call against cached encoded keys is a decode step (QK_EQUAL_DECODE's measurement);
+# more (a prefill) take QK_EQUAL's decision.
+DECODE_QUERIES = 16
 
 
 def serves(inp: AttentionInputs, enc):
-    """How the kernel serves a call: None (it does not), QK (a q/k encoding: encoded q/k, no bias) or the
-    KernelBias of a bias encoding (as_table's form).
+    """How the kernel serves a call: None (it does not), QK (a q/k encoding with q/k wider than v: encoded q/k,
+    no bias), QK_EQUAL (equal widths, where measured faster than SDPA) or the KernelBias of a bias encoding
+    (as_table's form).
 
     It does for: the switch on, CPU tensors of a DTYPES dtype, no general attn_mask (a key padding mask is fine),
     an encoding it serves (`qk_served`, or a kernel bias declared for these positions), scalar positions where they
@@ -187,10 +195,10 @@ def serves(inp: AttentionInputs, enc):
     q, k = inp.q, inp.k
     if not _call_served(inp):
         return None
-    if qk_served(enc):
+    if enc.kind == "qk":
         if inp.causal and not _scalar_positions(inp):
             return None
-        found = QK
+        found = QK if qk_served(enc) else QK_EQUAL
     else:
         found = kernel_bias_for(inp, enc)
         if found is None:
@@ -200,7 +208,22 @@ def serves(inp: AttentionInputs, enc):
     if not available():
         return None
     # a calibration of this machine may have measured the path without the kernel faster for this form and dtype
-    return found if kernel_calibration.kernel_wins(_library, QK if found is QK else found.form, q.dtype) else None
+    form = found if isinstance(found, str) else found.form
+    return found if kernel_calibration.kernel_wins(_library, form, q.dtype) else None
+
+
+def serves_encoded_keys(inp: AttentionInputs, enc) -> bool:
+    """Whether the kernel serves an equal-width q/k encoding's call against keys cached already encoded (a KV
+    cache's decode or prefill): serves()'s conditions, under QK_EQUAL_DECODE's decision for up to DECODE_QUERIES
+    queries and QK_EQUAL's for more. (Wider q/k against encoded keys keep the blocked path.)"""
+    if enc.kind != "qk" or qk_served(enc) or not _call_served(inp):
+        return False
+    if inp.causal and not _scalar_positions(inp):
+        return False
+    if not all_finite(inp.q, inp.k) or not available():
+        return False
+    form = QK_EQUAL_DECODE if inp.q.shape[2] <= DECODE_QUERIES else QK_EQUAL
+    return kernel_calibration.kernel_wins(_library, form, inp.q.dtype)
 
 
 def _call_served(inp: AttentionInputs) -> bool:

@@ -17,8 +17,9 @@
                       than v (PoPE), for contextual positions with gates from the keys (CoPE, cope-alibi) and
                       for a bias the encoding declares for the kernel (`kernel_bias`:
                       encodings/kernel_bias.py; ALiBi, T5, KERPLE, dynamic, FIRE below its threshold, relative),
-                      with causal, key padding, grouped kv heads and decode; unless POSKIT_CPU_KERNEL=0 or it
-                      cannot be built (then the blocked paths below, as before).
+                      with causal, key padding, grouped kv heads and decode; for equal-width q/k (the rope
+                      family) where this machine's calibration measured it faster than SDPA; unless
+                      POSKIT_CPU_KERNEL=0 or it cannot be built (then the blocked paths below, as before).
 "triton":             the fused kernel an encoding declares (`fused_kernel`: pope, cope) on CUDA tensors (or CPU
                       tensors under the Triton interpreter).
 "magnitude-decode":   a KV cache of key magnitudes (cache_form "magnitude", PoPE): attention/pope_decode.py.
@@ -153,6 +154,10 @@ def plan_inputs(inp: AttentionInputs, enc: PositionalEncoding, backend: str = "a
         return Plan("magnitude-decode", chosen, reasons + (
             "cached key magnitudes (cache_form 'magnitude'): attention/pope_decode.py",), runners.run_magnitude_decode)
     if keys == "encoded":
+        if inp.q.device.type == "cpu" and cpu_flash.serves_encoded_keys(inp, enc):
+            return Plan("cpu-flash", chosen, reasons + (
+                "cached encoded keys, q/k as wide as v, on CPU: the compiled kernel (measured faster than SDPA on "
+                "this machine)",), runners.run_cpu_flash_encoded_keys)
         if sdpa.use_blocked(inp, enc):
             return Plan("blocked", chosen, reasons + (
                 f"cached encoded keys {enc.qk_width}x wider than v on CPU",), runners.run_blocked_encoded_keys)
@@ -191,6 +196,7 @@ def _plan_sdpa(inp: AttentionInputs, enc: PositionalEncoding, reasons: tuple) ->
     served = cpu_flash.serves(inp, enc) if cpu and enc.kind in ("qk", "bias") else None
     if served is not None:
         what = (f"q/k {enc.qk_width}x wider than v" if served is cpu_flash.QK else
+                "q/k as wide as v (measured faster than SDPA on this machine)" if served == cpu_flash.QK_EQUAL else
                 f"a bias declared as a {served.form.replace('_', ' ')}, computed per tile from the positions")
         return sdpa_plan("cpu-flash", f"{what} on CPU: the compiled kernel", functools.partial(
             runners.run_cpu_flash, served=served))

@@ -4,12 +4,16 @@ library, so that routing follows this CPU's numbers rather than constants measur
 The kernel serves a call where it can (cpu_flash.serves), unless a calibration of this machine measured the path
 without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of call, one decision per form x
 dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...),
-"offset_embeddings" (relative PE's q . e) and "contextual" (CoPE with gates from the keys), each in fp32 and bf16.
+"offset_embeddings" (relative PE's q . e), "contextual" (CoPE with gates from the keys), and equal-width q/k (the
+rope family, xPos), which SDPA's own flash kernel serves too: "qk_equal" for full sequences and
+"qk_equal_decode" for a few queries against cached keys (DECODE_SHAPE, forward only), each in fp32 and bf16.
 `poskit kernel calibrate` measures it (cli/kernel.py; and `poskit kernel build` after building): forward +
 backward of one causal call per form and dtype at B=2, H=8, T=1024, d=64 with the threads torch has, medians of
-interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN, so that noise on a
-shared machine does not flip a default. Without a calibration the kernel serves (faster than the paths without it
-wherever docs/benchmarks.md compared the two).
+interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN (a MEASURED_ONLY form
+takes it only when it is faster by MARGIN), so that noise on a shared machine does not flip a default. Without a calibration the kernel serves (faster than the paths without it
+wherever docs/benchmarks.md compared the two), except the MEASURED_ONLY forms: equal-width q/k stay on SDPA unless
+this machine measured the kernel faster (it was on the AVX-512 AMD EPYC of docs/benchmarks.md; on other CPUs the
+two were never compared).
 
 The same file keeps the backward's query tile at long sequences (TILE_SHAPE): the faster of TILE_CHOICES by the
 median of interleaved backward passes; without it the kernel takes cpu_flash.BLOCK_Q_BACKWARD, measured on an
@@ -18,6 +22,9 @@ AMD EPYC.
 On a CPU with AVX512_BF16 it also keeps whether bf16 calls take the kernel's bf16 products (cpu_flash.cpp) or
 widen bf16 to fp32: PoPE's widths at SHAPE, forward + backward, the products kept unless widening was faster by
 MARGIN; without a measurement they are taken wherever the CPU has them.
+
+POSKIT_KERNEL_CALIBRATION=off (read at every call) routes by the defaults as if nothing were measured: the same
+paths on every machine, for runs whose numbers should not depend on where they ran (unset or "on": read it).
 
 Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles while the kernel widens bf16 to fp32
 (docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form is what the
@@ -36,13 +43,19 @@ from pathlib import Path
 import torch
 
 FILE_NAME = "calibration.json"
-FORMS = ("qk", "distance_table", "offset_embeddings", "contextual")
+ENV_SWITCH = "POSKIT_KERNEL_CALIBRATION"
+_ON, _OFF = ("", "1", "on", "true", "yes"), ("0", "off", "false", "no")
+FORMS = ("qk", "distance_table", "offset_embeddings", "contextual", "qk_equal", "qk_equal_decode")
+MEASURED_ONLY = frozenset({"qk_equal", "qk_equal_decode"})  # the kernel takes these only where measured faster
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # the encoding measured for each form (the kernel serves every encoding of a form by the same code)
 ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
-              "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {})}
+              "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {}),
+              "qk_equal": ("rope", {}), "qk_equal_decode": ("rope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
+# "qk_equal_decode": one new query per sequence against T cached keys, the step timed alone (memory-bound)
+DECODE_SHAPE = {"B": 8, "H": 8, "T": 8192, "D": 64}
 LONG_TILE = ("backward", "long_block_q")  # its key among the decisions read from a file
 BF16_PRODUCTS = ("bf16", "products")  # likewise, whether bf16 calls take the kernel's bf16 products
 # The kernel's backward query tile from cpu_flash.LONG_KEYS keys on, measured at this shape (PoPE's 128-wide q/k,
@@ -62,8 +75,11 @@ def path_for(library: Path) -> Path:
     return Path(library).parent / FILE_NAME
 
 
-def decide(kernel_ms: float, fallback_ms: float) -> bool:
-    """True (keep the kernel) unless the fallback is faster by more than MARGIN."""
+def decide(kernel_ms: float, fallback_ms: float, form: str | None = None) -> bool:
+    """Whether the kernel serves: whichever path serves a form without a calibration keeps it unless the other
+    is faster by more than MARGIN (the kernel, or for the MEASURED_ONLY forms SDPA)."""
+    if form in MEASURED_ONLY:
+        return MARGIN * kernel_ms <= fallback_ms
     return kernel_ms <= MARGIN * fallback_ms
 
 
@@ -108,17 +124,32 @@ def _decisions_at(path: str) -> dict:
         return {}
 
 
+def read_switch() -> bool:
+    """Whether routing reads this machine's calibration: POSKIT_KERNEL_CALIBRATION unset or on (the default)."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {[v for v in _ON if v]} or unset (route "
+                     f"by this machine's calibration, the default) or {list(_OFF)} (by the defaults), got "
+                     f"{os.environ[ENV_SWITCH]!r}")
+
+
 def decisions(library: Path | None) -> dict:
     """This machine's decisions (empty: none measured, the kernel serves), read once per process and file."""
-    if library is None or _measuring:
+    if library is None or _measuring or not read_switch():
         return {}
     return _decisions_at(str(path_for(library)))
 
 
 def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
-    """Whether the kernel should serve a call of this form and dtype on this machine."""
+    """Whether the kernel should serve a call of this form and dtype on this machine: as measured; unmeasured,
+    yes except for the MEASURED_ONLY forms; always while a calibration measures the kernel."""
+    if _measuring:
+        return True
     name = next((n for n, d in DTYPES.items() if d == dtype), None)
-    return decisions(library).get((form, name), True)
+    return decisions(library).get((form, name), form not in MEASURED_ONLY)
 
 
 def bf16_products_win(library: Path | None) -> bool:

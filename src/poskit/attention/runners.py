@@ -57,8 +57,14 @@ def run_blocked_qk(inp: AttentionInputs, enc, gate_keys):
 
 def run_cpu_flash(inp: AttentionInputs, enc, gate_keys, served=cpu_flash.QK):
     """The compiled CPU kernel (cpu_flash.py): `served` is what cpu_flash.serves returned when the call was
-    planned, QK (encoded q/k, the attention scale folded into q) or the KernelBias of a bias encoding."""
+    planned, QK (encoded q/k, the attention scale folded into q), QK_EQUAL (transform_qk's q/k, as SDPA gets
+    them) or the KernelBias of a bias encoding."""
     _refuse_gate_keys(gate_keys)
+    if served == cpu_flash.QK_EQUAL:
+        q, k = enc.transform_qk(inp.q, inp.k, inp.q_positions, inp.k_positions)
+        return cpu_flash.cpu_flash_attention(q, k, inp.v, scale=inp.scale, q_positions=inp.q_positions,
+                                             k_positions=inp.k_positions, causal=inp.causal,
+                                             key_padding_mask=inp.key_padding_mask)
     if served is cpu_flash.QK:
         q = enc.encode_q(inp.q, inp.q_positions, scale=inp.scale)
         return cpu_flash.cpu_flash_attention(q, enc.encode_k(inp.k, inp.k_positions), inp.v, scale=1.0,
@@ -195,6 +201,13 @@ def run_triton(inp: AttentionInputs, enc, gate_keys):
 def run_sdpa_encoded_keys(inp: AttentionInputs, enc, gate_keys):
     """Keys cached already encoded (cache_form "encoded"): encode the queries alone, then SDPA."""
     return sdpa(inp, enc.encode_q(inp.q, inp.q_positions), inp.k, inp.v)
+
+
+def run_cpu_flash_encoded_keys(inp: AttentionInputs, enc, gate_keys):
+    """Keys cached already encoded, equal widths: encode the queries alone (the scale folded in), the CPU kernel."""
+    return cpu_flash.cpu_flash_attention(enc.encode_q(inp.q, inp.q_positions, scale=inp.scale), inp.k, inp.v,
+                                         scale=1.0, q_positions=inp.q_positions, k_positions=inp.k_positions,
+                                         causal=inp.causal, key_padding_mask=inp.key_padding_mask)
 
 
 def run_blocked_encoded_keys(inp: AttentionInputs, enc, gate_keys):

@@ -104,6 +104,37 @@ def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
     return ms["1"], ms["0"]
 
 
+def _timed_decode_pair(enc, dtype, rounds: int) -> tuple[float, float]:
+    """(kernel ms, ms without it) of one decode step against cached encoded keys at
+    kernel_calibration.DECODE_SHAPE: one new query per sequence, appended and attended, the cache rolled back."""
+    import time
+
+    import torch
+
+    from poskit.attention import KVCache, cached_attention, cpu_flash, kernel_calibration, kernel_timing
+
+    shape = kernel_calibration.DECODE_SHAPE
+    B, H, T, D = shape["B"], shape["H"], shape["T"], shape["D"]
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(B, H, T, D, generator=g).to(dtype) for _ in range(2))
+    q1, k1, v1 = (torch.randn(B, H, 1, D, generator=g).to(dtype) for _ in range(3))
+    positions, new = torch.arange(T)[None], torch.tensor([T])
+    cache = KVCache(num_layers=1, max_length=T + 1)
+    with torch.no_grad():
+        cache.append(0, enc.encode_k(k, positions), v, positions, encoded=True)
+
+    def run(switch: str) -> float:
+        started = time.perf_counter()
+        with cpu_flash.switched(switch), torch.no_grad():
+            cached_attention(q1, k1, v1, enc, cache, 0, new)
+        elapsed = time.perf_counter() - started
+        cache.crop(T)
+        return elapsed
+
+    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, ["1", "0"], rounds))
+    return ms["1"], ms["0"]
+
+
 def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
     """Time the kernel against the paths without it for every form x dtype of attention/kernel_calibration.py,
     save the decisions beside `library` and return the document."""
@@ -124,8 +155,9 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
             for dtype_name, dtype in kc.DTYPES.items():
                 enc = poskit.build_encoding(name, head_dim=kc.SHAPE["D"], num_heads=kc.SHAPE["H"],
                                             dim=kc.SHAPE["H"] * kc.SHAPE["D"], **options).to(dtype)
-                kernel_ms, fallback_ms = _timed_pair(enc, dtype, rounds)
-                use = kc.decide(kernel_ms, fallback_ms)
+                timed = _timed_decode_pair if form == "qk_equal_decode" else _timed_pair
+                kernel_ms, fallback_ms = timed(enc, dtype, rounds)
+                use = kc.decide(kernel_ms, fallback_ms, form)
                 results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": round(kernel_ms, 2),
                                                    "fallback_ms": round(fallback_ms, 2), "kernel": use}
                 progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
@@ -195,6 +227,11 @@ def _calibration_line(library) -> str:
     if not library or not library.exists():
         return "none (no library)"
     path = kernel_calibration.path_for(library)
+    try:
+        if not kernel_calibration.read_switch():
+            return f"ignored ({kernel_calibration.ENV_SWITCH}=off): routing by the defaults"
+    except ValueError as err:
+        return str(err)
     if not path.exists():
         return "none (`poskit kernel calibrate`; meanwhile the kernel serves every call it can)"
     try:
