@@ -28,10 +28,10 @@ import torch
 from ..encodings import polar_pair
 from ..encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span, distances
 from . import kernel_build, kernel_calibration
+from .env_switch import switched_on
 from .inputs import AttentionInputs, all_finite
 
 ENV_SWITCH = "POSKIT_CPU_KERNEL"
-_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 # Tile sizes (queries x keys), measured with benchmarks/attention.py at B=8, H=8, d=64 on a 2-core AMD EPYC
 # (docs/benchmarks.md, "Compiled CPU kernel"): a tile's logits (64 x 512 fp32 = 128 KB) stay in L2.
@@ -65,13 +65,7 @@ _BIAS_CODES = {None: 0, "distance_table": 1, "offset_embeddings": 2}
 
 def enabled() -> bool:
     """False only when POSKIT_CPU_KERNEL turns the kernel off ("0"); the default is on."""
-    value = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {[v for v in _ON if v]} or unset (use the "
-                     f"compiled CPU kernel, the default) or {list(_OFF)} (do not), got {os.environ[ENV_SWITCH]!r}")
+    return switched_on(ENV_SWITCH, "use the compiled CPU kernel", "do not")
 
 
 @contextlib.contextmanager

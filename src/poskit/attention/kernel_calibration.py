@@ -42,9 +42,10 @@ from pathlib import Path
 
 import torch
 
+from .env_switch import switched_on
+
 FILE_NAME = "calibration.json"
 ENV_SWITCH = "POSKIT_KERNEL_CALIBRATION"
-_ON, _OFF = ("", "1", "on", "true", "yes"), ("0", "off", "false", "no")
 FORMS = ("qk", "distance_table", "offset_embeddings", "contextual", "qk_equal", "qk_equal_decode")
 MEASURED_ONLY = frozenset({"qk_equal", "qk_equal_decode"})  # the kernel takes these only where measured faster
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -126,14 +127,7 @@ def _decisions_at(path: str) -> dict:
 
 def read_switch() -> bool:
     """Whether routing reads this machine's calibration: POSKIT_KERNEL_CALIBRATION unset or on (the default)."""
-    value = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(f"the environment variable {ENV_SWITCH} must be one of {[v for v in _ON if v]} or unset (route "
-                     f"by this machine's calibration, the default) or {list(_OFF)} (by the defaults), got "
-                     f"{os.environ[ENV_SWITCH]!r}")
+    return switched_on(ENV_SWITCH, "route by this machine's calibration", "by the defaults")
 
 
 def decisions(library: Path | None) -> dict:

@@ -22,6 +22,17 @@ def _causal_inputs(B: int, T: int, E: int, H: int, Dv: int, dtype: torch.dtype):
     return q, k, v, grad, torch.arange(T)[None]
 
 
+def _timed_backward(forward: Callable[[], torch.Tensor], grad: torch.Tensor, leaves) -> float:
+    """Seconds of forward() (untimed where it returns an output computed before) and its backward; the leaves'
+    gradients cleared after."""
+    started = time.perf_counter()
+    forward().backward(grad)
+    elapsed = time.perf_counter() - started
+    for x in leaves:
+        x.grad = None
+    return elapsed
+
+
 def backward_timer(B: int, T: int, E: int, *, H: int = 8, Dv: int = 64) -> Callable[[int], float]:
     """run(tile) -> seconds of one causal fp32 backward of the kernel at (B, H, T) with q/k width E and value
     width Dv, its backward on `tile`-row query tiles. Only the backward is timed: the forward runs with the default
@@ -33,12 +44,7 @@ def backward_timer(B: int, T: int, E: int, *, H: int = 8, Dv: int = 64) -> Calla
     def run(tile: int) -> float:
         out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=positions, k_positions=positions,
                                             causal=True, block_q_backward=tile)
-        started = time.perf_counter()
-        out.backward(grad)
-        elapsed = time.perf_counter() - started
-        for x in (q, k, v):
-            x.grad = None
-        return elapsed
+        return _timed_backward(lambda: out, grad, (q, k, v))
     return run
 
 
@@ -50,14 +56,9 @@ def products_timer(B: int, T: int, E: int, *, H: int = 8, Dv: int = 64) -> Calla
     q, k, v, grad, positions = _causal_inputs(B, T, E, H, Dv, torch.bfloat16)
 
     def run(products: bool) -> float:
-        started = time.perf_counter()
-        out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=positions, k_positions=positions,
-                                            causal=True, bf16_products=products)
-        out.backward(grad)
-        elapsed = time.perf_counter() - started
-        for x in (q, k, v):
-            x.grad = None
-        return elapsed
+        return _timed_backward(lambda: cpu_flash.cpu_flash_attention(
+            q, k, v, scale=E ** -0.5, q_positions=positions, k_positions=positions, causal=True,
+            bf16_products=products), grad, (q, k, v))
     return run
 
 
