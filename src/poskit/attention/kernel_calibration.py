@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -57,8 +58,6 @@ MARGIN = 1.10  # the fallback must be this much faster before it replaces the ke
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 # "qk_equal_decode": one new query per sequence against T cached keys, the step timed alone (memory-bound)
 DECODE_SHAPE = {"B": 8, "H": 8, "T": 8192, "D": 64}
-LONG_TILE = ("backward", "long_block_q")  # its key among the decisions read from a file
-BF16_PRODUCTS = ("bf16", "products")  # likewise, whether bf16 calls take the kernel's bf16 products
 # The kernel's backward query tile from cpu_flash.LONG_KEYS keys on, measured at this shape (PoPE's 128-wide q/k,
 # 64-wide values: the widest case the kernel serves by default), one choice per machine: whether a head's keys,
 # values and their gradients stay in cache at that length depends on the CPU's caches.
@@ -70,6 +69,17 @@ _measuring = False  # while True, serves() ignores the calibration (a calibratio
 
 class CalibrationError(ValueError):
     """A calibration file that cannot be read: the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a calibration file says (each part None or absent where it was not measured)."""
+    kernel: dict = field(default_factory=dict)  # {(form, dtype name): whether the kernel serves}
+    long_block_q: int | None = None  # the backward's query tile from cpu_flash.LONG_KEYS keys on
+    bf16_products: bool | None = None  # whether bf16 calls take the kernel's bf16 products
+
+
+NOTHING_MEASURED = Calibration()
 
 
 def path_for(library: Path) -> Path:
@@ -84,45 +94,42 @@ def decide(kernel_ms: float, fallback_ms: float, form: str | None = None) -> boo
     return kernel_ms <= MARGIN * fallback_ms
 
 
-def read(path: Path) -> dict:
-    """{(form, dtype name): use the kernel} from a calibration file, under LONG_TILE the backward's query tile at
-    long sequences and under BF16_PRODUCTS whether bf16 calls take bf16 products, where the file has them
-    (CalibrationError naming the file otherwise)."""
+def read(path: Path) -> Calibration:
+    """A calibration file's decisions (CalibrationError naming the file where it cannot be read)."""
     try:
         doc = json.loads(Path(path).read_text())
-        results = doc["results"]
-        found = {}
-        for key, entry in results.items():
+        kernel = {}
+        for key, entry in doc["results"].items():
             form, dtype = key.split("/")
             if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
                 raise ValueError(f"entry {key!r}")
-            found[(form, dtype)] = entry["kernel"]
+            kernel[(form, dtype)] = entry["kernel"]
+        products = None
         if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
-            use = doc["bf16_products"]["use"]
-            if not isinstance(use, bool):
-                raise ValueError(f"bf16_products.use {use!r} is not true or false")
-            found[BF16_PRODUCTS] = use
+            products = doc["bf16_products"]["use"]
+            if not isinstance(products, bool):
+                raise ValueError(f"bf16_products.use {products!r} is not true or false")
+        tile = None
         if "backward_tile" in doc:  # absent in a calibration written before tiles were measured
             tile = doc["backward_tile"]["block_q"]
             if type(tile) is not int or tile not in TILE_CHOICES:
                 raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
-            found[LONG_TILE] = tile
-        return found
+        return Calibration(kernel, tile, products)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CalibrationError(f"{path}: not a readable kernel calibration ({type(err).__name__}: {err}); "
                                "`poskit kernel calibrate` writes it again") from None
 
 
 @functools.lru_cache(maxsize=None)
-def _decisions_at(path: str) -> dict:
+def _decisions_at(path: str) -> Calibration:
     file = Path(path)
     if not file.exists():
-        return {}
+        return NOTHING_MEASURED
     try:
         return read(file)
     except CalibrationError as err:
         warnings.warn(f"poskit: {err}; the CPU kernel serves every call it can", RuntimeWarning, stacklevel=4)
-        return {}
+        return NOTHING_MEASURED
 
 
 def read_switch() -> bool:
@@ -130,10 +137,10 @@ def read_switch() -> bool:
     return switched_on(ENV_SWITCH, "route by this machine's calibration", "by the defaults")
 
 
-def decisions(library: Path | None) -> dict:
-    """This machine's decisions (empty: none measured, the kernel serves), read once per process and file."""
+def decisions(library: Path | None) -> Calibration:
+    """This machine's decisions, read once per process and file (NOTHING_MEASURED: none, or not to be read)."""
     if library is None or _measuring or not read_switch():
-        return {}
+        return NOTHING_MEASURED
     return _decisions_at(str(path_for(library)))
 
 
@@ -143,17 +150,17 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
     if _measuring:
         return True
     name = next((n for n, d in DTYPES.items() if d == dtype), None)
-    return decisions(library).get((form, name), form not in MEASURED_ONLY)
+    return decisions(library).kernel.get((form, name), form not in MEASURED_ONLY)
 
 
 def bf16_products_win(library: Path | None) -> bool:
     """Whether bf16 calls should take the kernel's bf16 products on this machine (True unless measured slower)."""
-    return decisions(library).get(BF16_PRODUCTS, True)
+    return decisions(library).bf16_products is not False
 
 
 def long_backward_block_q(library: Path | None) -> int | None:
     """This machine's measured backward query tile at long sequences (None: not measured)."""
-    return decisions(library).get(LONG_TILE)
+    return decisions(library).long_block_q
 
 
 def choose_tile(ms: dict[int, float]) -> int:

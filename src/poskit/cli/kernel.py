@@ -156,10 +156,11 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
                 enc = poskit.build_encoding(name, head_dim=kc.SHAPE["D"], num_heads=kc.SHAPE["H"],
                                             dim=kc.SHAPE["H"] * kc.SHAPE["D"], **options).to(dtype)
                 timed = _timed_decode_pair if form == "qk_equal_decode" else _timed_pair
-                kernel_ms, fallback_ms = timed(enc, dtype, rounds)
+                # (rounded as saved first, so that the file's decisions follow from its numbers)
+                kernel_ms, fallback_ms = (round(ms, 2) for ms in timed(enc, dtype, rounds))
                 use = kc.decide(kernel_ms, fallback_ms, form)
-                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": round(kernel_ms, 2),
-                                                   "fallback_ms": round(fallback_ms, 2), "kernel": use}
+                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": kernel_ms,
+                                                   "fallback_ms": fallback_ms, "kernel": use}
                 progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
                          f"   -> {'kernel' if use else 'without it'}")
         backward_tile = _measured_tile(rounds, progress)
@@ -179,11 +180,12 @@ def _measured_tile(rounds: int, progress) -> dict:
 
     shape = kc.TILE_SHAPE
     run = kernel_timing.backward_timer(shape["B"], shape["T"], shape["E"], H=shape["H"], Dv=shape["Dv"])
-    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, list(kc.TILE_CHOICES), rounds))
+    ms = {t: round(m, 2) for t, m in kernel_timing.medians_ms(
+        kernel_timing.interleaved(run, list(kc.TILE_CHOICES), rounds)).items()}
     chosen = kc.choose_tile(ms)
     progress("  backward tile at long sequences  " + "   ".join(f"{t} rows {m:8.1f} ms" for t, m in ms.items())
              + f"   -> {chosen}")
-    return {"shape": shape, "ms": {str(t): round(m, 2) for t, m in ms.items()}, "block_q": chosen}
+    return {"shape": shape, "ms": {str(t): m for t, m in ms.items()}, "block_q": chosen}
 
 
 def _measured_products(rounds: int, progress) -> dict | None:
@@ -198,12 +200,13 @@ def _measured_products(rounds: int, progress) -> dict | None:
         return None
     shape = kc.SHAPE
     run = kernel_timing.products_timer(shape["B"], shape["T"], 2 * shape["D"], H=shape["H"], Dv=shape["D"])
-    ms = kernel_timing.medians_ms(kernel_timing.interleaved(run, [True, False], rounds))
+    ms = {k: round(m, 2) for k, m in kernel_timing.medians_ms(kernel_timing.interleaved(run, [True, False],
+                                                                                        rounds)).items()}
     use = kc.decide(ms[True], ms[False])
     progress(f"  bf16 products  {ms[True]:8.1f} ms   widened to fp32 {ms[False]:8.1f} ms   -> "
              + ("products" if use else "widened"))
-    return {"shape": {**shape, "E": 2 * shape["D"], "Dv": shape["D"]}, "products_ms": round(ms[True], 2),
-            "widened_ms": round(ms[False], 2), "use": use}
+    return {"shape": {**shape, "E": 2 * shape["D"], "Dv": shape["D"]}, "products_ms": ms[True],
+            "widened_ms": ms[False], "use": use}
 
 
 def _calibrate(library) -> None:
@@ -238,9 +241,8 @@ def _calibration_line(library) -> str:
         found = kernel_calibration.read(path)
     except kernel_calibration.CalibrationError as err:
         return str(err)
-    tile = found.pop(kernel_calibration.LONG_TILE, None)
-    products = found.pop(kernel_calibration.BF16_PRODUCTS, None)
-    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.items()) if not use]
+    tile, products = found.long_block_q, found.bf16_products
+    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.kernel.items()) if not use]
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
             + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
             + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
