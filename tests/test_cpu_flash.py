@@ -971,3 +971,22 @@ def test_routing_can_ignore_this_machines_calibration(equal_widths_measured_fast
     monkeypatch.setenv(kc.ENV_SWITCH, "sometimes")
     with pytest.raises(ValueError, match="POSKIT_KERNEL_CALIBRATION must be one of .* got 'sometimes'"):
         route(enc, q, is_causal=True)
+
+
+def test_equal_widths_never_build_the_kernel_to_stay_on_sdpa(monkeypatch):
+    # a RoPE call in a process that has not loaded the kernel, on a machine where it is not built yet: no
+    # calibration can exist, so SDPA, without compiling the kernel first (tens of seconds for nothing)
+    built = []
+    monkeypatch.setattr(kernel_build, "cached_library", lambda: None)
+    monkeypatch.setattr(kernel_build, "build", lambda **kw: built.append(1) or pytest.fail("built for a RoPE call"))
+    cpu_flash.kernel.cache_clear()
+    try:
+        enc, q = _equal_width("rope"), torch.randn(1, 4, 12, 8)
+        assert route(enc, q, is_causal=True) == "sdpa"
+        cache = KVCache(1)
+        out = cached_attention(q, q, q, enc, cache, 0, torch.arange(12))
+        want = poskit.attention(q, q, q, enc, is_causal=True, backend="reference")
+        assert not built and cpu_flash.kernel.cache_info().currsize == 0  # never even loaded
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    finally:
+        cpu_flash.kernel.cache_clear()  # the next test finds the real library again

@@ -105,6 +105,18 @@ def available() -> bool:
     return kernel() is not None
 
 
+def _loaded_or_built() -> bool:
+    """Whether the library is loaded in this process or already built in the cache, never building it: the forms
+    the kernel takes only where this machine measured it faster (their calibration lives beside a built library)
+    must not make a call that would stay on SDPA compile the kernel first."""
+    if kernel.cache_info().currsize:  # loaded, or found unavailable, already
+        return kernel() is not None
+    try:
+        return kernel_build.cached_library() is not None
+    except kernel_build.KernelUnavailable:
+        return False
+
+
 def bf16_products_available() -> bool:
     """Whether the kernel can multiply bf16 operands natively here: a CPU with AVX512_BF16 and a library built for
     AVX-512 (the products then accumulate in fp32, P and dS rounded to bf16 first, as bf16 flash kernels do)."""
@@ -193,6 +205,9 @@ def serves(inp: AttentionInputs, enc):
         if inp.causal and not _scalar_positions(inp):
             return None
         found = QK if qk_served(enc) else QK_EQUAL
+        if found == QK_EQUAL and not (_loaded_or_built() and available()
+                                      and kernel_calibration.kernel_wins(_library, QK_EQUAL, q.dtype)):
+            return None  # (decided before the finiteness check, which would read q and k for nothing)
     else:
         found = kernel_bias_for(inp, enc)
         if found is None:
@@ -214,10 +229,10 @@ def serves_encoded_keys(inp: AttentionInputs, enc) -> bool:
         return False
     if inp.causal and not _scalar_positions(inp):
         return False
-    if not all_finite(inp.q, inp.k) or not available():
-        return False
     form = QK_EQUAL_DECODE if inp.q.shape[2] <= DECODE_QUERIES else QK_EQUAL
-    return kernel_calibration.kernel_wins(_library, form, inp.q.dtype)
+    if not (_loaded_or_built() and available() and kernel_calibration.kernel_wins(_library, form, inp.q.dtype)):
+        return False
+    return all_finite(inp.q, inp.k)
 
 
 def _call_served(inp: AttentionInputs) -> bool:
