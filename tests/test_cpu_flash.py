@@ -898,7 +898,8 @@ def test_equal_widths_stay_on_sdpa_unless_measured_faster(kernel, tmp_path, monk
     kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results})
     assert route(enc, q, is_causal=True) == "sdpa"  # measured slower in fp32
     assert route(enc.to(torch.bfloat16), q.bfloat16(), is_causal=True) == "cpu-flash"  # faster in bf16
-    assert "q/k as wide as v" in str(plan(q.bfloat16(), q.bfloat16(), q.bfloat16(), enc.to(torch.bfloat16), is_causal=True))
+    q16 = q.bfloat16()
+    assert "q/k as wide as v" in str(plan(q16, q16, q16, enc.to(torch.bfloat16), is_causal=True))
     # the decision: SDPA keeps equal widths unless the kernel is faster by the margin; the others the reverse
     assert kc.decide(9.0, 10.0, "qk_equal") and not kc.decide(9.5, 10.0, "qk_equal")
     assert kc.decide(10.5, 10.0, "qk") and not kc.decide(11.5, 10.0, "qk")

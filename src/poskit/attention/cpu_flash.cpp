@@ -697,7 +697,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         if (t.lse[r] == kNegInf) std::fill(row, row + n, 0.f);
         else exp_shifted(row, n, t.lse[r]);
       }
-      product(p, true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
+      // dV += P^T dO
+      product(p, true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);
       product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
       for (int64_t r = 0; r < t.rows; ++r) softmax_grad_row(s + r * n, dp + r * n, n, t.delta[r]);  // dS, in dp
       if (p.bias == kTable) {
@@ -1119,7 +1120,8 @@ std::vector<at::Tensor> contextual_backward(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
                                             const at::Tensor& gtot, double scale, bool causal, const at::Tensor& q_pos,
                                             const at::Tensor& k_pos, const at::Tensor& pad, const at::Tensor& emb,
-                                            const at::Tensor& slopes, int64_t p_max, int64_t bq, int64_t bk, bool bf16_products) {
+                                            const at::Tensor& slopes, int64_t p_max, int64_t bq, int64_t bk,
+                                            bool bf16_products) {
   const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, kNone, at::Tensor(), 0, 0, 0.0, bq, bk,
                                  bf16_products);
   const Contextual c = make_contextual(p, emb, slopes, p_max);

@@ -9,11 +9,11 @@ rope family, xPos), which SDPA's own flash kernel serves too: "qk_equal" for ful
 "qk_equal_decode" for a few queries against cached keys (DECODE_SHAPE, forward only), each in fp32 and bf16.
 `poskit kernel calibrate` measures it (cli/kernel.py; and `poskit kernel build` after building): forward +
 backward of one causal call per form and dtype at B=2, H=8, T=1024, d=64 with the threads torch has, medians of
-interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN (a MEASURED_ONLY form
-takes it only when it is faster by MARGIN), so that noise on a shared machine does not flip a default. Without a calibration the kernel serves (faster than the paths without it
-wherever docs/benchmarks.md compared the two), except the MEASURED_ONLY forms: equal-width q/k stay on SDPA unless
-this machine measured the kernel faster (it was on the AVX-512 AMD EPYC of docs/benchmarks.md; on other CPUs the
-two were never compared).
+interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN (a MEASURED_ONLY
+form takes it only when it is faster by MARGIN), so that noise on a shared machine does not flip a default.
+Without a calibration the kernel serves (faster than the paths without it wherever docs/benchmarks.md compared
+the two), except the MEASURED_ONLY forms: equal-width q/k stay on SDPA unless this machine measured the kernel
+faster (it was on the AVX-512 AMD EPYC of docs/benchmarks.md; on other CPUs the two were never compared).
 
 The same file keeps the backward's query tile at long sequences (TILE_SHAPE): the faster of TILE_CHOICES by the
 median of interleaved backward passes; without it the kernel takes cpu_flash.BLOCK_Q_BACKWARD, measured on an
