@@ -100,6 +100,24 @@ const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
 // [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
 // packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
 // functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
+// An operand in the products' packed layout, kept for many products: none (data null: pack per product), or a
+// view of its columns from c0 (at(c0)) or of its pair rows from an even row r0 (from_row(r0)).
+struct Packed {
+  std::vector<uint32_t> store;
+  const uint32_t* data = nullptr;
+  int64_t width = 0;
+};
+struct PackedView {
+  const uint32_t* data = nullptr;
+  int64_t width = 0;
+};
+inline PackedView at_column(const Packed& x, int64_t c0) {
+  return x.data ? PackedView{x.data + c0, x.width} : PackedView{};
+}
+inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row starts there
+  return x.data ? PackedView{x.data + r0 / 2 * x.width, x.width} : PackedView{};
+}
+
 #ifdef CPU_CAPABILITY_AVX512
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -203,14 +221,36 @@ BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row
   }
 }
 
+// An operand B packed once for many products (a head's keys or values): [pair][column], `width` columns a row.
+BF16_TARGET void pack_operand(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
+  out->width = (n + 15) / 16 * 16;
+  const int64_t size = (k + 1) / 2 * out->width;
+  if ((int64_t)out->store.size() < size) out->store.resize(size);
+  thread_local std::vector<uint32_t> rows;
+  pack_b(tb, b, ldb, k, n, out->width, out->store.data(), rows);
+  out->data = out->store.data();
+}
+
+BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                                  const uint32_t* packed_b, int64_t width, float beta, float* c, int64_t ldc);
+
 BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   thread_local PackScratch scratch;
-  const int64_t pairs = (k + 1) / 2, width = (n + 15) / 16 * 16, a_width = (m + 15) / 16 * 16;
+  const int64_t pairs = (k + 1) / 2, width = (n + 15) / 16 * 16;
   if ((int64_t)scratch.b.size() < pairs * width) scratch.b.resize(pairs * width);
-  if ((int64_t)scratch.a.size() < pairs * a_width) scratch.a.resize(pairs * a_width);
   pack_b(tb, b, ldb, k, n, width, scratch.b.data(), scratch.rows);
+  gemm_bf16_packed(ta, m, n, k, alpha, a, lda, scratch.b.data(), width, beta, c, ldc);
+}
+
+// The same with op(B) packed already (pack_operand), its column 0 at packed_b, `width` columns a pair row.
+BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                                  const uint32_t* packed_b, int64_t width, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  thread_local PackScratch scratch;
+  const int64_t pairs = (k + 1) / 2, a_width = (m + 15) / 16 * 16;
+  if ((int64_t)scratch.a.size() < pairs * a_width) scratch.a.resize(pairs * a_width);
   int64_t row_step, pair_step;
   if (ta) {  // A stored (k x m): its columns are the rows of op(A)
     pack_pairs_down(a, lda, k, m, a_width, scratch.a.data());
@@ -225,7 +265,7 @@ BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
     const int nv = (int)((cols + 15) / 16);
     for (int64_t r0 = 0; r0 < m; r0 += MR) {
       const uint32_t* ar = scratch.a.data() + r0 * row_step;
-      const uint32_t* bc = scratch.b.data() + c0;
+      const uint32_t* bc = packed_b + c0;
       float* cr = c + r0 * ldc + c0;
       switch (std::min<int64_t>(MR, m - r0)) {
         case 1: bf16_rows<1>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
@@ -242,6 +282,13 @@ BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
 bool cpu_has_bf16_products() { return false; }
 void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
                float*, int64_t) {
+  TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
+}
+void pack_operand(bool, const float*, int64_t, int64_t, int64_t, Packed*) {
+  TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
+}
+void gemm_bf16_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const uint32_t*, int64_t, float,
+                      float*, int64_t) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
 #endif
@@ -345,11 +392,17 @@ struct Problem {
 
 // The attention's own products (q k^T, P v and the backward's four), with bf16 operands where the call asks for it;
 // products with the bias parameters call gemm (fp32) directly.
+// packed: op(B) packed already for the bf16 products (b is then not read; may be null).
 void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, PackedView packed = {}) {
+  if (p.bf16_products && packed.data) gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed.data, packed.width, beta, c, ldc);
+  else if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+// Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on even keys
+// (a pair row of the keys' packing must not straddle two tiles).
+bool packs_heads(const Problem& p) { return p.bf16_products && p.bk % 2 == 0; }
 
 // [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before
 // full_end are visible to all of it (no causal mask); with unsorted keys every key is scanned and masked.
@@ -494,10 +547,12 @@ void embedding_grad_z(const Problem& p, int64_t b, const OffsetSpan& span, float
   }
 }
 
-// The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32.
+// The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32, or kpacked: the tile's
+// keys packed for the bf16 products (kt then unread).
 void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
-                 const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span) {
-  product(p, false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n);
+                 const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span,
+                 PackedView kpacked = {}) {
+  product(p, false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n, kpacked);
   if (p.bias == kTable) {
     add_table_bias(p, b, h, s, rows, n, q0, k0);
   } else if (p.bias == kEmbeddings) {
@@ -552,6 +607,7 @@ void finish_rows(const Problem& p, T* out, float* lse, int64_t rows, const float
 struct ForwardTile {
   int64_t b, h, bh, q0, rows, ke, fe;
   const float* qt;  // the tile's queries (fp32)
+  const Packed* keys;  // the head's keys packed for the bf16 products (packs_heads), else one with no data
 };
 
 // The forward's frame, shared by every form the kernel serves: one task per (batch, query head, query tile), the
@@ -563,17 +619,29 @@ template <typename T, typename MakeState, typename Start, typename Logits, typen
 void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse, bool backwards,
                    MakeState make_state, Start start, Logits logits, Done done) {
   constexpr bool wide = !std::is_same<T, float>::value;
+  const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
     auto state = make_state();
     std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
+    // with the bf16 products, this thread's current kv head packed once (a thread's tasks run through the query
+    // tiles of one head after another, each reading the same keys and values)
+    Packed keys, values;
+    std::vector<float> head(packed ? p.Tk * std::max(p.E, p.Dv) : 0);
+    int64_t packed_kvh = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
       const int64_t kvh = b * p.Hkv + h / p.g;
+      if (packed && kvh != packed_kvh) {
+        pack_operand(true, widen(k + kvh * p.Tk * p.E, p.Tk * p.E, head.data()), p.E, p.E, p.Tk, &keys);
+        pack_operand(false, widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, head.data()), p.Dv, p.Tk, p.Dv, &values);
+        packed_kvh = kvh;
+      }
       const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
       int64_t ke, fe;
       tile_keys(p, b, q0, rows, &ke, &fe);
-      const ForwardTile t{b, h, bh, q0, rows, ke, fe, widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data())};
+      const ForwardTile t{b, h, bh, q0, rows, ke, fe, widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data()),
+                          &keys};
       start(state, t);
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
@@ -581,10 +649,12 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
       const int64_t tiles = (ke + p.bk - 1) / p.bk;
       for (int64_t i = 0; i < tiles; ++i) {
         const int64_t k0 = (backwards ? tiles - 1 - i : i) * p.bk, n = std::min(p.bk, ke - k0);
-        logits(state, t, s.data(), widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data()), k0, n);
+        const float* kt = packed ? nullptr : widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
+        logits(state, t, s.data(), kt, k0, n);
         softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
-        const float* vt = widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
-        product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv);
+        const float* vt = packed ? nullptr : widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
+        product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv,
+                at_row(values, k0));
       }
       finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
       done(state, t);
@@ -600,7 +670,8 @@ void forward_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out
                    nothing, [&](std::vector<float>& z, const ForwardTile& t, float* s, const float* kt, int64_t k0,
                                 int64_t n) {
                      OffsetSpan span{};
-                     tile_logits(p, t.b, t.h, s, z, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span);
+                     tile_logits(p, t.b, t.h, s, z, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span,
+                                 at_column(*t.keys, k0));
                    },
                    nothing);
 }
@@ -620,6 +691,9 @@ struct BackwardTile {
   int64_t b, h, q0, rows, ke, fe;
   const float *qt, *dot, *kh, *vh, *lse, *delta;
   float *dq_acc, *dk_acc, *dv_acc;
+  // with the bf16 products (packs_heads), the head packed once: keys as q k^T and values as dO v^T take them
+  // (columns: keys), keys as dS k takes them (pair rows: keys); otherwise with no data
+  const Packed *keys_across, *values_across, *keys_down;
 };
 
 // The backward's frame, shared by every form the kernel serves. One task per (batch, query head): it owns that
@@ -635,8 +709,11 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
                     const float* delta, O* dq, O* dk, O* dv, MakeState make_state, Tile tile) {
   constexpr bool wide = !std::is_same<T, float>::value;
   constexpr bool in_place = std::is_same<O, float>::value;
+  const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
     auto state = make_state();
+    Packed keys_across, values_across, keys_down;
+    int64_t packed_kvh = -1;
     std::vector<float> dq_acc(p.bq * p.E);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
         vbuf(wide ? p.Tk * p.Dv : 0);
@@ -651,6 +728,12 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
       }
       const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
       const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
+      if (packed && kvh != packed_kvh) {
+        pack_operand(true, kh, p.E, p.E, p.Tk, &keys_across);
+        pack_operand(true, vh, p.Dv, p.Dv, p.Tk, &values_across);
+        pack_operand(false, kh, p.E, p.Tk, p.E, &keys_down);
+        packed_kvh = kvh;
+      }
       for (int64_t tile_index = 0; tile_index < p.tiles; ++tile_index) {
         const int64_t q0 = tile_index * p.bq, rows = std::min(p.bq, p.Tq - q0);
         int64_t ke, fe;
@@ -659,7 +742,8 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
         const BackwardTile t{b, h, q0, rows, ke, fe,
                              widen(q + (bh * p.Tq + q0) * p.E, rows * p.E, qbuf.data()),
                              widen(dout + (bh * p.Tq + q0) * p.Dv, rows * p.Dv, dobuf.data()), kh, vh,
-                             lse + bh * p.Tq + q0, delta + bh * p.Tq + q0, dq_acc.data(), dk_acc, dv_acc};
+                             lse + bh * p.Tq + q0, delta + bh * p.Tq + q0, dq_acc.data(), dk_acc, dv_acc,
+                             &keys_across, &values_across, &keys_down};
         tile(state, t);
         narrow(dq_acc.data(), rows * p.E, dq + (bh * p.Tq + q0) * p.E);
       }
@@ -691,7 +775,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
     for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
       const int64_t n = std::min(p.bk, t.ke - k0);
       OffsetSpan span{};
-      tile_logits(p, t.b, t.h, s, st.z, t.qt, t.kh + k0 * p.E, t.rows, n, t.q0, k0, t.fe, &span);
+      tile_logits(p, t.b, t.h, s, st.z, t.qt, t.kh + k0 * p.E, t.rows, n, t.q0, k0, t.fe, &span,
+                  at_column(*t.keys_across, k0));
       for (int64_t r = 0; r < t.rows; ++r) {  // P = exp(S - logsumexp), recomputed
         float* row = s + r * n;
         if (t.lse[r] == kNegInf) std::fill(row, row + n, 0.f);
@@ -699,7 +784,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
       }
       // dV += P^T dO
       product(p, true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);
-      product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n,  // dP = dO V^T
+              at_column(*t.values_across, k0));
       for (int64_t r = 0; r < t.rows; ++r) softmax_grad_row(s + r * n, dp + r * n, n, t.delta[r]);  // dS, in dp
       if (p.bias == kTable) {
         table_grad(p, t.b, st.dbias + t.h * p.R, dp, t.rows, n, t.q0, k0);
@@ -713,7 +799,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         gemm(true, false, w, p.E, t.rows, p.bias_scale, st.dz.data(), w, t.qt, p.E, 1.f,
              st.dbias + (p.M - span.o_max) * p.E, p.E);
       }
-      product(p, false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
+      product(p, false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E,  // dQ += dS K
+              at_row(*t.keys_down, k0));
       product(p, true, false, n, p.E, t.rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
     scale_row(t.dq_acc, t.rows * p.E, p.scale);  // dS's scale, once per tile
@@ -783,7 +870,8 @@ void contextual_forward_kernel(const Problem& p, const Contextual& c, const T* q
   };
   auto logits = [&](State& st, const ForwardTile& t, float* s, const float* kt, int64_t k0, int64_t n) {
     OffsetSpan span{};
-    tile_logits(p, t.b, t.h, s, st.unused, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span);  // scale q k^T, masked
+    tile_logits(p, t.b, t.h, s, st.unused, t.qt, kt, t.rows, n, t.q0, k0, t.fe, &span,  // scale q k^T, masked
+                at_column(*t.keys, k0));
     const float slope = c.slopes ? c.slopes[t.h] : 0.f;
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = s + r * n;
@@ -859,7 +947,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
     for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
       const int64_t n = std::min(p.bk, t.ke - k0);
       OffsetSpan span{};
-      tile_logits(p, t.b, h, s, st.unused, t.qt, t.kh + k0 * p.E, rows, n, t.q0, k0, t.fe, &span);  // masked
+      tile_logits(p, t.b, h, s, st.unused, t.qt, t.kh + k0 * p.E, rows, n, t.q0, k0, t.fe, &span,  // masked
+                  at_column(*t.keys_across, k0));
       for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
         float* row = s + r * n;
         const float* zr = c.emb ? z + r * c.P : nullptr;
@@ -896,7 +985,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
         }
       }
       product(p, true, false, n, p.Dv, rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-      product(p, false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n);  // dP = dO V^T
+      product(p, false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n,  // dP = dO V^T
+              at_column(*t.values_across, k0));
       for (int64_t r = 0; r < rows; ++r) {
         float* dzr = c.emb ? dz + r * c.P : nullptr;
         const int64_t cut = clamped[r];
@@ -920,7 +1010,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
         }
       }
-      product(p, false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E);  // dQ += dS K
+      product(p, false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E,  // dQ += dS K
+              at_row(*t.keys_down, k0));
       product(p, true, false, n, p.E, rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
     scale_row(t.dq_acc, rows * p.E, p.scale);
