@@ -100,10 +100,31 @@ const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
 // [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
 // packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
 // functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
+// Scratch memory that grows with the sequence (a head's keys, values and their gradients), taken from torch's CPU
+// allocator rather than the heap, so that the memory torch's profiler reports for a call (the benchmarks' peak_MB)
+// includes it. Not zeroed.
+template <typename E>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n = 0) { grow(n); }
+  E* grow(int64_t n) {
+    if (n > size_) {
+      buffer_ = at::empty({n * (int64_t)sizeof(E)}, at::TensorOptions().dtype(at::kByte));
+      size_ = n;
+    }
+    return data();
+  }
+  E* data() { return size_ ? reinterpret_cast<E*>(buffer_.data_ptr()) : nullptr; }
+
+ private:
+  at::Tensor buffer_;
+  int64_t size_ = 0;
+};
+
 // An operand in the products' packed layout, kept for many products: none (data null: pack per product), or a
 // view of its columns from c0 (at(c0)) or of its pair rows from an even row r0 (from_row(r0)).
 struct Packed {
-  std::vector<uint32_t> store;
+  Scratch<uint32_t> store;
   const uint32_t* data = nullptr;
   int64_t width = 0;
 };
@@ -224,11 +245,10 @@ BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row
 // An operand B packed once for many products (a head's keys or values): [pair][column], `width` columns a row.
 BF16_TARGET void pack_operand(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
   out->width = (n + 15) / 16 * 16;
-  const int64_t size = (k + 1) / 2 * out->width;
-  if ((int64_t)out->store.size() < size) out->store.resize(size);
+  uint32_t* store = out->store.grow((k + 1) / 2 * out->width);
   thread_local std::vector<uint32_t> rows;
-  pack_b(tb, b, ldb, k, n, out->width, out->store.data(), rows);
-  out->data = out->store.data();
+  pack_b(tb, b, ldb, k, n, out->width, store, rows);
+  out->data = store;
 }
 
 BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -627,7 +647,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
     // with the bf16 products, this thread's current kv head packed once (a thread's tasks run through the query
     // tiles of one head after another, each reading the same keys and values)
     Packed keys, values;
-    std::vector<float> head(packed ? p.Tk * std::max(p.E, p.Dv) : 0);
+    Scratch<float> head(packed ? p.Tk * std::max(p.E, p.Dv) : 0);
     int64_t packed_kvh = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
@@ -715,16 +735,16 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
     Packed keys_across, values_across, keys_down;
     int64_t packed_kvh = -1;
     std::vector<float> dq_acc(p.bq * p.E);
-    std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0), kbuf(wide ? p.Tk * p.E : 0),
-        vbuf(wide ? p.Tk * p.Dv : 0);
-    std::vector<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0);
+    Scratch<float> kbuf(wide ? p.Tk * p.E : 0), vbuf(wide ? p.Tk * p.Dv : 0);
+    Scratch<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
       float* dk_acc = in_place ? reinterpret_cast<float*>(dk + bh * p.Tk * p.E) : dk_own.data();
       float* dv_acc = in_place ? reinterpret_cast<float*>(dv + bh * p.Tk * p.Dv) : dv_own.data();
       if (!in_place) {
-        std::fill(dk_own.begin(), dk_own.end(), 0.f);
-        std::fill(dv_own.begin(), dv_own.end(), 0.f);
+        std::fill(dk_acc, dk_acc + p.Tk * p.E, 0.f);
+        std::fill(dv_acc, dv_acc + p.Tk * p.Dv, 0.f);
       }
       const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
       const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
