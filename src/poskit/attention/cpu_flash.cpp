@@ -144,13 +144,20 @@ inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row 
 
 bool cpu_has_bf16_products() { return __builtin_cpu_supports("avx512bf16"); }
 
+// 16 values as bf16 bits (rounded from fp32, or as they are), lanes past the mask zero.
+BF16_TARGET inline __m256i bf16_bits(const float* x, __mmask16 mask) {
+  return (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x));
+}
+BF16_TARGET inline __m256i bf16_bits(const at::BFloat16* x, __mmask16 mask) {
+  return _mm256_maskz_loadu_epi16(mask, x);
+}
+
 // 16 pairs (x0[i], x1[i]) as bf16, x1 = null: zeros (an odd inner size's last pair); lanes past the mask zero.
-BF16_TARGET inline __m512i bf16_pairs(const float* x0, const float* x1, __mmask16 mask) {
-  const __m512 a = _mm512_maskz_loadu_ps(mask, x0);
-  const __m512 b = x1 ? _mm512_maskz_loadu_ps(mask, x1) : _mm512_setzero_ps();
-  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
-  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+template <typename S>
+BF16_TARGET inline __m512i bf16_pairs(const S* x0, const S* x1, __mmask16 mask) {
+  const __m512i lo = _mm512_cvtepu16_epi32(bf16_bits(x0, mask));
+  if (!x1) return lo;
+  return _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(x1, mask)), 16));
 }
 
 inline __mmask16 lanes_mask(int64_t count) {
@@ -160,10 +167,11 @@ inline __mmask16 lanes_mask(int64_t count) {
 
 // out[j * width + c] = (x[2j][c], x[2j + 1][c]) for a (k x n) row-major x with stride ld, c < width (a multiple of
 // 16; zeros past n and past k).
-BF16_TARGET void pack_pairs_down(const float* x, int64_t ld, int64_t k, int64_t n, int64_t width, uint32_t* out) {
+template <typename S>
+BF16_TARGET void pack_pairs_down(const S* x, int64_t ld, int64_t k, int64_t n, int64_t width, uint32_t* out) {
   for (int64_t j = 0; j < (k + 1) / 2; ++j) {
-    const float* r0 = x + 2 * j * ld;
-    const float* r1 = 2 * j + 1 < k ? r0 + ld : nullptr;
+    const S* r0 = x + 2 * j * ld;
+    const S* r1 = 2 * j + 1 < k ? r0 + ld : nullptr;
     for (int64_t c = 0; c < width; c += 16)
       _mm512_storeu_si512(out + j * width + c, bf16_pairs(r0 + c, r1 ? r1 + c : nullptr, lanes_mask(n - c)));
   }
@@ -171,13 +179,14 @@ BF16_TARGET void pack_pairs_down(const float* x, int64_t ld, int64_t k, int64_t 
 
 // out[r * (k + 1) / 2 + j] = (x[r][2j], x[r][2j + 1]) for rows of k values with stride ld (each row's values in
 // pairs as they lie; a zero after an odd k).
-BF16_TARGET void pack_pairs_along(const float* x, int64_t ld, int64_t rows, int64_t k, uint32_t* out) {
+template <typename S>
+BF16_TARGET void pack_pairs_along(const S* x, int64_t ld, int64_t rows, int64_t k, uint32_t* out) {
   const int64_t pairs = (k + 1) / 2;
   for (int64_t r = 0; r < rows; ++r) {
     uint16_t* o = reinterpret_cast<uint16_t*>(out + r * pairs);
     for (int64_t c = 0; c < k; c += 16) {
       const __mmask16 mask = lanes_mask(k - c);
-      _mm256_mask_storeu_epi16(o + c, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + r * ld + c)));
+      _mm256_mask_storeu_epi16(o + c, mask, bf16_bits(x + r * ld + c, mask));
     }
     if (k & 1) o[k] = 0;
   }
@@ -189,7 +198,8 @@ struct PackScratch {
 
 // The (k x n) operand op(B) as [pair][column]: straight down B's rows, or, for B stored (n x k), each row in pairs
 // and then gathered 16 columns at a time.
-BF16_TARGET void pack_b(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, int64_t width, uint32_t* out,
+template <typename S>
+BF16_TARGET void pack_b(bool tb, const S* b, int64_t ldb, int64_t k, int64_t n, int64_t width, uint32_t* out,
                         std::vector<uint32_t>& rows) {
   if (!tb) return pack_pairs_down(b, ldb, k, n, width, out);
   const int64_t pairs = (k + 1) / 2;
@@ -242,8 +252,10 @@ BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row
   }
 }
 
-// An operand B packed once for many products (a head's keys or values): [pair][column], `width` columns a row.
-BF16_TARGET void pack_operand(bool tb, const float* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
+// An operand B packed once for many products (a head's keys or values, fp32 or bf16 as given): [pair][column],
+// `width` columns a row.
+template <typename S>
+BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
   out->width = (n + 15) / 16 * 16;
   uint32_t* store = out->store.grow((k + 1) / 2 * out->width);
   thread_local std::vector<uint32_t> rows;
@@ -304,7 +316,8 @@ void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64
                float*, int64_t) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
-void pack_operand(bool, const float*, int64_t, int64_t, int64_t, Packed*) {
+template <typename S>
+void pack_operand(bool, const S*, int64_t, int64_t, int64_t, Packed*) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
 void gemm_bf16_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const uint32_t*, int64_t, float,
@@ -415,10 +428,14 @@ struct Problem {
 // packed: op(B) packed already for the bf16 products (b is then not read; may be null).
 void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, PackedView packed = {}) {
-  if (p.bf16_products && packed.data) gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed.data, packed.width, beta, c, ldc);
+  if (p.bf16_products && packed.data)
+    gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed.data, packed.width, beta, c, ldc);
   else if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+// base + n, or null for a null base (a packed head's keys and values are not kept as fp32 rows).
+inline const float* offset(const float* base, int64_t n) { return base ? base + n : nullptr; }
 
 // Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on even keys
 // (a pair row of the keys' packing must not straddle two tiles).
@@ -647,14 +664,13 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
     // with the bf16 products, this thread's current kv head packed once (a thread's tasks run through the query
     // tiles of one head after another, each reading the same keys and values)
     Packed keys, values;
-    Scratch<float> head(packed ? p.Tk * std::max(p.E, p.Dv) : 0);
     int64_t packed_kvh = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
       const int64_t kvh = b * p.Hkv + h / p.g;
       if (packed && kvh != packed_kvh) {
-        pack_operand(true, widen(k + kvh * p.Tk * p.E, p.Tk * p.E, head.data()), p.E, p.E, p.Tk, &keys);
-        pack_operand(false, widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, head.data()), p.Dv, p.Tk, p.Dv, &values);
+        pack_operand(true, k + kvh * p.Tk * p.E, p.E, p.E, p.Tk, &keys);
+        pack_operand(false, v + kvh * p.Tk * p.Dv, p.Dv, p.Tk, p.Dv, &values);
         packed_kvh = kvh;
       }
       const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
@@ -736,7 +752,7 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
     int64_t packed_kvh = -1;
     std::vector<float> dq_acc(p.bq * p.E);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), dobuf(wide ? p.bq * p.Dv : 0);
-    Scratch<float> kbuf(wide ? p.Tk * p.E : 0), vbuf(wide ? p.Tk * p.Dv : 0);
+    Scratch<float> kbuf(wide && !packed ? p.Tk * p.E : 0), vbuf(wide && !packed ? p.Tk * p.Dv : 0);
     Scratch<float> dk_own(in_place ? 0 : p.Tk * p.E), dv_own(in_place ? 0 : p.Tk * p.Dv);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.H, h = bh % p.H, kvh = b * p.Hkv + h / p.g;
@@ -746,12 +762,13 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
         std::fill(dk_acc, dk_acc + p.Tk * p.E, 0.f);
         std::fill(dv_acc, dv_acc + p.Tk * p.Dv, 0.f);
       }
-      const float* kh = widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
-      const float* vh = widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
+      // packed heads: the products read the packs alone, so the head is not widened to fp32 at all
+      const float* kh = packed ? nullptr : widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
+      const float* vh = packed ? nullptr : widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
       if (packed && kvh != packed_kvh) {
-        pack_operand(true, kh, p.E, p.E, p.Tk, &keys_across);
-        pack_operand(true, vh, p.Dv, p.Dv, p.Tk, &values_across);
-        pack_operand(false, kh, p.E, p.Tk, p.E, &keys_down);
+        pack_operand(true, k + kvh * p.Tk * p.E, p.E, p.E, p.Tk, &keys_across);
+        pack_operand(true, v + kvh * p.Tk * p.Dv, p.Dv, p.Dv, p.Tk, &values_across);
+        pack_operand(false, k + kvh * p.Tk * p.E, p.E, p.Tk, p.E, &keys_down);
         packed_kvh = kvh;
       }
       for (int64_t tile_index = 0; tile_index < p.tiles; ++tile_index) {
@@ -795,7 +812,7 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
     for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
       const int64_t n = std::min(p.bk, t.ke - k0);
       OffsetSpan span{};
-      tile_logits(p, t.b, t.h, s, st.z, t.qt, t.kh + k0 * p.E, t.rows, n, t.q0, k0, t.fe, &span,
+      tile_logits(p, t.b, t.h, s, st.z, t.qt, offset(t.kh, k0 * p.E), t.rows, n, t.q0, k0, t.fe, &span,
                   at_column(*t.keys_across, k0));
       for (int64_t r = 0; r < t.rows; ++r) {  // P = exp(S - logsumexp), recomputed
         float* row = s + r * n;
@@ -804,7 +821,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
       }
       // dV += P^T dO
       product(p, true, false, n, p.Dv, t.rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);
-      product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n,  // dP = dO V^T
+      // dP = dO V^T
+      product(p, false, true, t.rows, n, p.Dv, 1.f, t.dot, p.Dv, offset(t.vh, k0 * p.Dv), p.Dv, 0.f, dp, n,
               at_column(*t.values_across, k0));
       for (int64_t r = 0; r < t.rows; ++r) softmax_grad_row(s + r * n, dp + r * n, n, t.delta[r]);  // dS, in dp
       if (p.bias == kTable) {
@@ -819,7 +837,8 @@ void backward_kernel(const Problem& p, const T* q, const T* k, const T* v, const
         gemm(true, false, w, p.E, t.rows, p.bias_scale, st.dz.data(), w, t.qt, p.E, 1.f,
              st.dbias + (p.M - span.o_max) * p.E, p.E);
       }
-      product(p, false, false, t.rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E,  // dQ += dS K
+      // dQ += dS K
+      product(p, false, false, t.rows, p.E, n, 1.f, dp, n, offset(t.kh, k0 * p.E), p.E, 1.f, t.dq_acc, p.E,
               at_row(*t.keys_down, k0));
       product(p, true, false, n, p.E, t.rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
@@ -967,7 +986,7 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
     for (int64_t k0 = 0; k0 < t.ke; k0 += p.bk) {
       const int64_t n = std::min(p.bk, t.ke - k0);
       OffsetSpan span{};
-      tile_logits(p, t.b, h, s, st.unused, t.qt, t.kh + k0 * p.E, rows, n, t.q0, k0, t.fe, &span,  // masked
+      tile_logits(p, t.b, h, s, st.unused, t.qt, offset(t.kh, k0 * p.E), rows, n, t.q0, k0, t.fe, &span,  // masked
                   at_column(*t.keys_across, k0));
       for (int64_t r = 0; r < rows; ++r) {  // gates, positions, the bias and P = exp(logit - logsumexp)
         float* row = s + r * n;
@@ -1005,7 +1024,8 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
         }
       }
       product(p, true, false, n, p.Dv, rows, 1.f, s, n, t.dot, p.Dv, 1.f, t.dv_acc + k0 * p.Dv, p.Dv);  // dV += P^T dO
-      product(p, false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, t.vh + k0 * p.Dv, p.Dv, 0.f, dp, n,  // dP = dO V^T
+      // dP = dO V^T
+      product(p, false, true, rows, n, p.Dv, 1.f, t.dot, p.Dv, offset(t.vh, k0 * p.Dv), p.Dv, 0.f, dp, n,
               at_column(*t.values_across, k0));
       for (int64_t r = 0; r < rows; ++r) {
         float* dzr = c.emb ? dz + r * c.P : nullptr;
@@ -1030,7 +1050,7 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
           dp[e] = da + dbefore[r] * g[e] * (1.f - g[e]);  // through the content logit and through the gate
         }
       }
-      product(p, false, false, rows, p.E, n, 1.f, dp, n, t.kh + k0 * p.E, p.E, 1.f, t.dq_acc, p.E,  // dQ += dS K
+      product(p, false, false, rows, p.E, n, 1.f, dp, n, offset(t.kh, k0 * p.E), p.E, 1.f, t.dq_acc, p.E,  // dQ += dS K
               at_row(*t.keys_down, k0));
       product(p, true, false, n, p.E, rows, 1.f, dp, n, t.qt, p.E, 1.f, t.dk_acc + k0 * p.E, p.E);  // dK += dS^T Q
     }
