@@ -93,13 +93,6 @@ const float* widen(const at::BFloat16* src, int64_t n, float* scratch) {
   return scratch;
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// bf16 products: row-major C (m x n) = alpha op(A) op(B) + beta C with A and B rounded to bf16 (round to nearest
-// even; exact for values that came from bf16) and accumulated in fp32 by AVX512_BF16's dot-product instruction,
-// which multiplies pairs along the inner dimension. Both operands are packed into pairs first: B as
-// [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
-// packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
-// functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
 // Scratch memory that grows with the sequence (a head's keys, values and their gradients), taken from torch's CPU
 // allocator rather than the heap, so that the memory torch's profiler reports for a call (the benchmarks' peak_MB)
 // includes it. Not zeroed.
@@ -121,8 +114,10 @@ class Scratch {
   int64_t size_ = 0;
 };
 
-// An operand in the products' packed layout, kept for many products: none (data null: pack per product), or a
-// view of its columns from c0 (at(c0)) or of its pair rows from an even row r0 (from_row(r0)).
+// An operand in the bf16 products' packed layout (below), kept for many products: none (data null: each product
+// packs its own), or a view of its columns from c0 (at_column) or of its pair rows from an even row r0 (at_row).
+// A view's product reads up to 15 columns past its last one (masked out of the result): the store keeps that many
+// words of slack after the last pair row.
 struct Packed {
   Scratch<uint32_t> store;
   const uint32_t* data = nullptr;
@@ -139,6 +134,13 @@ inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row 
   return x.data ? PackedView{x.data + r0 / 2 * x.width, x.width} : PackedView{};
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// bf16 products: row-major C (m x n) = alpha op(A) op(B) + beta C with A and B rounded to bf16 (round to nearest
+// even; exact for values that came from bf16) and accumulated in fp32 by AVX512_BF16's dot-product instruction,
+// which multiplies pairs along the inner dimension. Both operands are packed into pairs first: B as
+// [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
+// packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
+// functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
 #ifdef CPU_CAPABILITY_AVX512
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -195,6 +197,12 @@ BF16_TARGET void pack_pairs_along(const S* x, int64_t ld, int64_t rows, int64_t 
 struct PackScratch {
   std::vector<uint32_t> a, b, rows;
 };
+
+// This thread's packing scratch (grown on demand, kept between calls).
+PackScratch& pack_scratch() {
+  thread_local PackScratch scratch;
+  return scratch;
+}
 
 // The (k x n) operand op(B) as [pair][column]: straight down B's rows, or, for B stored (n x k), each row in pairs
 // and then gathered 16 columns at a time.
@@ -257,9 +265,8 @@ BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row
 template <typename S>
 BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
   out->width = (n + 15) / 16 * 16;
-  uint32_t* store = out->store.grow((k + 1) / 2 * out->width);
-  thread_local std::vector<uint32_t> rows;
-  pack_b(tb, b, ldb, k, n, out->width, store, rows);
+  uint32_t* store = out->store.grow((k + 1) / 2 * out->width + 16);  // (+ the slack a column view reads)
+  pack_b(tb, b, ldb, k, n, out->width, store, pack_scratch().rows);
   out->data = store;
 }
 
@@ -269,7 +276,7 @@ BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, floa
 BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  thread_local PackScratch scratch;
+  PackScratch& scratch = pack_scratch();
   const int64_t pairs = (k + 1) / 2, width = (n + 15) / 16 * 16;
   if ((int64_t)scratch.b.size() < pairs * width) scratch.b.resize(pairs * width);
   pack_b(tb, b, ldb, k, n, width, scratch.b.data(), scratch.rows);
@@ -280,7 +287,7 @@ BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
 BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                                   const uint32_t* packed_b, int64_t width, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  thread_local PackScratch scratch;
+  PackScratch& scratch = pack_scratch();
   const int64_t pairs = (k + 1) / 2, a_width = (m + 15) / 16 * 16;
   if ((int64_t)scratch.a.size() < pairs * a_width) scratch.a.resize(pairs * a_width);
   int64_t row_step, pair_step;
@@ -660,7 +667,8 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
     auto state = make_state();
     std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
-    std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide ? p.bk * p.E : 0), vbuf(wide ? p.bk * p.Dv : 0);
+    std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide && !packed ? p.bk * p.E : 0),
+        vbuf(wide && !packed ? p.bk * p.Dv : 0);
     // with the bf16 products, this thread's current kv head packed once (a thread's tasks run through the query
     // tiles of one head after another, each reading the same keys and values)
     Packed keys, values;
@@ -1169,7 +1177,7 @@ std::vector<at::Tensor> flash_backward(const at::Tensor& q, const at::Tensor& k,
                                        double scale, bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
                                        const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
                                        int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq, int64_t bk,
-                                      bool bf16_products) {
+                                       bool bf16_products) {
   const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
                                  bias_scale, bq, bk, bf16_products);
   TORCH_CHECK(dout.is_contiguous() && dout.scalar_type() == q.scalar_type() && dout.sizes() == at::IntArrayRef({p.B, p.H, p.Tq, p.Dv}),

@@ -26,9 +26,9 @@ MARGIN; without a measurement they are taken wherever the CPU has them.
 POSKIT_KERNEL_CALIBRATION=off (read at every call) routes by the defaults as if nothing were measured: the same
 paths on every machine, for runs whose numbers should not depend on where they ran (unset or "on": read it).
 
-Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles while the kernel widens bf16 to fp32
-(docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form is what the
-calibration answers on each machine.
+Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles, faster than the kernel's bf16 (widened to fp32
+there when it was measured; its bf16 products use AVX512_BF16, not AMX) (docs/benchmarks.md, "Second CPU
+family"); whether that makes a fallback faster for some form is what the calibration answers on each machine.
 """
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ def _decisions_at(path: str) -> Calibration:
     try:
         return read(file)
     except CalibrationError as err:
-        warnings.warn(f"poskit: {err}; the CPU kernel serves every call it can", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"poskit: {err}; the CPU kernel serves every call it can but the rope family's (SDPA's)",
+                      RuntimeWarning, stacklevel=4)
         return NOTHING_MEASURED
 
 

@@ -2,9 +2,10 @@
 
 build: compile it now into the per-machine cache (otherwise the first attention call that needs it does), or
     again with --force, then calibrate (unless --no-calibrate). calibrate: time the kernel against the paths
-    without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower,
-    and choose its backward's query tile at long sequences (saved beside the library;
-    attention/kernel_calibration.py), and on a CPU with AVX512_BF16 whether bf16 calls take bf16 products. info:
+    without it for each kind of call and dtype on this machine and keep the kernel only where it is not slower
+    (for the rope family, only where it is faster than SDPA), and choose its backward's query tile at long
+    sequences (saved beside the library; attention/kernel_calibration.py), and on a CPU with AVX512_BF16 whether
+    bf16 calls take bf16 products. info:
     what this machine would use: CPU model and instruction set, compiler, cache directory, whether the library is
     built, its calibration, how bf16 multiplies, and whether attention uses it.
 """
@@ -236,7 +237,8 @@ def _calibration_line(library) -> str:
     except ValueError as err:
         return str(err)
     if not path.exists():
-        return "none (`poskit kernel calibrate`; meanwhile the kernel serves every call it can)"
+        return ("none (`poskit kernel calibrate`; meanwhile the kernel serves every call it can but the rope "
+                "family's, which stay on SDPA)")
     try:
         found = kernel_calibration.read(path)
     except kernel_calibration.CalibrationError as err:
