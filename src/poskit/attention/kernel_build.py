@@ -96,10 +96,13 @@ def _torch_dirs() -> tuple[Path, Path]:
     return root / "include", root / "lib"
 
 
-def compile_command(compiler: str, output: Path) -> list[str]:
+def compile_command(compiler: str, output: Path, *, isa: str | None = None, extra_flags=()) -> list[str]:
+    """The compiler's command line for the library at `output`: for `isa` (default: isa_level()), with
+    `extra_flags` after the optimisation level (tests/test_cpu_flash_sanitized.py adds the sanitizers')."""
     include, lib = _torch_dirs()
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    return [compiler, "-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", *ISA_FLAGS.get(isa_level(), []),
+    isa = isa_level() if isa is None else isa
+    return [compiler, "-O3", *extra_flags, "-std=c++20", "-fPIC", "-shared", "-fopenmp", *ISA_FLAGS.get(isa, []),
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
             "-I", str(include), "-I", str(include / "torch" / "csrc" / "api" / "include"),
             str(SOURCE), "-o", str(output),
