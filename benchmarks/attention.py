@@ -17,6 +17,7 @@ estimated memory exceeds --max-gb.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -257,19 +258,21 @@ class CartesianCacheDecode:
                                  k_positions=layer.positions, causal=True)
 
 
-def decode_step(label, enc, q, k, v):
-    """A function running one decode step at position L against L cached keys, rolled back after."""
+def decode_step(label, enc, q, k, v, room):
+    """A function running one decode step at position L against L cached keys, rolled back after; the cache has
+    room for `room` tokens after the L (generation's cache keeps room for the tokens still to come, so that its
+    keys are a view with gaps between heads; room 1: the step fills the cache exactly)."""
     L = k.shape[2]
     q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
     new_position = torch.tensor([L], device=q.device)
     if label.endswith("Cartesian cache"):
-        decode = CartesianCacheDecode(enc, k, v, torch.arange(L, device=q.device), L + 1)
+        decode = CartesianCacheDecode(enc, k, v, torch.arange(L, device=q.device), L + room)
 
         def step():
             decode(q1, k1, v1, new_position)
             decode.cache.crop(L)
         return step
-    cache = KVCache(num_layers=1, max_length=L + 1)
+    cache = KVCache(num_layers=1, max_length=L + room)
     cached_attention(q, k, v, enc, cache, 0, torch.arange(L, device=q.device))  # prefill
 
     def step():
@@ -287,25 +290,51 @@ def synchronized(step):
     return run
 
 
+@contextlib.contextmanager
+def recorded_paths():
+    """The list of the paths poskit's planner chooses while inside (a decode step's plan is made inside
+    cached_attention, after the append)."""
+    from poskit.attention import engine
+
+    seen, original = [], engine.plan_inputs
+
+    def recording(*args, **kwargs):
+        planned = original(*args, **kwargs)
+        seen.append(planned.path)
+        return planned
+    engine.plan_inputs = recording
+    try:
+        yield seen
+    finally:
+        engine.plan_inputs = original
+
+
 def bench_decode(args):
     """One decode step (one new token per sequence) against a cache of L keys: append + attend."""
     B, H, D = args.B, args.H, args.D
     rows = []
-    forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"), ("cope", "cope"))
+    forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"), ("alibi", "alibi"),
+             ("cope", "cope"))
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:
             q, k, v = inputs(B, H, L, D, dtype, False, args.device)
             with torch.no_grad():
-                steps = {label: synchronized(decode_step(label, build(name, H, D, dtype, device=args.device), q, k, v))
+                steps = {label: synchronized(decode_step(label, build(name, H, D, dtype, device=args.device), q, k, v,
+                                                         args.decode_room))
                          for label, name in forms}
+                paths = {}
+                for label, step in steps.items():
+                    with recorded_paths() as seen:
+                        step()
+                    paths[label] = seen[-1] if seen else "blocked"  # (the Cartesian cache calls the blocked path)
                 times = interleaved_medians(steps, rounds=args.repeats * 5, warmup=3)
                 peaks = {label: allocator_peak_bytes(step, args.device) / 2**20 for label, step in steps.items()}
             for label, _ in forms:
                 ms = times[label]
-                rows.append(dict(dtype=dname, cache=L, encoding=label, ms_per_step=f"{ms:.3f}",
-                                 tokens_per_s=f"{B / ms * 1000:.0f}", vs_rope=f"{times['rope'] / ms:.2f}x",
-                                 peak_MB=f"{peaks[label]:.1f}"))
+                rows.append(dict(dtype=dname, cache=L, room=args.decode_room, encoding=f"{label} [{paths[label]}]",
+                                 ms_per_step=f"{ms:.3f}", tokens_per_s=f"{B / ms * 1000:.0f}",
+                                 vs_rope=f"{times['rope'] / ms:.2f}x", peak_MB=f"{peaks[label]:.1f}"))
     return rows
 
 
@@ -335,6 +364,9 @@ def main(argv=None):
     p.add_argument("--max-gb", type=float, default=6.0, help="skip materialising paths estimated above this")
     p.add_argument("--decode-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 8192])
     p.add_argument("--decode-dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
+    p.add_argument("--decode-room", type=int, default=1024,
+                   help="tokens the cache has room for after the cached ones (generation keeps room for the tokens "
+                        "still to come; 1: the step fills the cache exactly, as in measurements before 2026-11-27)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live: cuda times poskit's GPU paths (the fused Triton kernels) against "
@@ -373,9 +405,9 @@ def main(argv=None):
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if args.calls is None:
         args.calls = 20 if args.device == "cuda" else 1
-    for flag in ("calls", "repeats"):
+    for flag in ("calls", "repeats", "decode_room"):
         if getattr(args, flag) < 1:
-            p.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")
+            p.error(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more, got {args.warmup}")
     if args.quick:
@@ -390,7 +422,7 @@ def main(argv=None):
           f"threads, device {args.device}; medians of {args.repeats} interleaved rounds of {args.calls} call(s); glibc keeps freed memory (benchmarks/_harness.py)\n")
     grid_columns = ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]
     peer_columns = ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]
-    decode_columns = ["dtype", "cache", "encoding", "ms_per_step", "tokens_per_s", "vs_rope", "peak_MB"]
+    decode_columns = ["dtype", "cache", "room", "encoding", "ms_per_step", "tokens_per_s", "vs_rope", "peak_MB"]
     parts = {}
     if not args.skip_grid:
         rows, peers = bench_grid(args)
@@ -405,13 +437,14 @@ def main(argv=None):
     if not args.skip_decode:
         decode = bench_decode(args)
         parts["decode"] = {"columns": decode_columns, "rows": decode}
-        print("## decode: one new token per sequence against a cache of `cache` keys (append + attend)\n")
+        print("## decode: one new token per sequence against a cache of `cache` keys with room for `room` more "
+              "(append + attend; the path in brackets)\n")
         print(table(decode, decode_columns))
     if args.json:
         settings = {"shapes": [list(s) for s in args.shapes], "H": args.H, "D": args.D, "dtypes": args.dtypes,
                     "modes": args.modes, "encodings": args.encodings, "repeats": args.repeats,
                     "without_kernel": args.without_kernel, "decode_lengths": args.decode_lengths,
-                    "decode_dtypes": args.decode_dtypes, "device": args.device, "calls": args.calls,
+                    "decode_dtypes": args.decode_dtypes, "decode_room": args.decode_room, "device": args.device, "calls": args.calls,
                     "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
         write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started, start)
 

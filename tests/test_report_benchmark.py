@@ -168,11 +168,27 @@ def test_cuda_without_a_gpu_and_bad_counts_are_refused_before_measuring(capsys, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for argv, message in (([*QUICK, "--device", "cuda"], "--device cuda: torch sees no CUDA device"),
                           ([*QUICK, "--calls", "0"], "--calls must be a positive integer, got 0"),
-                          ([*QUICK, "--warmup", "-1"], "--warmup must be 0 or more, got -1")):
+                          ([*QUICK, "--warmup", "-1"], "--warmup must be 0 or more, got -1"),
+                          ([*QUICK, "--decode-room", "0"], "--decode-room must be a positive integer, got 0")):
         with pytest.raises(SystemExit):
             _attention_benchmark().main(argv)
         err = capsys.readouterr()
         assert message in err.err and "attention benchmark on" not in err.out
+
+
+def test_decode_rows_name_each_steps_path_and_the_caches_room(tmp_path):
+    # a decode step's path is planned inside cached_attention; the rows say which it was, and how much room the
+    # cache kept (generation's cache keeps room, so its keys are a view with gaps between heads)
+    path = tmp_path / "docs" / "results" / "bench-d" / "benchmark.json"
+    _attention_benchmark().main(["--quick", "--skip-grid", "--threads", "1", "--decode-room", "40", "--json", str(path)])
+    doc = read_document(path)
+    rows = doc["parts"]["decode"]["rows"]
+    named = dict(re.fullmatch(r"(.+) \[(.+)\]", r["encoding"]).groups() for r in rows)
+    assert list(named) == ["rope", "pope", "pope, Cartesian cache", "alibi", "cope"]
+    assert named["pope"] == "magnitude-decode" and named["pope, Cartesian cache"] == "blocked"
+    assert named["rope"] in ("sdpa", "cpu-flash") and named["alibi"] != "reference"
+    assert all(r["room"] == 40 and r["cache"] == 256 for r in rows) and doc["settings"]["decode_room"] == 40
+    assert "room" in doc["parts"]["decode"]["columns"]
 
 
 def test_calls_per_sample_divide_the_sample(monkeypatch):
