@@ -991,3 +991,53 @@ def test_equal_widths_never_build_the_kernel_to_stay_on_sdpa(monkeypatch):
         torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
     finally:
         cpu_flash.kernel.cache_clear()  # the next test finds the real library again
+
+
+def _allocated_bytes(fn):
+    """The bytes torch's allocator handed out while fn ran (every allocation counted, freed or not)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("label", ["alibi", "relative-capped", "cope", "rope", "pope"])
+def test_a_decode_step_reads_the_cache_in_place(equal_widths_measured_faster, label, dtype):
+    """A KV cache keeps room to grow, so its keys and values are views whose heads lie `capacity` rows apart: the
+    kernel reads them there. (It took contiguous inputs only, and each decode step copied the whole cache: at 8192
+    cached keys, B=8, fp32, a RoPE step took 5.6x SDPA's time.) A step allocates a small fraction of the cache
+    (the positions' tables, and with the bf16 products one kv head packed per thread: one thread here, 16 heads),
+    and equals the same step against a cache without spare room."""
+    from conftest import ENCODING_OPTIONS
+
+    options = {**ENCODING_OPTIONS.get(label, {}), **SERVED.get(label, {})}
+    enc = poskit.build_encoding(label, head_dim=64, num_heads=8, **options).to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _decode_against_caches(enc, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _decode_against_caches(enc, dtype):
+    B, H, T, capacity = 2, 8, 512, 1024
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T + 2, 64, generator=g).to(dtype) for _ in range(3))
+    steps = []
+    for room in (capacity, T + 2):
+        cache = KVCache(1, max_length=room)
+        cached_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], enc, cache, 0, torch.arange(T))
+        warm, new = ([t[:, :, i:i + 1] for t in (q, k, v)] for i in (T, T + 1))
+        cached_attention(*warm, enc, cache, 0, torch.tensor([T]))  # (the first step builds the tables it keeps)
+        if room == capacity:
+            assert not cache.layer(0).values.is_contiguous()  # (the case this is about)
+            cache_bytes = 2 * k[:, :, :T].nbytes
+            allocated = _allocated_bytes(
+                lambda: steps.append(cached_attention(*new, enc, cache, 0, torch.tensor([T + 1]))))
+            assert allocated < cache_bytes / 8, f"{allocated} bytes allocated for a step against {cache_bytes}"
+        else:
+            steps.append(cached_attention(*new, enc, cache, 0, torch.tensor([T + 1])))
+    torch.testing.assert_close(steps[0], steps[1], atol=0, rtol=0)

@@ -265,19 +265,30 @@ def test_pope_on_cuda_runs_full_sequences_through_sdpa_and_decodes_with_its_kern
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_finiteness_check_copies_no_tensor(dtype):
-    """all_finite runs on every SDPA call, over the whole KV cache at each decode step: a bf16 tensor summed with
-    an fp32 result was first copied to fp32 (twice its own size, and 20x the time of the sum itself at 8192
-    cached keys). bf16 sums accumulate in fp32 inside and share fp32's exponent range, so nothing is lost."""
+@pytest.mark.parametrize("layout", ["contiguous", "cache view"])
+def test_the_finiteness_check_copies_no_tensor(dtype, layout):
+    """all_finite runs on every SDPA and kernel call, over the whole KV cache at each decode step: a bf16 tensor
+    summed with an fp32 result was first copied to fp32 (twice its own size, and 20x the time of the sum itself at
+    8192 cached keys), and so was a bf16 cache's view into its buffer (heads `capacity` rows apart) summed whole.
+    bf16 sums accumulate in fp32 inside and share fp32's exponent range, so nothing is lost."""
     from torch.profiler import ProfilerActivity, profile
 
     from poskit.attention.inputs import all_finite
 
-    x = torch.randn(1_000_000).to(dtype)
+    buffer = torch.randn(2, 4, 2048, 64).to(dtype)  # (B, H, capacity, D)
+    x = torch.randn(1_000_000).to(dtype) if layout == "contiguous" else buffer[:, :, :1000]
+    assert x.is_contiguous() == (layout == "contiguous")
+    all_finite(x)  # (a first call may allocate what torch keeps)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         assert all_finite(x, x[:10])
     allocated = sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
     assert allocated < 1000, f"{allocated} bytes allocated to check {x.numel()} values"
+    if layout == "cache view":  # the spare room is not looked at; every value of the view is
+        buffer[1, 3, 1000:] = float("nan")
+        assert all_finite(x)
+        buffer[1, 3, 999, 63] = float("inf")
+        assert not all_finite(x)
+        return
     y = x.clone()
     y[123_456] = float("nan")
     assert not all_finite(x, y)

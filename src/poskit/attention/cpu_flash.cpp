@@ -8,8 +8,8 @@
 // cache, the softmax is online (running row max and sum; the logsumexp is saved for the backward), tiles past
 // a query tile's last visible key are skipped, and the bias of a tile is generated from the positions.
 //
-// Layout: q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), contiguous; query head h reads kv head
-// h / (H / Hkv). Positions: (P, Tq) and (P, Tk) int64 with P = 1 (shared by the batch) or B. Causal *by
+// Layout: q (B, H, Tq, E) contiguous, k (B, Hkv, Tk, E) and v (B, Hkv, Tk, Dv) with contiguous rows (their heads
+// may lie apart: Problem::k_at); query head h reads kv head h / (H / Hkv). Positions: (P, Tq) and (P, Tk) int64 with P = 1 (shared by the batch) or B. Causal *by
 // position*: key s is visible to query t iff kpos[s] <= qpos[t]; the key padding mask (B, Tk) bool hides keys.
 //
 // Bias forms (what an encoding declares, encodings/kernel_bias.py):
@@ -408,6 +408,9 @@ void add_scalar(float* x, float y, int64_t n) {
 
 struct Problem {
   int64_t B, H, Hkv, g, Tq, Tk, E, Dv, bq, bk, tiles;
+  // k's and v's strides across batches and heads (their rows are contiguous, heads need not be: a KV cache's keys
+  // are a view of a buffer with room to grow, its heads `capacity` rows apart, read where they lie)
+  int64_t k_batch, k_head, v_batch, v_head;
   float scale;
   bool causal;
   int64_t pos_rows;                  // 1 or B; 0 when no positions are needed
@@ -428,6 +431,9 @@ struct Problem {
   const int64_t* qp(int64_t b) const { return qpos + (pos_rows == 1 ? 0 : b) * Tq; }
   const int64_t* kp(int64_t b) const { return kpos + (pos_rows == 1 ? 0 : b) * Tk; }
   int64_t row(int64_t b) const { return pos_rows == 1 ? 0 : b; }
+  // where query head h's keys and values start in batch b
+  int64_t k_at(int64_t b, int64_t h) const { return b * k_batch + h / g * k_head; }
+  int64_t v_at(int64_t b, int64_t h) const { return b * v_batch + h / g * v_head; }
 };
 
 // The attention's own products (q k^T, P v and the backward's four), with bf16 operands where the call asks for it;
@@ -445,7 +451,10 @@ void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k
 inline const float* offset(const float* base, int64_t n) { return base ? base + n : nullptr; }
 
 // Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on even keys
-// (a pair row of the keys' packing must not straddle two tiles).
+// (a pair row of the keys' packing must not straddle two tiles). Even a decode step, which reads each pack once,
+// is faster so than packing per product (B=8, H=8, 8192 keys on the AVX-512 AMD EPYC: 14.5-16.3 against
+// 18.4-21.9 ms per step, two alternations of benchmarks/attention.py's decode rows); the cost is one kv head's
+// packed keys and values per thread.
 bool packs_heads(const Problem& p) { return p.bf16_products && p.bk % 2 == 0; }
 
 // [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before
@@ -677,8 +686,8 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
       const int64_t bh = task / p.tiles, tile = task % p.tiles, b = bh / p.H, h = bh % p.H;
       const int64_t kvh = b * p.Hkv + h / p.g;
       if (packed && kvh != packed_kvh) {
-        pack_operand(true, k + kvh * p.Tk * p.E, p.E, p.E, p.Tk, &keys);
-        pack_operand(false, v + kvh * p.Tk * p.Dv, p.Dv, p.Tk, p.Dv, &values);
+        pack_operand(true, k + p.k_at(b, h), p.E, p.E, p.Tk, &keys);
+        pack_operand(false, v + p.v_at(b, h), p.Dv, p.Tk, p.Dv, &values);
         packed_kvh = kvh;
       }
       const int64_t q0 = tile * p.bq, rows = std::min(p.bq, p.Tq - q0);
@@ -693,10 +702,10 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
       const int64_t tiles = (ke + p.bk - 1) / p.bk;
       for (int64_t i = 0; i < tiles; ++i) {
         const int64_t k0 = (backwards ? tiles - 1 - i : i) * p.bk, n = std::min(p.bk, ke - k0);
-        const float* kt = packed ? nullptr : widen(k + (kvh * p.Tk + k0) * p.E, n * p.E, kbuf.data());
+        const float* kt = packed ? nullptr : widen(k + p.k_at(b, h) + k0 * p.E, n * p.E, kbuf.data());
         logits(state, t, s.data(), kt, k0, n);
         softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
-        const float* vt = packed ? nullptr : widen(v + (kvh * p.Tk + k0) * p.Dv, n * p.Dv, vbuf.data());
+        const float* vt = packed ? nullptr : widen(v + p.v_at(b, h) + k0 * p.Dv, n * p.Dv, vbuf.data());
         product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv,
                 at_row(values, k0));
       }
@@ -771,12 +780,12 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
         std::fill(dv_acc, dv_acc + p.Tk * p.Dv, 0.f);
       }
       // packed heads: the products read the packs alone, so the head is not widened to fp32 at all
-      const float* kh = packed ? nullptr : widen(k + kvh * p.Tk * p.E, p.Tk * p.E, kbuf.data());
-      const float* vh = packed ? nullptr : widen(v + kvh * p.Tk * p.Dv, p.Tk * p.Dv, vbuf.data());
+      const float* kh = packed ? nullptr : widen(k + p.k_at(b, h), p.Tk * p.E, kbuf.data());
+      const float* vh = packed ? nullptr : widen(v + p.v_at(b, h), p.Tk * p.Dv, vbuf.data());
       if (packed && kvh != packed_kvh) {
-        pack_operand(true, k + kvh * p.Tk * p.E, p.E, p.E, p.Tk, &keys_across);
-        pack_operand(true, v + kvh * p.Tk * p.Dv, p.Dv, p.Dv, p.Tk, &values_across);
-        pack_operand(false, k + kvh * p.Tk * p.E, p.E, p.Tk, p.E, &keys_down);
+        pack_operand(true, k + p.k_at(b, h), p.E, p.E, p.Tk, &keys_across);
+        pack_operand(true, v + p.v_at(b, h), p.Dv, p.Dv, p.Tk, &values_across);
+        pack_operand(false, k + p.k_at(b, h), p.E, p.Tk, p.E, &keys_down);
         packed_kvh = kvh;
       }
       for (int64_t tile_index = 0; tile_index < p.tiles; ++tile_index) {
@@ -1070,12 +1079,18 @@ void contextual_backward_kernel(const Problem& p, const Contextual& c, const T* 
   });
 }
 
+// Whether a (B, heads, T, width) tensor's rows are contiguous, each head's T rows one after another.
+bool rows_contiguous(const at::Tensor& x) {
+  return (x.size(3) <= 1 || x.stride(3) == 1) && (x.size(2) <= 1 || x.stride(2) == x.size(3));
+}
+
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
                      const at::Tensor& q_pos, const at::Tensor& k_pos, const at::Tensor& pad, int64_t bias_kind,
                      const at::Tensor& bias_values, int64_t bias_hi, int64_t bias_max, double bias_scale, int64_t bq,
                      int64_t bk, bool bf16_products) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "cpu_flash: q, k, v must be (B, heads, T, width)");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "cpu_flash: inputs must be contiguous");
+  TORCH_CHECK(q.is_contiguous() && rows_contiguous(k) && rows_contiguous(v),
+              "cpu_flash: q must be contiguous, and k's and v's rows (their heads may lie apart)");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
               (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
               "cpu_flash: q, k, v must all be float32 or all bfloat16");
@@ -1089,6 +1104,7 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(k.size(0) == p.B && v.size(0) == p.B && v.size(1) == p.Hkv && v.size(2) == p.Tk && k.size(3) == p.E &&
               p.Hkv > 0 && p.H % p.Hkv == 0, "cpu_flash: q/k/v shapes disagree");
   p.g = p.H / p.Hkv, p.bq = bq, p.bk = bk, p.tiles = (p.Tq + bq - 1) / bq;
+  p.k_batch = k.stride(0), p.k_head = k.stride(1), p.v_batch = v.stride(0), p.v_head = v.stride(1);
   p.scale = (float)scale, p.causal = causal, p.bias = (int)bias_kind, p.bias_scale = (float)bias_scale;
   const bool needs_positions = causal || bias_kind != kNone;
   p.pos_rows = 0;

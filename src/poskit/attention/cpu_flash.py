@@ -275,13 +275,22 @@ def _positions(inp: AttentionInputs, needed: bool):
     return (qp.expand(rows, -1).to(torch.int64).contiguous(), kp.expand(rows, -1).to(torch.int64).contiguous())
 
 
+def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """k or v as the kernel reads them: `x` itself where each head's rows lie one after another (a KV cache's view
+    into a buffer with room to grow: its heads lie `capacity` rows apart, and copying them would cost a decode step
+    more than the attention), else a contiguous copy."""
+    rows_ok = x.shape[-1] <= 1 or x.stride(-1) == 1
+    heads_ok = x.shape[-2] <= 1 or x.stride(-2) == x.shape[-1]
+    return x if rows_ok and heads_ok else x.contiguous()
+
+
 class CpuFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias_values, scale, q_positions, k_positions, pad, causal, bias_form, bias_offset,
                 block_q, block_k, block_q_backward, products):
         ops = kernel()
         args = _kernel_args(bias_values, bias_form, bias_offset, scale)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = q.contiguous(), rows_contiguous(k), rows_contiguous(v)
         out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q, block_k,
                                products)
         ctx.products = products
@@ -365,7 +374,7 @@ class CpuFlashContextual(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pos_emb, slopes, scale, q_positions, k_positions, pad, causal, p_max, block_q, block_k,
                 products):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = q.contiguous(), rows_contiguous(k), rows_contiguous(v)
         emb = pos_emb.to(torch.float32).contiguous() if pos_emb is not None else torch.empty(0)
         sl = slopes.to(torch.float32).contiguous() if slopes is not None else torch.empty(0)
         out, lse, gtot = kernel().contextual_forward(q, k, v, float(scale), causal, q_positions, k_positions, pad,

@@ -154,8 +154,12 @@ def all_finite(*tensors) -> bool:
     0.2 ms for a 16 MB q on 2 CPU cores, against ~100 ms for the attention itself. A finite sum that overflows
     only sends the call to the slower exact path, never to a wrong answer. Summed in their own dtype where that
     has fp32's exponent range (fp32, fp64, bf16: torch accumulates bf16 in fp32), in fp32 otherwise (fp16 would
-    overflow at 65504); an fp32 result asked of a bf16 tensor would first copy it whole."""
+    overflow at 65504); an fp32 result asked of a bf16 tensor would first copy it whole. Summed over the last two
+    dimensions first: a KV cache's keys are a view with gaps between heads, which torch's whole-tensor bf16 sum
+    copies to fp32 first (134 MB and 42 ms at B=8, H=8, 8192 keys, against 1.8 ms this way)."""
     def total_of(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() >= 2:
+            t = t.sum(dim=(-2, -1)) if t.dtype != torch.float16 else t.sum(dim=(-2, -1), dtype=torch.float32)
         return t.sum() if t.dtype in (torch.float32, torch.float64, torch.bfloat16) else t.sum(dtype=torch.float32)
 
     total = sum(total_of(t) for t in tensors if t is not None)

@@ -123,6 +123,16 @@ def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bo
         return None
 
 
+def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """weights (B, Hkv, R, L) @ v (B, Hkv, L, Dv). A KV cache's values are a view with gaps between heads, which
+    torch's batched bf16/fp16 product copies whole first (the cache's size at every decode step); one product per
+    head reads each head where it lies (its rows are contiguous)."""
+    if v.dtype == torch.float32 or v.dtype == torch.float64 or v.is_contiguous():
+        return weights @ v
+    rows = [torch.stack([weights[b, h] @ v[b, h] for h in range(v.shape[1])]) for b in range(v.shape[0])]
+    return torch.stack(rows)
+
+
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
             and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
@@ -167,7 +177,7 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
                 weights = softmax_rows(logits, key_mask[:, None, None, :].expand(logits.shape))
             else:
                 weights = torch.softmax(logits, dim=-1)
-            out = weights.to(v.dtype) @ v  # (B, Hkv, groups * Tq, Dv)
+            out = _weights_times_values(weights.to(v.dtype), v)  # (B, Hkv, groups * Tq, Dv)
             return out.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     from ..encodings.polar_pair import polar_pair
 
