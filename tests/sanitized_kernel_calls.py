@@ -1,9 +1,10 @@
 """Calls of every kind the compiled CPU kernel serves, for a run under AddressSanitizer and UndefinedBehaviorSanitizer
 (tests/test_cpu_flash_sanitized.py runs this file against a library built with them): ragged tiles and lengths,
-odd widths (a bf16 product's last pair half empty), tiles that do and do not start on a 16-column boundary (the
-packed heads' column views), even and odd key tiles (packed heads or packs per product), grouped kv heads, key
-padding, causal and not, decode (one query against many keys), the long-sequence backward tile, both bias forms,
-CoPE's contextual pass and PoPE's polar features, in fp32 and bf16 with and without the bf16 products.
+odd widths (a bf16 product's last pair half empty), keys and values with gaps between heads (a KV cache's
+views), tiles that do and do not start on a 16-column boundary (the packed heads' column views), even and odd key
+tiles (packed heads or packs per product), grouped kv heads, key padding, causal and not, decode (one query
+against many keys), the long-sequence backward tile, both bias forms, CoPE's contextual pass and PoPE's polar
+features, in fp32 and bf16 with and without the bf16 products.
 
 The sanitizers check memory and arithmetic, not the numbers (test_cpu_flash.py compares them with the float64
 formula); this file only requires every output and gradient to be finite. It prints one line per group and the
@@ -51,6 +52,10 @@ def direct_calls(rng, count):
         q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
         k = torch.randn(B, Hkv, Tk, E, generator=g).to(dtype).requires_grad_()
         v = torch.randn(B, Hkv, Tk, Dv, generator=g).to(dtype).requires_grad_()
+        if rng.random() < 0.3:  # a KV cache's layout: views of buffers with room after the Tk rows
+            room = rng.randrange(1, 20)
+            k = torch.randn(B, Hkv, Tk + room, E, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
+            v = torch.randn(B, Hkv, Tk + room, Dv, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
         pos_q, pos_k = torch.arange(Tk - Tq, Tk)[None], torch.arange(Tk)[None]
         pad = None
         if rng.random() < 0.4:
