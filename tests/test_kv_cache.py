@@ -75,3 +75,62 @@ def test_cache_errors_and_bookkeeping():
     assert cache.next_position() == 4 and cache.length == 4
     with pytest.raises(ValueError, match="keys must have shape"):
         cache.append(0, k[:, :1], v[:, :1], torch.arange(4, 8))
+
+
+def test_a_layer_knows_whether_its_keys_are_finite():
+    # checked on each append (the new keys only), so that a decode step need not read the whole cache for it
+    layer = KVCache(num_layers=1).layer(0)
+    q, k, v = make_qkv(B=2, Tq=5, Tk=5)
+    layer.append(k, v, torch.arange(5))
+    assert layer.keys_finite
+    bad = k[:, :, :1].clone()
+    bad[1, 0, 0, 0] = float("inf")
+    layer.append(bad, v[:, :, :1], torch.tensor([5]))
+    assert not layer.keys_finite
+    layer.append(k[:, :, :1], v[:, :, :1], torch.tensor([6]))
+    assert not layer.keys_finite  # a finite append after it does not hide it
+    layer.crop(6)
+    assert not layer.keys_finite
+    layer.crop(5)  # the infinite key is gone
+    assert layer.keys_finite
+    layer.append(bad, v[:, :, :1], torch.tensor([5]))
+    layer.select_batch(torch.tensor([0, 0]))  # the row that held it is gone
+    assert layer.keys_finite
+    layer.append(bad, v[:, :, :1], torch.tensor([6]))
+    layer.select_batch(torch.tensor([1]))
+    assert not layer.keys_finite
+    layer.crop(0)
+    assert layer.keys_finite
+
+
+def test_separate_gate_keys_count_as_keys():
+    layer = KVCache(num_layers=1).layer(0)
+    q, k, v = make_qkv(Tq=3, Tk=3)
+    gates = k.clone()
+    gates[0, 0, 1, 0] = float("nan")
+    layer.append(k, v, torch.arange(3), gate_keys=gates)
+    assert not layer.keys_finite
+
+
+@pytest.mark.parametrize("name", ["alibi", "cope", "relative-capped", "rope"])
+def test_a_decode_step_does_not_read_the_cache_to_check_it_is_finite(name):
+    """The cache knows its keys are finite; a step checks its new query alone (a sum over the cached keys took
+    about 5 ms of a 16 ms fp32 step at B=8, 8192 keys). A key that is not finite still reaches every query that
+    sees it, as on the reference path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    enc = build(name)
+    cache = KVCache(1, max_length=64)
+    q, k, v = make_qkv(B=1, H=4, Hkv=2, Tq=40, Tk=40, dtype=torch.float32)  # (float64 takes the exact paths)
+    cached_attention(q, k, v, enc, cache, 0, torch.arange(40))
+    q1, k1, v1 = make_qkv(B=1, H=4, Hkv=2, Tq=1, Tk=1, gen_seed=1, dtype=torch.float32)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([40]))
+    summed = [e.input_shapes[0] for e in prof.events() if e.name == "aten::sum" and e.input_shapes
+              and e.input_shapes[0]]
+    assert not any(len(s) == 4 and s[2] == 41 for s in summed), summed
+    k1[0, 0, 0, 0] = float("nan")
+    cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([41]))
+    assert not cache.layer(0).keys_finite
+    out = cached_attention(q1, k1 * 0, v1, enc, cache, 0, torch.tensor([42]))
+    assert out[0, :2].isnan().all() and torch.isfinite(out[0, 2:]).all()  # kv head 0 serves query heads 0, 1

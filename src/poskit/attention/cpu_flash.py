@@ -212,7 +212,7 @@ def serves(inp: AttentionInputs, enc):
         found = kernel_bias_for(inp, enc)
         if found is None:
             return None
-    if inp.v is not None and not all_finite(q, k):
+    if inp.v is not None and not all_finite(q, inp.keys_to_check()):
         return None
     if not available():
         return None
@@ -232,7 +232,7 @@ def serves_encoded_keys(inp: AttentionInputs, enc) -> bool:
     form = QK_EQUAL_DECODE if inp.q.shape[2] <= DECODE_QUERIES else QK_EQUAL
     if not (_loaded_or_built() and available() and kernel_calibration.kernel_wins(_library, form, inp.q.dtype)):
         return False
-    return all_finite(inp.q, inp.k)
+    return all_finite(inp.q, inp.keys_to_check())
 
 
 def _call_served(inp: AttentionInputs) -> bool:
@@ -260,7 +260,7 @@ def serves_contextual(inp: AttentionInputs, enc) -> bool:
             return False
     except ValueError:  # separate gate keys, which a call without them cannot give
         return False
-    if not all_finite(inp.q, inp.k) or not available():
+    if not all_finite(inp.q, inp.keys_to_check()) or not available():
         return False
     return kernel_calibration.kernel_wins(_library, CONTEXTUAL, inp.q.dtype)
 

@@ -279,13 +279,15 @@ def attention(q, k, v, enc, *, attn_mask=None, dropout_p: float = 0.0, is_causal
 
 def attention_with_key_mask(q, k, v, enc, *, key_mask=None, attn_mask=None, is_causal: bool = False, scale=None,
                             enable_gqa: bool = False, q_positions=None, k_positions=None, gate_keys=None,
-                            backend: str = "auto") -> torch.Tensor:
+                            backend: str = "auto", keys_finite: bool = False) -> torch.Tensor:
     """`attention()` for a caller that knows which keys are real as a (B, Tk) bool mask, True = a real key (the
     form a model's batch carries, models/batch.py): the mask reaches the plan as it is, instead of being widened
     to attn_mask=key_mask[:, None, None, :] and split back. attn_mask: as attention()'s, for any other
-    visibility (both apply). The other keywords and the result are attention()'s, bit for bit."""
+    visibility (both apply). keys_finite: k is known to hold no NaN or infinity (a KV cache's keys: it checks each
+    append), so the fast paths need not read it to check. The other keywords and the result are attention()'s,
+    bit for bit."""
     inp = _prepare_call(q, k, v, enc, attn_mask, 0.0, is_causal, scale, enable_gqa, q_positions, k_positions,
-                        key_mask)
+                        key_mask, keys_finite)
     planned = plan_inputs(inp, enc, backend)
     warn_if_untrained(enc)
     return planned.runner(inp, enc, gate_keys)
@@ -298,13 +300,13 @@ attention.__name__ = "poskit.attention"
 
 
 def _prepare_call(q, k, v, enc, attn_mask, dropout_p, is_causal, scale, enable_gqa, q_positions, k_positions,
-                  key_mask=None):
+                  key_mask=None, keys_finite: bool = False):
     """The validated inputs of one attention() call (shared by attention, attention_with_key_mask and plan)."""
     _check_dropout(dropout_p)
     if v is None:
         raise ValueError("v must be a tensor (B, H_kv, Tk, Dv), got None")
     return prepare(q, k, v, enc, causal=is_causal, q_positions=q_positions, k_positions=k_positions, scale=scale,
-                   attn_mask=attn_mask, enable_gqa=enable_gqa, key_padding_mask=key_mask)
+                   attn_mask=attn_mask, enable_gqa=enable_gqa, key_padding_mask=key_mask, keys_finite=keys_finite)
 
 
 def cached_key_form(enc: PositionalEncoding, backend: str) -> str:
@@ -365,9 +367,9 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     if not encoded:  # raw keys: attention() over the whole layer, planned as any other call
         return attention_with_key_mask(q, layer.keys, layer.values, enc, key_mask=layer.key_mask, is_causal=True,
                                        enable_gqa=True, q_positions=inp.q_positions, k_positions=layer.positions,
-                                       gate_keys=layer.gate_keys, backend=backend)
+                                       gate_keys=layer.gate_keys, backend=backend, keys_finite=layer.keys_finite)
     full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True,
-                           layer.key_mask, False)
+                           layer.key_mask, False, keys_finite=layer.keys_finite)
     return plan_inputs(full, enc, backend, keys="encoded").runner(full, enc, gate_keys)
 
 

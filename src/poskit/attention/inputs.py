@@ -26,6 +26,15 @@ class AttentionInputs:
     # any other `attn_mask`, broadcast to 4-d (1|B, 1|H, 1|Tq, 1|Tk): bool (True = attend) or float (added to
     # the logits; -inf hides the pair). Served by the reference and by SDPA with a merged mask only.
     attn_mask: torch.Tensor | None = None
+    # k holds no NaN or infinity, checked already: a KV cache checks each append, so that a decode step need not
+    # read the whole cache again for it (keys_to_check)
+    keys_finite: bool = False
+
+    def keys_to_check(self, k: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`k` (default: this call's keys) for a finiteness check, or None where it is this call's keys and they
+        are known finite."""
+        k = self.k if k is None else k
+        return None if self.keys_finite and k is self.k else k
 
     @property
     def groups(self) -> int:
@@ -84,10 +93,11 @@ def check_scale(scale) -> float:
 
 
 def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_positions, scale, attn_mask=None,
-            enable_gqa: bool = True, key_padding_mask=None) -> AttentionInputs:
+            enable_gqa: bool = True, key_padding_mask=None, keys_finite: bool = False) -> AttentionInputs:
     """Validate and normalise one attention call. `attn_mask` is the public SDPA-style mask (split here into
     a key-padding part and a general part); `key_padding_mask` (B, Tk) bool, True = real key, is the internal
-    form the KV cache passes. `enable_gqa` False refuses H != H_kv, as SDPA does."""
+    form the KV cache passes, and `keys_finite` what it knows of its keys. `enable_gqa` False refuses H != H_kv,
+    as SDPA does."""
     refuse_absolute(enc)
     _check4d(q, "q")
     _check4d(k, "k")
@@ -136,7 +146,8 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
         if padding is not None:  # both hide keys: a key is real when both say so
             key_padding_mask = padding if key_padding_mask is None else key_padding_mask & padding
     default = q_positions is None and k_positions is None
-    return AttentionInputs(q, k, v, qp, kp, float(scale), bool(causal), key_padding_mask, default, general)
+    return AttentionInputs(q, k, v, qp, kp, float(scale), bool(causal), key_padding_mask, default, general,
+                           keys_finite)
 
 
 def refuse_absolute(enc: PositionalEncoding) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import all_finite
+
 _MIN_CAPACITY = 64  # the first allocation of a layer: small prompts then grow by doubling
 
 
@@ -88,6 +90,13 @@ class LayerCache:
         self._angles = _Buffer(1)  # per-position tables an encoding keeps beside its cached keys (pope)
         self._key_mask = _Buffer(1)  # (B, T) bool, True = real token; empty until a mask is first appended
         self.encoded = False
+        self._keys_finite = True  # no cached key (or gate key) is NaN or infinite: checked per append
+
+    @property
+    def keys_finite(self) -> bool:
+        """Whether every cached key (and gate key) is finite: checked on each append (the new keys only), so
+        that a decode step need not read the whole cache for it (the fast paths take finite keys only)."""
+        return self._keys_finite
 
     @property
     def keys(self) -> torch.Tensor | None:  # (B, Hkv, T, D) raw keys, or encoded keys when `encoded`
@@ -202,6 +211,7 @@ class LayerCache:
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (keys, values, gate_keys, self.keys, self.values, self.gate_keys))
         self._append_key_mask(key_mask, keys, grad)  # before the keys: it reads the cached length
+        self._keys_finite = (self._keys_finite or not self.length) and all_finite(keys, gate_keys)
         self._keys.append(keys, self._reserve, grad)
         self._values.append(values, self._reserve, grad)
         self._positions.append(positions, self._reserve, grad)
@@ -241,6 +251,7 @@ class LayerCache:
         for buf in (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles):
             if buf.data is not None and buf.length and buf.data.shape[0] == batch:
                 buf.data = buf.data.index_select(0, index.to(buf.data.device))
+        self._recheck_keys()
 
     def crop(self, length: int) -> None:
         """Keep the first `length` cached tokens (drop the rest): rejected drafts, beam restarts, benchmarks."""
@@ -251,6 +262,12 @@ class LayerCache:
         self._angles.length = min(self._angles.length, length)
         self._gate_keys.length = min(self._gate_keys.length, length)
         self._key_mask.length = min(self._key_mask.length, length)
+        self._recheck_keys()
+
+    def _recheck_keys(self) -> None:
+        # keys were dropped: those that were not finite may be gone (a finite cache stays finite)
+        if not self._keys_finite:
+            self._keys_finite = not self.length or all_finite(self.keys, self.gate_keys)
 
 
 class KVCache:

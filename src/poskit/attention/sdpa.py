@@ -86,7 +86,7 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     columns of the output are sliced off.
     """
     groups = q.shape[1] // k.shape[1]
-    if not all_finite(q, k, bias):
+    if not all_finite(q, inp.keys_to_check(k), bias):
         return _materialised(inp, q, k, v, bias)  # checked before merging the attn_mask, whose -inf is a mask
     dv = v.shape[-1]
     if dv < q.shape[-1] and q.device.type == "cpu":
