@@ -134,3 +134,24 @@ def test_a_decode_step_does_not_read_the_cache_to_check_it_is_finite(name):
     assert not cache.layer(0).keys_finite
     out = cached_attention(q1, k1 * 0, v1, enc, cache, 0, torch.tensor([42]))
     assert out[0, :2].isnan().all() and torch.isfinite(out[0, 2:]).all()  # kv head 0 serves query heads 0, 1
+
+
+@pytest.mark.parametrize("name", ["rope-dynamic", "xpos"])
+def test_re_encoding_raw_keys_reads_the_cache_in_place(name):
+    """Encodings that re-encode the cached raw keys at every step (dynamic NTK, xPos) allocate the encoded keys,
+    and nothing more for a cache with room to grow (whose keys are a view with gaps between heads) than for a
+    filled one: the rotation made the view contiguous first, a copy of the cache per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    enc = build(name)
+    allocated = {}
+    for room in (1, 64):
+        cache = KVCache(1, max_length=200 + room)
+        q, k, v = make_qkv(B=2, H=4, Hkv=4, Tq=200, Tk=200, dtype=torch.float32)
+        cached_attention(q, k, v, enc, cache, 0, torch.arange(200))
+        q1, k1, v1 = make_qkv(B=2, H=4, Hkv=4, Tq=1, Tk=1, gen_seed=1, dtype=torch.float32)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([200]))
+        allocated[room] = sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
+    cache_keys = 2 * 4 * 201 * 16 * 4
+    assert allocated[64] < allocated[1] + cache_keys / 4, allocated

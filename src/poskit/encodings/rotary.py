@@ -30,7 +30,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
         if x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
             # a complex multiply is one fused kernel forward and backward: ~6x faster than stack/flatten on CPU;
             # inductor has no complex codegen (it falls back to eager ops), so traced code takes the real form
-            pairs = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], rd // 2, 2).contiguous())
+            pairs = torch.view_as_complex(_complex_viewable(x_rot.reshape(*x_rot.shape[:-1], rd // 2, 2)))
             out = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
         else:
             x0, x1 = x_rot[..., 0::2], x_rot[..., 1::2]
@@ -39,6 +39,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
         x0, x1 = x_rot[..., : rd // 2], x_rot[..., rd // 2 :]
         out = torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
     return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
+
+
+def _complex_viewable(x: torch.Tensor) -> torch.Tensor:
+    """x (..., 2) as torch.view_as_complex takes it: x itself where its pairs are adjacent and every other stride
+    and its offset are even (a KV cache's view, whose heads lie `capacity` rows apart, is: copying it would cost a
+    copy of the cache at every decode step), else a contiguous copy."""
+    even = all(s % 2 == 0 for s in x.stride()[:-1]) and x.storage_offset() % 2 == 0
+    return x if x.stride(-1) == 1 and even else x.contiguous()
 
 
 def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None = None) -> torch.Tensor:
