@@ -9,8 +9,9 @@
 // a query tile's last visible key are skipped, and the bias of a tile is generated from the positions.
 //
 // Layout: q (B, H, Tq, E) contiguous, k (B, Hkv, Tk, E) and v (B, Hkv, Tk, Dv) with contiguous rows (their heads
-// may lie apart: Problem::k_at); query head h reads kv head h / (H / Hkv). Positions: (P, Tq) and (P, Tk) int64 with P = 1 (shared by the batch) or B. Causal *by
-// position*: key s is visible to query t iff kpos[s] <= qpos[t]; the key padding mask (B, Tk) bool hides keys.
+// may lie apart: Problem::k_at); query head h reads kv head h / (H / Hkv). Positions: (P, Tq) and (P, Tk) int64
+// with P = 1 (shared by the batch) or B. Causal *by position*: key s is visible to query t iff kpos[s] <= qpos[t];
+// the key padding mask (B, Tk) bool hides keys.
 //
 // Bias forms (what an encoding declares, encodings/kernel_bias.py):
 //   none;
