@@ -1,4 +1,4 @@
-"""Padding everywhere, decoding included (issue 18 item 2): the KV cache keeps a padding mask per key and
+"""Padding everywhere, decoding included: the KV cache keeps a padding mask per key and
 Transformer.forward/generate take Hugging Face's attention_mask (B, T), 1 = real token."""
 import pytest
 import torch
