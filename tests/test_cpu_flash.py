@@ -794,9 +794,22 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     if products is not None:
         assert products["products_ms"] > 0 and products["widened_ms"] > 0
         assert products["use"] == kc.decide(products["products_ms"], products["widened_ms"])
+    # a decode step against cached encoded keys, at each of DECODE_QUERY_COUNTS new queries; the form's own
+    # decision is the one-query step's
+    by_queries = {}
+    for dtype in kc.DTYPES:
+        entry = doc["results"][f"qk_equal_decode/{dtype}"]
+        assert set(entry["queries"]) == {str(n) for n in kc.DECODE_QUERY_COUNTS}
+        for n, timed in entry["queries"].items():
+            assert timed["kernel_ms"] > 0 and timed["fallback_ms"] > 0
+            assert timed["kernel"] == kc.decide(timed["kernel_ms"], timed["fallback_ms"], "qk_equal_decode")
+        assert {k: entry["queries"]["1"][k] for k in ("kernel_ms", "fallback_ms", "kernel")} == {
+            k: entry[k] for k in ("kernel_ms", "fallback_ms", "kernel")}
+        by_queries[dtype] = tuple((int(n), timed["kernel"]) for n, timed in sorted(
+            entry["queries"].items(), key=lambda item: int(item[0])))
     assert kc.read(tmp_path / kc.FILE_NAME) == kc.Calibration(
         {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}, tile["block_q"],
-        products["use"] if products else None)
+        products["use"] if products else None, by_queries)
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 
@@ -1081,3 +1094,64 @@ def test_keys_and_values_with_gaps_between_heads_are_read_in_place(kernel, dtype
     atol = 2e-5 if dtype == torch.float32 else 3e-2
     check_against_formula(q, k, v, 0.3, qp, kp, True, pad, bias, (4, 16), atol=atol, bias_atol=atol * 10,
                           bf16_products=products)
+
+
+def _calibration_with_decode_queries(directory, queries, full_sequences):
+    """A calibration whose fp32 decode step against cached encoded keys was measured at these query counts
+    ({count: kernel faster}); full sequences (qk_equal) as given; every other form on the kernel."""
+    from poskit.attention import kernel_calibration as kc
+
+    results = {f"{form}/{dtype}": {"kernel": True} for form in kc.FORMS for dtype in kc.DTYPES}
+    results["qk_equal/float32"]["kernel"] = full_sequences
+    timed = {str(n): {"kernel_ms": 1.0, "fallback_ms": 1.0, "kernel": use} for n, use in queries.items()}
+    results["qk_equal_decode/float32"] = {"kernel": queries[min(queries)], "queries": timed}
+    kc.write(directory / kernel_build.LIBRARY_NAME, {"results": results})
+
+
+def _served_with_queries(enc, n):
+    from poskit.attention.engine import prepare
+
+    q, k = torch.randn(1, 4, n, 8), torch.randn(1, 4, 50, 8)
+    inp = prepare(q, k, k, enc, causal=True, q_positions=torch.arange(50 - n, 50), k_positions=torch.arange(50),
+                  scale=None)
+    return cpu_flash.serves_encoded_keys(inp, enc)
+
+
+def test_calls_against_cached_keys_follow_the_decision_measured_at_the_next_query_count(kernel, tmp_path,
+                                                                                       monkeypatch):
+    # where the kernel starts to beat SDPA against cached keys depends on the CPU: each call takes the decision
+    # measured at the smallest measured count of new queries at or above its own, and past the largest, the
+    # full-sequence decision
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    enc = _equal_width("rope")
+    _calibration_with_decode_queries(tmp_path, {1: False, 4: True, 16: False, 64: True}, full_sequences=False)
+    served = {n: _served_with_queries(enc, n) for n in (1, 2, 4, 5, 16, 17, 40, 64, 65)}
+    assert served == {1: False, 2: True, 4: True, 5: False, 16: False, 17: True, 40: True, 64: True, 65: False}
+    _calibration_with_decode_queries(tmp_path, {1: True, 4: False, 16: False, 64: False}, full_sequences=True)
+    assert [_served_with_queries(enc, n) for n in (1, 3, 64, 65)] == [True, False, False, True]
+
+
+def test_a_calibration_without_decode_query_counts_keeps_the_one_step_rule(kernel, tmp_path, monkeypatch):
+    # written before the counts were measured: up to DECODE_QUERIES queries take the one-query decision
+    from poskit.attention import kernel_calibration as kc
+
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    results = {f"{form}/{dtype}": {"kernel": True} for form in kc.FORMS for dtype in kc.DTYPES}
+    results["qk_equal/float32"]["kernel"] = False
+    kc.write(tmp_path / kernel_build.LIBRARY_NAME, {"results": results})
+    enc = _equal_width("rope")
+    assert [_served_with_queries(enc, n) for n in (1, kc.DECODE_QUERIES, kc.DECODE_QUERIES + 1)] == [
+        True, True, False]
+
+
+@pytest.mark.parametrize("queries, why", [({"0": True}, "query count"), ({"4": "yes"}, "true or false"),
+                                          ({"x": True}, "query count")])
+def test_a_malformed_decode_query_count_is_named(tmp_path, queries, why):
+    from poskit.attention import kernel_calibration as kc
+
+    results = {"qk_equal_decode/float32": {"kernel": True, "queries": {
+        n: {"kernel_ms": 1.0, "fallback_ms": 1.0, "kernel": use} for n, use in queries.items()}}}
+    path = tmp_path / kc.FILE_NAME
+    path.write_text(json.dumps({"results": results}))
+    with pytest.raises(kc.CalibrationError, match=re.escape(str(path)) + ".*" + why):
+        kc.read(path)

@@ -181,10 +181,6 @@ def as_table(bias: KernelBias, q_positions, k_positions) -> KernelBias | None:
 
 QK = "qk"  # what `serves` returns for a q/k encoding with q/k wider than v (the kernel takes its encoded q/k)
 QK_EQUAL = "qk_equal"  # ... and for equal widths (the kernel takes transform_qk's q/k)
-QK_EQUAL_DECODE = "qk_equal_decode"  # the calibration's form for equal widths against cached encoded keys
-# Up to this many queries, a call against cached encoded keys is a decode step (QK_EQUAL_DECODE's measurement);
-# more (a prefill) take QK_EQUAL's decision.
-DECODE_QUERIES = 16
 
 
 def serves(inp: AttentionInputs, enc):
@@ -223,14 +219,14 @@ def serves(inp: AttentionInputs, enc):
 
 def serves_encoded_keys(inp: AttentionInputs, enc) -> bool:
     """Whether the kernel serves an equal-width q/k encoding's call against keys cached already encoded (a KV
-    cache's decode or prefill): serves()'s conditions, under QK_EQUAL_DECODE's decision for up to DECODE_QUERIES
-    queries and QK_EQUAL's for more. (Wider q/k against encoded keys keep the blocked path.)"""
+    cache's decode or prefill): serves()'s conditions, under this machine's decision for that many new queries
+    (kernel_calibration.encoded_keys_kernel_wins). (Wider q/k against encoded keys keep the blocked path.)"""
     if enc.kind != "qk" or qk_served(enc) or not _call_served(inp):
         return False
     if inp.causal and not _scalar_positions(inp):
         return False
-    form = QK_EQUAL_DECODE if inp.q.shape[2] <= DECODE_QUERIES else QK_EQUAL
-    if not (_loaded_or_built() and available() and kernel_calibration.kernel_wins(_library, form, inp.q.dtype)):
+    if not (_loaded_or_built() and available()
+            and kernel_calibration.encoded_keys_kernel_wins(_library, inp.q.shape[2], inp.q.dtype)):
         return False
     return all_finite(inp.q, inp.keys_to_check())
 

@@ -6,7 +6,9 @@ without it (POSKIT_CPU_KERNEL=0's: blocked, padded SDPA) faster for that kind of
 dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALiBi, T5, KERPLE, ...),
 "offset_embeddings" (relative PE's q . e), "contextual" (CoPE with gates from the keys), and equal-width q/k (the
 rope family, xPos), which SDPA's own flash kernel serves too: "qk_equal" for full sequences and
-"qk_equal_decode" for a few queries against cached keys (DECODE_SHAPE, forward only), each in fp32 and bf16.
+"qk_equal_decode" for new queries against cached keys (DECODE_SHAPE, forward only, at each of
+DECODE_QUERY_COUNTS new queries: a call takes the decision of the smallest count at or above its own, and past
+the largest, qk_equal's), each in fp32 and bf16.
 `poskit kernel calibrate` measures it (cli/kernel.py; and `poskit kernel build` after building): forward +
 backward of one causal call per form and dtype at B=2, H=8, T=1024, d=64 with the threads torch has, medians of
 interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN (a MEASURED_ONLY
@@ -56,8 +58,14 @@ ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
               "qk_equal": ("rope", {}), "qk_equal_decode": ("rope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
-# "qk_equal_decode": one new query per sequence against T cached keys, the step timed alone (memory-bound)
+# "qk_equal_decode": new queries per sequence against T cached keys, the step timed alone (memory-bound for one
+# query; the kernel's advantage grows with the count: on the AVX-512 AMD EPYC of docs/benchmarks.md SDPA was
+# faster in fp32 up to 4 queries and the kernel from 16)
 DECODE_SHAPE = {"B": 8, "H": 8, "T": 8192, "D": 64}
+DECODE_QUERY_COUNTS = (1, 4, 16, 64)
+# Without counts measured (a calibration written before they were), up to this many queries against cached keys
+# take qk_equal_decode's one decision and more take qk_equal's.
+DECODE_QUERIES = 16
 # The kernel's backward query tile from cpu_flash.LONG_KEYS keys on, measured at this shape (PoPE's 128-wide q/k,
 # 64-wide values: the widest case the kernel serves by default), one choice per machine: whether a head's keys,
 # values and their gradients stay in cache at that length depends on the CPU's caches.
@@ -77,6 +85,8 @@ class Calibration:
     kernel: dict = field(default_factory=dict)  # {(form, dtype name): whether the kernel serves}
     long_block_q: int | None = None  # the backward's query tile from cpu_flash.LONG_KEYS keys on
     bf16_products: bool | None = None  # whether bf16 calls take the kernel's bf16 products
+    # {dtype name: ((new queries, whether the kernel serves), ...) ascending}: qk_equal_decode by query count
+    decode_queries: dict = field(default_factory=dict)
 
 
 NOTHING_MEASURED = Calibration()
@@ -98,12 +108,14 @@ def read(path: Path) -> Calibration:
     """A calibration file's decisions (CalibrationError naming the file where it cannot be read)."""
     try:
         doc = json.loads(Path(path).read_text())
-        kernel = {}
+        kernel, decode_queries = {}, {}
         for key, entry in doc["results"].items():
             form, dtype = key.split("/")
             if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
                 raise ValueError(f"entry {key!r}")
             kernel[(form, dtype)] = entry["kernel"]
+            if "queries" in entry:  # absent in a calibration written before the counts were measured
+                decode_queries[dtype] = _read_query_counts(key, entry["queries"])
         products = None
         if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
             products = doc["bf16_products"]["use"]
@@ -114,10 +126,21 @@ def read(path: Path) -> Calibration:
             tile = doc["backward_tile"]["block_q"]
             if type(tile) is not int or tile not in TILE_CHOICES:
                 raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
-        return Calibration(kernel, tile, products)
+        return Calibration(kernel, tile, products, decode_queries)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CalibrationError(f"{path}: not a readable kernel calibration ({type(err).__name__}: {err}); "
                                "`poskit kernel calibrate` writes it again") from None
+
+
+def _read_query_counts(key: str, queries: dict) -> tuple:
+    counts = []
+    for count, timed in queries.items():
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{key}: {count!r} is not a query count (a positive integer)")
+        if not isinstance(timed.get("kernel"), bool):
+            raise ValueError(f"{key}: the decision at {count} queries is not true or false")
+        counts.append((int(count), timed["kernel"]))
+    return tuple(sorted(counts))
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,6 +175,20 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
         return True
     name = next((n for n, d in DTYPES.items() if d == dtype), None)
     return decisions(library).kernel.get((form, name), form not in MEASURED_ONLY)
+
+
+def encoded_keys_kernel_wins(library: Path | None, queries: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel should serve `queries` new queries of an equal-width q/k encoding against cached encoded
+    keys: the decision measured at the smallest of this machine's DECODE_QUERY_COUNTS at or above `queries`, and
+    past the largest, full sequences' (qk_equal); without counts measured, qk_equal_decode's one decision up to
+    DECODE_QUERIES queries and qk_equal's beyond."""
+    if _measuring:
+        return True
+    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    counts = decisions(library).decode_queries.get(name)
+    if counts:
+        return next((use for count, use in counts if queries <= count), kernel_wins(library, "qk_equal", dtype))
+    return kernel_wins(library, "qk_equal_decode" if queries <= DECODE_QUERIES else "qk_equal", dtype)
 
 
 def bf16_products_win(library: Path | None) -> bool:

@@ -105,9 +105,10 @@ def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
     return ms["1"], ms["0"]
 
 
-def _timed_decode_pair(enc, dtype, rounds: int) -> tuple[float, float]:
-    """(kernel ms, ms without it) of one decode step against cached encoded keys at
-    kernel_calibration.DECODE_SHAPE: one new query per sequence, appended and attended, the cache rolled back."""
+def _timed_decode_pair(enc, dtype, rounds: int, queries: int = 1) -> tuple[float, float]:
+    """(kernel ms, ms without it) of one step against cached encoded keys at kernel_calibration.DECODE_SHAPE:
+    `queries` new tokens per sequence, appended and attended, the cache rolled back (its room as generation
+    leaves it)."""
     import time
 
     import torch
@@ -118,9 +119,9 @@ def _timed_decode_pair(enc, dtype, rounds: int) -> tuple[float, float]:
     B, H, T, D = shape["B"], shape["H"], shape["T"], shape["D"]
     g = torch.Generator().manual_seed(0)
     k, v = (torch.randn(B, H, T, D, generator=g).to(dtype) for _ in range(2))
-    q1, k1, v1 = (torch.randn(B, H, 1, D, generator=g).to(dtype) for _ in range(3))
-    positions, new = torch.arange(T)[None], torch.tensor([T])
-    cache = KVCache(num_layers=1, max_length=T + 1)
+    q1, k1, v1 = (torch.randn(B, H, queries, D, generator=g).to(dtype) for _ in range(3))
+    positions, new = torch.arange(T)[None], torch.arange(T, T + queries)
+    cache = KVCache(num_layers=1, max_length=T + max(kernel_calibration.DECODE_QUERY_COUNTS))
     with torch.no_grad():
         cache.append(0, enc.encode_k(k, positions), v, positions, encoded=True)
 
@@ -156,14 +157,18 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
             for dtype_name, dtype in kc.DTYPES.items():
                 enc = poskit.build_encoding(name, head_dim=kc.SHAPE["D"], num_heads=kc.SHAPE["H"],
                                             dim=kc.SHAPE["H"] * kc.SHAPE["D"], **options).to(dtype)
-                timed = _timed_decode_pair if form == "qk_equal_decode" else _timed_pair
-                # (rounded as saved first, so that the file's decisions follow from its numbers)
-                kernel_ms, fallback_ms = (round(ms, 2) for ms in timed(enc, dtype, rounds))
-                use = kc.decide(kernel_ms, fallback_ms, form)
-                results[f"{form}/{dtype_name}"] = {"encoding": name, "kernel_ms": kernel_ms,
-                                                   "fallback_ms": fallback_ms, "kernel": use}
-                progress(f"  {form:18s} {dtype_name:8s} kernel {kernel_ms:8.1f} ms   without it {fallback_ms:8.1f} ms"
-                         f"   -> {'kernel' if use else 'without it'}")
+                if form == "qk_equal_decode":
+                    queries = {n: _decided(form, _timed_decode_pair(enc, dtype, rounds, n))
+                               for n in kc.DECODE_QUERY_COUNTS}
+                    entry = {"encoding": name, **queries[1], "queries": {str(n): t for n, t in queries.items()}}
+                else:
+                    entry = {"encoding": name, **_decided(form, _timed_pair(enc, dtype, rounds))}
+                results[f"{form}/{dtype_name}"] = entry
+                progress(f"  {form:18s} {dtype_name:8s} kernel {entry['kernel_ms']:8.1f} ms   without it "
+                         f"{entry['fallback_ms']:8.1f} ms   -> {'kernel' if entry['kernel'] else 'without it'}"
+                         + ("" if "queries" not in entry else "   (by new queries: " + ", ".join(
+                             f"{n}: {'kernel' if t['kernel'] else 'without'}" for n, t in entry["queries"].items())
+                            + ")"))
         backward_tile = _measured_tile(rounds, progress)
         products = _measured_products(rounds, progress)
     doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
@@ -172,6 +177,15 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
         doc["bf16_products"] = products
     kc.write(library, doc)
     return doc
+
+
+def _decided(form: str, timed: tuple[float, float]) -> dict:
+    """{kernel_ms, fallback_ms, kernel}: the times rounded as saved first, so that the file's decisions follow from
+    its numbers."""
+    from poskit.attention import kernel_calibration as kc
+
+    kernel_ms, fallback_ms = (round(ms, 2) for ms in timed)
+    return {"kernel_ms": kernel_ms, "fallback_ms": fallback_ms, "kernel": kc.decide(kernel_ms, fallback_ms, form)}
 
 
 def _measured_tile(rounds: int, progress) -> dict:
