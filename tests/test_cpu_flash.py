@@ -1155,3 +1155,13 @@ def test_a_malformed_decode_query_count_is_named(tmp_path, queries, why):
     path.write_text(json.dumps({"results": results}))
     with pytest.raises(kc.CalibrationError, match=re.escape(str(path)) + ".*" + why):
         kc.read(path)
+
+
+def test_kernel_info_names_the_query_counts_that_stay_on_sdpa(kernel, tmp_path, monkeypatch):
+    from poskit.cli.kernel import _calibration_line
+
+    _calibration_with_decode_queries(tmp_path, {1: False, 4: False, 16: True, 64: True}, full_sequences=True)
+    (tmp_path / kernel_build.LIBRARY_NAME).write_bytes(b"")  # (the line reads a calibration beside a library)
+    line = _calibration_line(tmp_path / kernel_build.LIBRARY_NAME)
+    assert line.endswith("without the kernel for qk_equal_decode/float32 at 1, 4 new queries; backward tile not "
+                         "measured"), line

@@ -258,7 +258,12 @@ def _calibration_line(library) -> str:
     except kernel_calibration.CalibrationError as err:
         return str(err)
     tile, products = found.long_block_q, found.bf16_products
-    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.kernel.items()) if not use]
+    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.kernel.items())
+           if not use and not (form == "qk_equal_decode" and dtype in found.decode_queries)]
+    for dtype, counts in sorted(found.decode_queries.items()):  # measured per count of new queries
+        without = [str(n) for n, use in counts if not use]
+        if without:
+            off.append(f"qk_equal_decode/{dtype} at {', '.join(without)} new queries")
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
             + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
             + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
