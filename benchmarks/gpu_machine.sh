@@ -14,7 +14,8 @@
 # PARTS: any of gpu (the GPU table), gpu-tests, cpu (the CPU tables and the kernel's tests); default all.
 #
 # Writes OUT/env.txt (GPU, CPU, compiler, versions), OUT/<part>/benchmark.json (benchmark documents: copied to
-# docs/results/bench-<what>-<machine>/ they become committed evidence that `poskit report` renders) and
+# docs/results/bench-<what>-<machine>/ they become committed evidence that `poskit report` renders),
+# OUT/cpu-calibration.json (the kernel's calibration on this CPU, when the cpu part runs) and
 # OUT/logs.tar.gz. POSKIT_CODE_COMMIT names the commit when the checkout travels without its .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,11 +49,14 @@ if has cpu; then
     stamp "building the CPU kernel"
     pinned 8-15 "$PY" -m poskit.cli kernel build > "$LOGS/kernel-build.log" 2>&1
     stamp "kernel build rc=$?"; tail -3 "$LOGS/kernel-build.log"
+    # the calibration `kernel build` wrote (this CPU's routing decisions and their timings), kept as evidence
+    calibration=$("$PY" -c 'from poskit.attention import kernel_build, kernel_calibration as kc
+print(kc.path_for(kernel_build.cached_library()))' 2>/dev/null) && cp "$calibration" "$OUT/cpu-calibration.json"
 fi
 
 cpu_attention() {
     pinned 8,9 timeout 400 "$PY" benchmarks/attention.py --shapes 1x4096,8x1024 --dtypes fp32,bf16 --modes fwdbwd \
-        --encodings pope,alibi,cope,relative-capped --skip-peers --skip-decode --threads 2 --repeats 3 \
+        --encodings rope,pope,alibi,cope,relative-capped --skip-peers --skip-decode --threads 2 --repeats 5 \
         --json "$OUT/cpu-attention/benchmark.json" > "$LOGS/cpu-attention.log" 2>&1
     stamp "cpu attention rc=$?"
 }
@@ -63,7 +67,7 @@ cpu_decode() {
 }
 cpu_train_step() {
     pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
-        --threads 2 --json "$OUT/cpu-train-step/benchmark.json" > "$LOGS/cpu-train-step.log" 2>&1
+        --threads 2 --rounds 7 --json "$OUT/cpu-train-step/benchmark.json" > "$LOGS/cpu-train-step.log" 2>&1
     stamp "cpu train step rc=$?"
 }
 gpu() {
