@@ -1144,12 +1144,13 @@ def test_a_calibration_without_decode_query_counts_keeps_the_one_step_rule(kerne
         True, True, False]
 
 
-@pytest.mark.parametrize("queries, why", [({"0": True}, "query count"), ({"4": "yes"}, "true or false"),
-                                          ({"x": True}, "query count")])
-def test_a_malformed_decode_query_count_is_named(tmp_path, queries, why):
+@pytest.mark.parametrize("form, queries, why", [
+    ("qk_equal_decode", {"0": True}, "query count"), ("qk_equal_decode", {"4": "yes"}, "true or false"),
+    ("qk_equal_decode", {"x": True}, "query count"), ("qk", {"4": True}, "only qk_equal_decode")])
+def test_a_malformed_decode_query_count_is_named(tmp_path, form, queries, why):
     from poskit.attention import kernel_calibration as kc
 
-    results = {"qk_equal_decode/float32": {"kernel": True, "queries": {
+    results = {f"{form}/float32": {"kernel": True, "queries": {
         n: {"kernel_ms": 1.0, "fallback_ms": 1.0, "kernel": use} for n, use in queries.items()}}}
     path = tmp_path / kc.FILE_NAME
     path.write_text(json.dumps({"results": results}))

@@ -115,6 +115,8 @@ def read(path: Path) -> Calibration:
                 raise ValueError(f"entry {key!r}")
             kernel[(form, dtype)] = entry["kernel"]
             if "queries" in entry:  # absent in a calibration written before the counts were measured
+                if form != "qk_equal_decode":
+                    raise ValueError(f"{key}: only qk_equal_decode is timed by query count")
                 decode_queries[dtype] = _read_query_counts(key, entry["queries"])
         products = None
         if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
