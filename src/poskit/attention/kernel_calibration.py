@@ -107,31 +107,36 @@ def decide(kernel_ms: float, fallback_ms: float, form: str | None = None) -> boo
 def read(path: Path) -> Calibration:
     """A calibration file's decisions (CalibrationError naming the file where it cannot be read)."""
     try:
-        doc = json.loads(Path(path).read_text())
-        kernel, decode_queries = {}, {}
-        for key, entry in doc["results"].items():
-            form, dtype = key.split("/")
-            if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
-                raise ValueError(f"entry {key!r}")
-            kernel[(form, dtype)] = entry["kernel"]
-            if "queries" in entry:  # absent in a calibration written before the counts were measured
-                if form != "qk_equal_decode":
-                    raise ValueError(f"{key}: only qk_equal_decode is timed by query count")
-                decode_queries[dtype] = _read_query_counts(key, entry["queries"])
-        products = None
-        if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
-            products = doc["bf16_products"]["use"]
-            if not isinstance(products, bool):
-                raise ValueError(f"bf16_products.use {products!r} is not true or false")
-        tile = None
-        if "backward_tile" in doc:  # absent in a calibration written before tiles were measured
-            tile = doc["backward_tile"]["block_q"]
-            if type(tile) is not int or tile not in TILE_CHOICES:
-                raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
-        return Calibration(kernel, tile, products, decode_queries)
+        return parse(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CalibrationError(f"{path}: not a readable kernel calibration ({type(err).__name__}: {err}); "
                                "`poskit kernel calibrate` writes it again") from None
+
+
+def parse(doc: dict) -> Calibration:
+    """A calibration document's decisions (as `write` takes it); ValueError, KeyError, TypeError or
+    AttributeError where it is not one (read() names the file)."""
+    kernel, decode_queries = {}, {}
+    for key, entry in doc["results"].items():
+        form, dtype = key.split("/")
+        if form not in FORMS or dtype not in DTYPES or not isinstance(entry.get("kernel"), bool):
+            raise ValueError(f"entry {key!r}")
+        kernel[(form, dtype)] = entry["kernel"]
+        if "queries" in entry:  # absent in a calibration written before the counts were measured
+            if form != "qk_equal_decode":
+                raise ValueError(f"{key}: only qk_equal_decode is timed by query count")
+            decode_queries[dtype] = _read_query_counts(key, entry["queries"])
+    products = None
+    if "bf16_products" in doc:  # absent where the CPU cannot, or in a calibration written before they existed
+        products = doc["bf16_products"]["use"]
+        if not isinstance(products, bool):
+            raise ValueError(f"bf16_products.use {products!r} is not true or false")
+    tile = None
+    if "backward_tile" in doc:  # absent in a calibration written before tiles were measured
+        tile = doc["backward_tile"]["block_q"]
+        if type(tile) is not int or tile not in TILE_CHOICES:
+            raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
+    return Calibration(kernel, tile, products, decode_queries)
 
 
 def _read_query_counts(key: str, queries: dict) -> tuple:

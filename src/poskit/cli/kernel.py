@@ -228,15 +228,25 @@ def _calibrate(library) -> None:
     from poskit.attention import kernel_calibration
 
     print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
-    doc = calibrate(library)
-    off = [key for key, entry in doc["results"].items() if not entry["kernel"]]
-    tile = doc.get("backward_tile", {}).get("block_q")
-    products = doc.get("bf16_products", {}).get("use")
+    found = kernel_calibration.parse(calibrate(library))
+    off, tile, products = _without_kernel(found), found.long_block_q, found.bf16_products
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
           + ("every form and dtype" if not off else f"all but {', '.join(off)}")
           + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else "")
           + ({True: "; bf16 calls take bf16 products", False: "; bf16 is widened to fp32 (products measured slower)",
               None: ""}[products]))
+
+
+def _without_kernel(found) -> list[str]:
+    """The forms and dtypes a calibration keeps off the kernel ("form/dtype"; for the decode form measured per
+    count of new queries, the counts)."""
+    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.kernel.items())
+           if not use and not (form == "qk_equal_decode" and dtype in found.decode_queries)]
+    for dtype, counts in sorted(found.decode_queries.items()):
+        without = [str(n) for n, use in counts if not use]
+        if without:
+            off.append(f"qk_equal_decode/{dtype} at {', '.join(without)} new queries")
+    return off
 
 
 def _calibration_line(library) -> str:
@@ -257,13 +267,7 @@ def _calibration_line(library) -> str:
         found = kernel_calibration.read(path)
     except kernel_calibration.CalibrationError as err:
         return str(err)
-    tile, products = found.long_block_q, found.bf16_products
-    off = [f"{form}/{dtype}" for (form, dtype), use in sorted(found.kernel.items())
-           if not use and not (form == "qk_equal_decode" and dtype in found.decode_queries)]
-    for dtype, counts in sorted(found.decode_queries.items()):  # measured per count of new queries
-        without = [str(n) for n, use in counts if not use]
-        if without:
-            off.append(f"qk_equal_decode/{dtype} at {', '.join(without)} new queries")
+    tile, products, off = found.long_block_q, found.bf16_products, _without_kernel(found)
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
             + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
             + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
