@@ -59,8 +59,8 @@ ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 # "qk_equal_decode": new queries per sequence against T cached keys, the step timed alone (memory-bound for one
-# query; the kernel's advantage grows with the count: on the AVX-512 AMD EPYC of docs/benchmarks.md SDPA was
-# faster in fp32 up to 4 queries and the kernel from 16)
+# query; the kernel's advantage grows with the count: docs/benchmarks.md, "Decode against a cache with room to
+# grow", gives one machine's times at each count)
 DECODE_SHAPE = {"B": 8, "H": 8, "T": 8192, "D": 64}
 DECODE_QUERY_COUNTS = (1, 4, 16, 64)
 # Without counts measured (a calibration written before they were), up to this many queries against cached keys
