@@ -1131,6 +1131,29 @@ def test_calls_against_cached_keys_follow_the_decision_measured_at_the_next_quer
     assert [_served_with_queries(enc, n) for n in (1, 3, 64, 65)] == [True, False, False, True]
 
 
+@pytest.mark.parametrize("label", ["rope-dynamic", "xpos"])
+def test_raw_keys_against_more_keys_follow_the_decision_at_their_query_count(kernel, tmp_path, monkeypatch, label):
+    # the encodings that cache raw keys and re-encode them every step (serves(), not serves_encoded_keys) take
+    # the same per-count decision for a few queries against more keys as the encoded-keys path; calls with as
+    # many queries as keys take the full-sequence one
+    from poskit.attention.engine import prepare
+
+    monkeypatch.setattr(cpu_flash, "_library", tmp_path / kernel_build.LIBRARY_NAME)
+    enc = _equal_width(label)
+
+    def served(n, keys=50):
+        q, k = torch.randn(1, 4, n, 8), torch.randn(1, 4, keys, 8)
+        inp = prepare(q, k, k, enc, causal=True, q_positions=torch.arange(keys - n, keys),
+                      k_positions=torch.arange(keys), scale=None)
+        return cpu_flash.serves(inp, enc) == cpu_flash.QK_EQUAL
+
+    _calibration_with_decode_queries(tmp_path, {1: False, 4: True, 16: False, 64: True}, full_sequences=False)
+    assert {n: served(n) for n in (1, 4, 16, 40, 50)} == {1: False, 4: True, 16: False, 40: True, 50: False}
+    assert not served(80, keys=100)  # past the largest count: the full-sequence decision
+    _calibration_with_decode_queries(tmp_path, {1: True, 4: False, 16: False, 64: False}, full_sequences=True)
+    assert {n: served(n) for n in (1, 4, 40, 50)} == {1: True, 4: False, 40: False, 50: True}
+
+
 def test_a_calibration_without_decode_query_counts_keeps_the_one_step_rule(kernel, tmp_path, monkeypatch):
     # written before the counts were measured: up to DECODE_QUERIES queries take the one-query decision
     from poskit.attention import kernel_calibration as kc

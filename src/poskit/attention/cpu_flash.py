@@ -201,8 +201,7 @@ def serves(inp: AttentionInputs, enc):
         if inp.causal and not _scalar_positions(inp):
             return None
         found = QK if qk_served(enc) else QK_EQUAL
-        if found == QK_EQUAL and not (_loaded_or_built() and available()
-                                      and kernel_calibration.kernel_wins(_library, QK_EQUAL, q.dtype)):
+        if found == QK_EQUAL and not (_loaded_or_built() and available() and _equal_widths_kernel_wins(inp)):
             return None  # (decided before the finiteness check, which would read q and k for nothing)
     else:
         found = kernel_bias_for(inp, enc)
@@ -212,21 +211,33 @@ def serves(inp: AttentionInputs, enc):
         return None
     if not available():
         return None
+    if found == QK_EQUAL:
+        return found  # (measured above)
     # a calibration of this machine may have measured the path without the kernel faster for this form and dtype
     form = found if isinstance(found, str) else found.form
     return found if kernel_calibration.kernel_wins(_library, form, q.dtype) else None
 
 
+def _equal_widths_kernel_wins(inp: AttentionInputs) -> bool:
+    """This machine's decision for equal-width q/k: fewer queries than keys (a step against a KV cache, whose raw
+    keys rope-dynamic and xPos re-encode every step) take the decision measured for that many new queries, as
+    calls against cached encoded keys do; the rest the full-sequence one."""
+    queries = inp.q.shape[2]
+    if queries < inp.k.shape[2]:
+        return kernel_calibration.cached_keys_kernel_wins(_library, queries, inp.q.dtype)
+    return kernel_calibration.kernel_wins(_library, QK_EQUAL, inp.q.dtype)
+
+
 def serves_encoded_keys(inp: AttentionInputs, enc) -> bool:
     """Whether the kernel serves an equal-width q/k encoding's call against keys cached already encoded (a KV
     cache's decode or prefill): serves()'s conditions, under this machine's decision for that many new queries
-    (kernel_calibration.encoded_keys_kernel_wins). (Wider q/k against encoded keys keep the blocked path.)"""
+    (kernel_calibration.cached_keys_kernel_wins). (Wider q/k against encoded keys keep the blocked path.)"""
     if enc.kind != "qk" or qk_served(enc) or not _call_served(inp):
         return False
     if inp.causal and not _scalar_positions(inp):
         return False
     if not (_loaded_or_built() and available()
-            and kernel_calibration.encoded_keys_kernel_wins(_library, inp.q.shape[2], inp.q.dtype)):
+            and kernel_calibration.cached_keys_kernel_wins(_library, inp.q.shape[2], inp.q.dtype)):
         return False
     return all_finite(inp.q, inp.keys_to_check())
 
