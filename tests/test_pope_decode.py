@@ -108,7 +108,7 @@ def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
     def broken():
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(pope_decode, "_compiled", lambda: (broken, broken))
+    monkeypatch.setattr(pope_decode, "_compiled", lambda: (broken, broken, broken))
     monkeypatch.setattr(pope_decode, "_fused_failed", False)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -116,6 +116,31 @@ def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
     assert any("could not be compiled" in str(w.message) for w in caught)
     assert not pope_decode.fused_decode_enabled()  # not retried in this process
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_half_precision_values_with_room_to_grow_equal_the_reference(monkeypatch, dtype, compiled):
+    # a KV cache with room keeps its values as a view with gaps between heads: one query row per kv head takes
+    # the compiled weighted sum over them, more rows (grouped heads) and a machine that cannot compile one
+    # product per head; each equals the float64 formula within the dtype's roundings
+    monkeypatch.setattr(pope_decode, "_fused_failed", False)
+    calls = []
+    run = pope_decode._run_weighted_values
+    monkeypatch.setattr(pope_decode, "_run_weighted_values", lambda *a: calls.append(1) or run(*a))
+    if not compiled:
+        monkeypatch.setenv("POSKIT_FUSED_DECODE", "0")
+    enc = build("pope", num_heads=4, dtype=torch.float32)
+    positions = torch.arange(40)
+    for kv_heads in (4, 2):
+        calls.clear()
+        q, k, v = make_qkv(B=2, H=4, Hkv=kv_heads, Tq=40, Tk=40, dtype=torch.float32)
+        cache = KVCache(num_layers=1, max_length=64)
+        with torch.no_grad():
+            out = _decode(enc.to(dtype), *(t.to(dtype) for t in (q, k, v)), positions, prefill=30, cache=cache)
+        assert not cache.layer(0).values.is_contiguous()
+        torch.testing.assert_close(out.double(), _reference(enc, q, k, v, positions), atol=2e-2, rtol=2e-2)
+        assert len(calls) == (10 if compiled and kv_heads == 4 else 0)
 
 
 def test_cache_holds_magnitudes_and_angles_of_each_position():

@@ -64,15 +64,23 @@ def _magnitude_logits(mu_k, a, b, k_angles):
     return (mu_k.float()[:, :, None] * (a[..., None, :] * kc + b[..., None, :] * ks)).sum(-1)
 
 
+def _weighted_values(weights, v):
+    """(B, Hkv, 1, Dv) fp32: weights (B, Hkv, 1, L) fp32 @ v (B, Hkv, L, Dv) as one loop over the values where they
+    lie, for a KV cache's bf16/fp16 values with room to grow: torch's batched product copies such a view whole,
+    and one product per head measured slower for one query row (docs/benchmarks.md, "Decode against a cache with
+    room to grow"). One row only: the loop reads the values once per row, a product once in all."""
+    return (weights[..., None] * v[:, :, None].float()).sum(-2)
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled():
     compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True)
-    return compile_(_query_rows), compile_(_magnitude_logits)
+    return compile_(_query_rows), compile_(_magnitude_logits), compile_(_weighted_values)
 
 
 # Even with dynamic shapes, torch.compile specialises sizes 0 and 1 and the input dtypes: batch 1 or more, one kv
 # head or more, one query per kv head or more, per-sequence or shared positions, and the cache's dtype give up
-# to 48 variants of these two functions in one process. torch's default of 8 per function was exhausted by a
+# to 48 variants of each of these functions in one process. torch's default of 8 per function was exhausted by a
 # process that decoded at batch 1 and 2 with two head layouts (tests/test_pope_decode.py), after which every
 # call fell back. A variant past that limit is compiled again with the limit raised for that call alone: only
 # there, where a compile happens anyway, because the patch costs about 28 us, too much for every decode step.
@@ -81,10 +89,14 @@ _RECOMPILE_LIMIT = 64
 _limit_warned = False
 
 
-def _run_compiled(mu_q, q_angles, delta, mu_k, k_angles, scale: float):
-    query_rows, magnitude_logits = _compiled()
+def _run_logits(mu_q, q_angles, delta, mu_k, k_angles, scale: float):
+    query_rows, magnitude_logits, _ = _compiled()
     a, b = query_rows(mu_q, q_angles, delta, scale, mu_k.shape[1])
     return magnitude_logits(mu_k, a, b, k_angles)
+
+
+def _run_weighted_values(weights, v):
+    return _compiled()[2](weights, v)
 
 
 def _is_recompile_limit(err: Exception) -> bool:
@@ -96,39 +108,51 @@ def _is_recompile_limit(err: Exception) -> bool:
 def _fused_logits(q, q_angles, delta, mu_k, k_angles, scale: float, softplus: bool):
     """(B, Hkv, groups * Tq, L) fp32 logits by the compiled kernels, or None when they cannot run here (then
     the caller takes the exact fallback)."""
-    global _fused_failed, _limit_warned
     qf = q.float()
     mu_q = F.softplus(qf) if softplus else qf  # outside the graph: one compiled variant serves both settings
-    args = (mu_q, q_angles, delta, mu_k, k_angles, scale)
+    return _run_guarded(_run_logits, mu_q, q_angles, delta, mu_k, k_angles, scale)
+
+
+def _run_guarded(run, *args):
+    """run(*args) with torch.compile's recompile limit raised where it was reached; None where the compiled
+    kernels cannot run (warned once; after a failure to compile, never tried again in this process)."""
+    global _fused_failed, _limit_warned
     try:
         try:
-            return _run_compiled(*args)
+            return run(*args)
         except Exception as err:
             if not _is_recompile_limit(err):
                 raise
         with torch._dynamo.config.patch(recompile_limit=max(_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
-            return _run_compiled(*args)
+            return run(*args)
     except Exception as err:
         if _is_recompile_limit(err):  # more variants than even the raised limit: this call falls back, later ones try
             if not _limit_warned:
                 _limit_warned = True
                 warnings.warn(f"poskit: the fused PoPE decode kernel reached torch.compile's recompile limit ({err}); "
-                              "calls of new shapes or dtypes rebuild Cartesian keys instead, which is exact but slower",
+                              "calls of new shapes or dtypes take the eager path instead, which is exact but slower",
                               RuntimeWarning)
             return None
         # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
-                      "falling back to rebuilding Cartesian keys, which is exact but slower", RuntimeWarning)
+                      "falling back to the eager path (Cartesian keys rebuilt from the magnitudes), which is exact but slower",
+                      RuntimeWarning)
         return None
 
 
 def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """weights (B, Hkv, R, L) @ v (B, Hkv, L, Dv). A KV cache's values are a view with gaps between heads, which
-    torch's batched bf16/fp16 product copies whole first (the cache's size at every decode step); one product per
-    head reads each head where it lies (its rows are contiguous)."""
+    """weights (B, Hkv, R, L) fp32 @ v (B, Hkv, L, Dv), in v's dtype. A KV cache's values are a view with gaps
+    between heads, which torch's batched bf16/fp16 product copies whole first (the cache's size at every decode
+    step): one query row (a decode step without grouped heads) takes the compiled loop (_weighted_values), more
+    rows one product per head, which reads each head where it lies (its rows are contiguous)."""
     if v.dtype == torch.float32 or v.dtype == torch.float64 or v.is_contiguous():
-        return weights @ v
+        return weights.to(v.dtype) @ v
+    if weights.shape[2] == 1 and fused_decode_enabled():
+        out = _run_guarded(_run_weighted_values, weights, v)
+        if out is not None:
+            return out.to(v.dtype)
+    weights = weights.to(v.dtype)
     rows = [torch.stack([weights[b, h] @ v[b, h] for h in range(v.shape[1])]) for b in range(v.shape[0])]
     return torch.stack(rows)
 
@@ -177,7 +201,7 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
                 weights = softmax_rows(logits, key_mask[:, None, None, :].expand(logits.shape))
             else:
                 weights = torch.softmax(logits, dim=-1)
-            out = _weights_times_values(weights.to(v.dtype), v)  # (B, Hkv, groups * Tq, Dv)
+            out = _weights_times_values(weights, v)  # (B, Hkv, groups * Tq, Dv)
             return out.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     from ..encodings.polar_pair import polar_pair
 
