@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .blocks import sorted_key_ends
+from .grouped import kv_rows, per_head, to_kv_heads
 from .inputs import all_finite
 
 DEFAULT_BLOCK = 64  # measured on a 2-core CPU: larger blocks hit slower GEMM shapes (benchmarks/attention.py)
@@ -83,7 +84,8 @@ def _hide(s4, vis, finite: bool) -> None:
 
 def _block_probs(q3, k3, shape, bias, q_positions, k_positions, pad, causal, step, stat, finite=False):
     """Softmax probabilities (B*H, j - i, key_end) of one query block, in `stat` precision.
-    finite: q3, k3 (and the bias) hold no NaN or inf (a faster mask, _hide).
+    q3 (B*H, Tq, E), k3 (B*H_kv, Tk, E) (grouped kv heads: grouped.py). finite: q3, k3 (and the bias) hold no
+    NaN or inf (a faster mask, _hide).
 
     torch.softmax is used rather than exp(s - logsumexp): on CPU, exp of very negative logits produces
     denormals and runs up to 25x slower, while softmax's own vectorised exp does not (measured).
@@ -91,7 +93,7 @@ def _block_probs(q3, k3, shape, bias, q_positions, k_positions, pad, causal, ste
     """
     B, H = shape
     i, j, full_end, ke = step
-    s = torch.bmm(q3[:, i:j], k3[:, :ke].transpose(1, 2)).to(stat)
+    s = per_head(q3[:, i:j], k3[:, :ke].transpose(1, 2), q3.shape[0] // k3.shape[0]).to(stat)
     if bias is not None:  # broadcastable to (B, H, j - i, ke)
         s.view(B, H, j - i, ke).add_(bias)
     if full_end >= ke:
@@ -123,12 +125,15 @@ def _batch_chunks(B: int, H: int, block: int, Tk: int, elem: int):
 
 
 class _Rows:
-    """The inputs of one chunk of batch rows: flattened (rows * H, T, .) tensors and the per-batch extras."""
+    """The inputs of one chunk of batch rows: flattened (rows * H, T, .) queries, (rows * H_kv, T, .) keys and
+    values, and the per-batch extras."""
 
     def __init__(self, b0, b1, H, q3, k3, v3, q_positions, k_positions, pad):
         self.b0, self.b1 = b0, b1
         self.rows, self.shape = slice(b0 * H, b1 * H), (b1 - b0, H)
-        self.q3, self.k3, self.v3 = q3[self.rows], k3[self.rows], v3[self.rows]
+        self.groups = q3.shape[0] // k3.shape[0]
+        self.kv_rows = kv_rows(self.rows, self.groups)
+        self.q3, self.k3, self.v3 = q3[self.rows], k3[self.kv_rows], v3[self.kv_rows]
         self.q_positions, self.k_positions = _batch_rows(q_positions, b0, b1), _batch_rows(k_positions, b0, b1)
         self.pad = None if pad is None else pad[b0:b1]
 
@@ -146,7 +151,7 @@ def _batch_rows(x, b0, b1):
 class BlockedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn):
-        # q: (B, H, Tq, E); k: (B, H, Tk, E) (kv heads already repeated); v: (B, H, Tk, Dv)
+        # q: (B, H, Tq, E); k: (B, H_kv, Tk, E); v: (B, H_kv, Tk, Dv) (query head h reads kv head h // (H / H_kv))
         B, H, Tq, _ = q.shape
         plan = _block_plan(q_positions, k_positions, key_padding_mask, causal, Tq, k.shape[2], block)
         stat = torch.promote_types(q.dtype, torch.float32)  # softmax in fp32 for half inputs, float64 kept
@@ -171,7 +176,7 @@ class BlockedAttention(torch.autograd.Function):
             for part in parts:
                 p = part.probs(bias, causal, step, stat, finite)
                 # (bmm out= into a strided view is 30x slower than this copy)
-                out3[part.rows, i:j] = torch.bmm(p.to(v.dtype), part.v3[:, :ke])
+                out3[part.rows, i:j] = per_head(p.to(v.dtype), part.v3[:, :ke], part.groups)
                 if keep:
                     ctx.probs[part.b0, n] = p
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
@@ -199,26 +204,27 @@ class BlockedAttention(torch.autograd.Function):
                 continue
             bias = None if ctx.bias_fn is None or ctx.probs is not None else ctx.bias_fn(i, j, ke)
             for part in parts:
-                r = part.rows
+                r, kv, g = part.rows, part.kv_rows, part.groups
                 if ctx.probs is not None:  # kept by the forward; read-only (a second backward may need them)
                     p = ctx.probs[part.b0, n]
                 else:  # recomputed (FlashAttention-style), never stored across blocks
                     p = part.probs(bias, ctx.causal, step, acc, ctx.finite)
                 do = do3[r, i:j]
                 # (baddbmm_ / bmm out= into these strided slices fall back to per-matrix loops: 30x slower)
-                dv3[r, :ke] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
-                dp = torch.bmm(do, part.v3[:, :ke].transpose(1, 2)).to(acc)
+                dv3[kv, :ke] += to_kv_heads(p.to(v.dtype), do, g).to(acc)
+                dp = per_head(do, part.v3[:, :ke].transpose(1, 2), g).to(acc)
                 dp.sub_(row_dot[r, i:j])
                 ds = (p * dp if ctx.probs is not None else p.mul_(dp)).to(q.dtype)  # dS = P * (dP - D); scale in q3
-                dq3[r, i:j] = torch.bmm(ds, part.k3[:, :ke]).to(acc)
-                dk3[r, :ke] += torch.bmm(ds.transpose(1, 2), part.q3[:, i:j]).to(acc)
+                dq3[r, i:j] = per_head(ds, part.k3[:, :ke], g).to(acc)
+                dk3[kv, :ke] += to_kv_heads(ds, part.q3[:, i:j], g).to(acc)
         dq = _scaled(dq3, ctx.scale).view(q.shape).to(q.dtype)
         return dq, dk3.view(k.shape).to(k.dtype), dv3.view(v.shape).to(v.dtype), None, None, None, None, None, None, None
 
 
 def blocked_attention(q, k, v, *, scale, q_positions, k_positions, causal, key_padding_mask=None, block=None,
                       bias_fn=None):
-    """softmax(scale q k^T + bias, masked by position) @ v for q/k of any width E and v of width Dv.
+    """softmax(scale q k^T + bias, masked by position) @ v for q/k of any width E and v of width Dv; k and v may
+    have fewer heads than q (grouped-query attention: query head h reads kv head h // (H / H_kv)).
 
     bias_fn(i, j, key_end) -> a constant (no gradient) bias block broadcastable to (B, H, j - i, key_end),
     generated on the fly so that no T x T bias is ever stored (ALiBi).

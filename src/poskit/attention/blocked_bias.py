@@ -15,7 +15,8 @@ import torch
 
 from ..encodings.base import PositionalEncoding
 from .blocked import DEFAULT_BLOCK, _batch_chunks, _block_plan, _block_probs, _flat, _partial_mask, _Rows
-from .inputs import AttentionInputs, repeat_kv
+from .grouped import per_head, to_kv_heads
+from .inputs import AttentionInputs
 
 
 def _block_bias(bias_fn, params, q_block, part: _Rows, i: int, j: int, ke: int):
@@ -26,7 +27,7 @@ def _block_bias(bias_fn, params, q_block, part: _Rows, i: int, j: int, ke: int):
 class BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn, *params):
-        # q (B, H, Tq, D); k, v (B, H, Tk, .) with kv heads already repeated; params: the tensors bias_fn
+        # q (B, H, Tq, D); k, v (B, H_kv, Tk, .) (grouped.py); params: the tensors bias_fn
         # reads (passed so that autograd routes their gradients here, and given back to bias_fn, since in the
         # backward the module may hold other tensors, e.g. after torch.func.functional_call)
         B, H, Tq, _ = q.shape
@@ -46,7 +47,7 @@ class BlockedBiasAttention(torch.autograd.Function):
                 bias = _block_bias(bias_fn, params, q[part.b0:part.b1, :, i:j], part, i, j, ke)
                 p = _block_probs(part.q3, part.k3, part.shape, bias, part.q_positions, part.k_positions, part.pad,
                                  causal, step, stat)
-                out3[part.rows, i:j] = torch.bmm(p.to(v.dtype), part.v3[:, :ke])
+                out3[part.rows, i:j] = per_head(p.to(v.dtype), part.v3[:, :ke], part.groups)
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
         ctx.save_for_backward(q, k, v, out, q_positions, k_positions, pad, *params)
         ctx.args = (scale, causal, key_padding_mask is not None, plan, chunks, bias_fn)
@@ -71,20 +72,20 @@ class BlockedBiasAttention(torch.autograd.Function):
             if ke == 0:
                 continue
             for part in parts:
-                r = part.rows
+                r, kv, g = part.rows, part.kv_rows, part.groups
                 q_blk = q[part.b0:part.b1, :, i:j].detach().requires_grad_(ctx.needs_input_grad[0])
                 with torch.enable_grad():
                     bias = _block_bias(bias_fn, params, q_blk, part, i, j, ke)
                 p = _block_probs(part.q3, part.k3, part.shape, bias.detach(), part.q_positions, part.k_positions,
                                  part.pad, causal, step, acc)
                 do = do3[r, i:j]
-                dv3[r, :ke] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
-                dp = torch.bmm(do, part.v3[:, :ke].transpose(1, 2)).to(acc)
+                dv3[kv, :ke] += to_kv_heads(p.to(v.dtype), do, g).to(acc)
+                dp = per_head(do, part.v3[:, :ke].transpose(1, 2), g).to(acc)
                 ds = p.mul_(dp.sub_(row_dot[r, i:j]))  # dS = P * (dP - D): the gradient of the biased logits
                 _bias_backward(bias, ds.view(*part.shape, j - i, ke), q_blk, params, dparams, dq_bias, part, i, j)
                 ds = ds.to(q.dtype)
-                dq3[r, i:j] = torch.bmm(ds, part.k3[:, :ke]).to(acc)
-                dk3[r, :ke] += torch.bmm(ds.transpose(1, 2), part.q3[:, i:j]).to(acc)
+                dq3[r, i:j] = per_head(ds, part.k3[:, :ke], g).to(acc)
+                dk3[kv, :ke] += to_kv_heads(ds, part.q3[:, i:j], g).to(acc)
         dq = (dq3.view(q.shape) * scale + dq_bias).to(q.dtype)
         grads = [None if d is None else d.to(p.dtype) for d, p in zip(dparams, params)]
         return (dq, dk3.view(k.shape).to(k.dtype), dv3.view(v.shape).to(v.dtype), None, None, None, None, None, None,
@@ -137,8 +138,7 @@ def blocked_bias_attention(q, k, v, enc, *, scale, q_positions, k_positions, cau
     def bias_fn(q_block, qp, kp, tensors):
         return torch.func.functional_call(module, dict(zip(names, tensors)), (q_block, qp, kp), strict=False)
 
-    g = q.shape[1] // k.shape[1]
-    return BlockedBiasAttention.apply(q, repeat_kv(k, g), repeat_kv(v, g), scale, q_positions, k_positions, causal,
+    return BlockedBiasAttention.apply(q, k, v, scale, q_positions, k_positions, causal,
                                       key_padding_mask, block or DEFAULT_BLOCK, bias_fn, *params)
 
 

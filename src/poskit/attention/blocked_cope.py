@@ -28,7 +28,8 @@ import torch
 
 from ..encodings.cope import check_ordered_keys
 from .blocked import _batch_chunks, _batch_rows, _block_plan, _flat, _partial_mask
-from .inputs import all_finite, repeat_kv
+from .grouped import kv_rows, per_head, to_kv_heads
+from .inputs import all_finite
 
 DEFAULT_BLOCK = 64
 # The gate machinery covers the masked keys plus this many keys per position before a block's rows are
@@ -43,6 +44,7 @@ class _Step:
         i, j, full_end, ke = step
         H = fn.H
         self.rows = slice(b0 * H, b1 * H)
+        self.kv_rows = kv_rows(self.rows, fn.groups)
         self.i, self.j, self.ke = i, j, ke
         self.shape = (b1 - b0, H, j - i, ke)
         self.n_masked = ke - full_end  # keys [full_end, ke), the last columns, need a mask
@@ -60,7 +62,7 @@ class BlockedCoPE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gk, z, slopes, scale, p_max, q_positions, k_positions, causal, key_padding_mask,
                 block):
-        # q (B, H, Tq, D); k, v, gk (B, H, Tk, .) with kv heads already repeated; gk None: gates from k;
+        # q (B, H, Tq, D); k, v, gk (B, H_kv, Tk, .) (grouped.py); gk None: gates from k;
         # z (B, H, Tq, p_max) for cope or slopes (H,) for cope-alibi
         fn = _Setup(q, k, v, gk, z, slopes, scale, p_max, q_positions, k_positions, causal, key_padding_mask,
                     block)
@@ -68,7 +70,7 @@ class BlockedCoPE(torch.autograd.Function):
         out3 = out.view(fn.B * fn.H, fn.Tq, -1)
         for st in fn.steps():
             probs = fn.recompute(st).probs
-            out3[st.rows, st.i:st.j] = torch.bmm(probs.to(v.dtype), fn.v3[st.rows, :st.ke])
+            out3[st.rows, st.i:st.j] = per_head(probs.to(v.dtype), fn.v3[st.kv_rows, :st.ke], fn.groups)
         pad = key_padding_mask if key_padding_mask is not None else torch.empty(0)
         ctx.save_for_backward(q, k, v, gk, z, slopes, out, q_positions, k_positions, pad)
         ctx.args = (scale, p_max, causal, key_padding_mask is not None, block)
@@ -88,12 +90,12 @@ class BlockedCoPE(torch.autograd.Function):
         do3 = _flat(grad_out.contiguous())
         row_dot = (do3.to(acc) * _flat(out).to(acc)).sum(-1, keepdim=True)  # D_t = rowsum(dO * O)
         for st in fn.steps():
-            r, i, j, ke = st.rows, st.i, st.j, st.ke
+            r, kv, g, i, j, ke = st.rows, st.kv_rows, fn.groups, st.i, st.j, st.ke
             keys = slice(0, ke)
             blk = fn.recompute(st)
             p, do = blk.probs, do3[r, i:j]
-            dv3[r, keys] += torch.bmm(p.to(v.dtype).transpose(1, 2), do).to(acc)
-            da = torch.bmm(do, fn.v3[r, keys].transpose(1, 2)).to(acc).sub_(row_dot[r, i:j]).mul_(p)
+            dv3[kv, keys] += to_kv_heads(p.to(v.dtype), do, g).to(acc)
+            da = per_head(do, fn.v3[kv, keys].transpose(1, 2), g).to(acc).sub_(row_dot[r, i:j]).mul_(p)
             n = ke - blk.width  # keys [n, ke) are the near window, [0, n) the far (saturated) keys
             near = da[..., n:]
             if z is not None:
@@ -117,10 +119,10 @@ class BlockedCoPE(torch.autograd.Function):
                 near.add_(dlogit)
             else:
                 gkeys = slice(n, ke)
-                dq3[r, i:j] += torch.bmm(dlogit.to(q.dtype), fn.g3[r, gkeys]).to(acc)
-                dg3[r, gkeys] += torch.bmm(dlogit.to(q.dtype).transpose(1, 2), q_blk).to(acc)
-            dq3[r, i:j] += torch.bmm(da.to(q.dtype), fn.k3[r, keys]).to(acc)
-            dk3[r, keys] += torch.bmm(da.to(q.dtype).transpose(1, 2), q_blk).to(acc)
+                dq3[r, i:j] += per_head(dlogit.to(q.dtype), fn.g3[kv, gkeys], g).to(acc)
+                dg3[kv, gkeys] += to_kv_heads(dlogit.to(q.dtype), q_blk, g).to(acc)
+            dq3[r, i:j] += per_head(da.to(q.dtype), fn.k3[kv, keys], g).to(acc)
+            dk3[kv, keys] += to_kv_heads(da.to(q.dtype), q_blk, g).to(acc)
         dq = (dq3 * scale).view(q.shape).to(q.dtype)  # (q3 carries the scale, so dk3 and dg3 have it already)
         dk = dk3.view(k.shape).to(k.dtype)
         dv = dv3.view(v.shape).to(v.dtype)
@@ -140,6 +142,7 @@ class _Setup:
     def __init__(self, q, k, v, gk, z, slopes, scale, p_max, q_positions, k_positions, causal, pad, block):
         self.B, self.H, self.Tq, _ = q.shape
         self.Tk = k.shape[2]
+        self.groups = self.H // k.shape[1]
         self.stat = torch.promote_types(q.dtype, torch.float32)  # gates, sums and softmax in fp32 for half
         self.scale, self.p_max, self.causal, self.pad = scale, p_max, causal, pad
         self.q_positions, self.k_positions = q_positions, k_positions
@@ -172,7 +175,8 @@ class _Setup:
         if self.g3 is None:
             logits = s[..., ke - width:]
         else:
-            logits = torch.bmm(self.q3[r, i:j], self.g3[r, ke - width:ke].transpose(1, 2)).to(self.stat)
+            logits = per_head(self.q3[r, i:j], self.g3[st.kv_rows, ke - width:ke].transpose(1, 2),
+                              self.groups).to(self.stat)
         gates = torch.sigmoid(logits)  # key gates: the masked logits are -inf already, their gates 0
         if st.n_masked and self.g3 is not None:
             st.masked(gates).masked_fill_(~st.vis, 0.0)
@@ -181,7 +185,7 @@ class _Setup:
     def recompute(self, st: _Step) -> _Block:
         r, i, j, ke, P = st.rows, st.i, st.j, st.ke, self.p_max
         q_blk = self.q3[r, i:j]
-        s = torch.bmm(q_blk, self.k3[r, :ke].transpose(1, 2)).to(self.stat)
+        s = per_head(q_blk, self.k3[st.kv_rows, :ke].transpose(1, 2), self.groups).to(self.stat)
         if st.n_masked:
             st.masked(s).masked_fill_(~st.vis, float("-inf"))
         # Once a row's gate sum passes p_max - 1, every farther key has the clamped position p_max - 1: a
@@ -244,8 +248,6 @@ def blocked_cope_attention(q, k, v, *, scale, q_positions, k_positions, causal, 
     if slopes is not None and tuple(slopes.shape) != (q.shape[1],):
         raise ValueError(f"slopes must have shape ({q.shape[1]},) (one per query head), got {tuple(slopes.shape)}")
     check_ordered_keys(k_positions)
-    g = q.shape[1] // k.shape[1]
     z = None if pos_emb is None else q @ pos_emb.to(q.dtype)  # z_t[j] = q_t . e[j], unscaled as in the listing
-    gk = None if gate_keys is None else repeat_kv(gate_keys, g)
-    return BlockedCoPE.apply(q, repeat_kv(k, g), repeat_kv(v, g), gk, z, slopes, scale, p_max, q_positions,
+    return BlockedCoPE.apply(q, k, v, gate_keys, z, slopes, scale, p_max, q_positions,
                              k_positions, causal, key_padding_mask, block or DEFAULT_BLOCK)

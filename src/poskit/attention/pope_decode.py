@@ -24,6 +24,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .grouped import bmm_in_place
 from .inputs import AttentionInputs
 from .reference import softmax_rows
 from .sdpa import blocked, mask_plan, sdpa, use_blocked
@@ -145,16 +146,15 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     """weights (B, Hkv, R, L) fp32 @ v (B, Hkv, L, Dv), in v's dtype. A KV cache's values are a view with gaps
     between heads, which torch's batched bf16/fp16 product copies whole first (the cache's size at every decode
     step): one query row (a decode step without grouped heads) takes the compiled loop (_weighted_values), more
-    rows one product per head, which reads each head where it lies (its rows are contiguous)."""
+    rows one product per head (grouped.bmm_in_place), which reads each head where it lies."""
     if v.dtype == torch.float32 or v.dtype == torch.float64 or v.is_contiguous():
         return weights.to(v.dtype) @ v
     if weights.shape[2] == 1 and fused_decode_enabled():
         out = _run_guarded(_run_weighted_values, weights, v)
         if out is not None:
             return out.to(v.dtype)
-    weights = weights.to(v.dtype)
-    rows = [torch.stack([weights[b, h] @ v[b, h] for h in range(v.shape[1])]) for b in range(v.shape[0])]
-    return torch.stack(rows)
+    B, Hkv, R, L = weights.shape
+    return bmm_in_place(weights.to(v.dtype).reshape(B * Hkv, R, L), v.flatten(0, 1)).view(B, Hkv, R, v.shape[-1])
 
 
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:

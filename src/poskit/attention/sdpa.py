@@ -56,27 +56,12 @@ def use_blocked(inp: AttentionInputs, enc) -> bool:
 
 def blocked(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_fn=None,
             prescaled: bool = False):
-    """The blocked path (attention/blocked.py) on encoded q/k; kv heads repeated to the query heads.
+    """The blocked path (attention/blocked.py) on encoded q/k, grouped kv heads read where they lie.
     prescaled: q already carries the attention scale."""
-    scale = 1.0 if prescaled else inp.scale
-    g, (B, H, Tq, E) = inp.groups, q.shape
-    if g > 1 and bias_fn is None and g * Tq <= blocked_module.DEFAULT_BLOCK:
-        # few queries (decode) with grouped kv heads: stack the g query heads of each kv head along the query
-        # axis instead of copying the whole cache g times with repeat_kv; query head h = kv * g + j
-        qf = q.reshape(B, H // g, g * Tq, E)
-        out = blocked_module.blocked_attention(qf, k, v, scale=scale, q_positions=_repeat_queries(inp.q_positions, g),
-                                               k_positions=inp.k_positions, causal=inp.causal,
-                                               key_padding_mask=inp.key_padding_mask)
-        return out.reshape(B, H, Tq, v.shape[-1])
-    return blocked_module.blocked_attention(q, repeat_kv(k, g), repeat_kv(v, g), scale=scale,
+    return blocked_module.blocked_attention(q, k, v, scale=1.0 if prescaled else inp.scale,
                                             q_positions=inp.q_positions, k_positions=inp.k_positions,
                                             causal=inp.causal, key_padding_mask=inp.key_padding_mask,
                                             bias_fn=bias_fn)
-
-
-def _repeat_queries(positions: torch.Tensor, g: int) -> torch.Tensor:
-    """Query positions (1|B, Tq[, n]) repeated g times along the query axis (scalar or axial positions)."""
-    return positions.repeat(1, g, *(1,) * (positions.dim() - 2))
 
 
 def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None):
