@@ -258,10 +258,20 @@ class CartesianCacheDecode:
                                  k_positions=layer.positions, causal=True)
 
 
+KERNEL_OFF = ", POSKIT_CPU_KERNEL=0"  # a decode row's label ending so runs its steps with the kernel off
+
+
 def decode_step(label, enc, q, k, v, room):
     """A function running one decode step at position L against L cached keys, rolled back after; the cache has
     room for `room` tokens after the L (generation's cache keeps room for the tokens still to come, so that its
     keys are a view with gaps between heads; room 1: the step fills the cache exactly)."""
+    if label.endswith(KERNEL_OFF):
+        step = decode_step(label[:-len(KERNEL_OFF)], enc, q, k, v, room)
+
+        def without_kernel_step():
+            with cpu_flash.switched("0"):
+                step()
+        return without_kernel_step
     L = k.shape[2]
     q1, k1, v1 = (t[:, :, :1].clone() for t in (q, k, v))
     new_position = torch.tensor([L], device=q.device)
@@ -315,10 +325,13 @@ def bench_decode(args):
     rows = []
     forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"), ("alibi", "alibi"),
              ("cope", "cope"))
+    if args.without_kernel:  # the encodings whose decode step the kernel serves by default, with it off
+        forms += ((f"alibi{KERNEL_OFF}", "alibi"), (f"cope{KERNEL_OFF}", "cope"))
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:
             q, k, v = inputs(B, H, L, D, dtype, False, args.device)
+            k, v = k[:, :args.decode_kv_heads].contiguous(), v[:, :args.decode_kv_heads].contiguous()
             with torch.no_grad():
                 steps = {label: synchronized(decode_step(label, build(name, H, D, dtype, device=args.device), q, k, v,
                                                          args.decode_room))
@@ -332,7 +345,8 @@ def bench_decode(args):
                 peaks = {label: allocator_peak_bytes(step, args.device) / 2**20 for label, step in steps.items()}
             for label, _ in forms:
                 ms = times[label]
-                rows.append(dict(dtype=dname, cache=L, room=args.decode_room, encoding=f"{label} [{paths[label]}]",
+                rows.append(dict(dtype=dname, cache=L, room=args.decode_room, kv_heads=args.decode_kv_heads,
+                                 encoding=f"{label} [{paths[label]}]",
                                  ms_per_step=f"{ms:.3f}", tokens_per_s=f"{B / ms * 1000:.0f}",
                                  vs_rope=f"{times['rope'] / ms:.2f}x", peak_MB=f"{peaks[label]:.1f}"))
     return rows
@@ -367,6 +381,9 @@ def main(argv=None):
     p.add_argument("--decode-room", type=int, default=1024,
                    help="tokens the cache has room for after the cached ones (generation keeps room for the tokens "
                         "still to come; 1: the step fills the cache exactly, as in measurements before 2026-11-27)")
+    p.add_argument("--decode-kv-heads", type=int, default=None,
+                   help="kv heads of the decode rows' cache, dividing --H (grouped-query attention: --H query heads "
+                        "share them); default --H, no grouping")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live: cuda times poskit's GPU paths (the fused Triton kernels) against "
@@ -378,7 +395,8 @@ def main(argv=None):
                    "autotuning, allocator)")
     p.add_argument("--without-kernel", action="store_true",
                    help="beside each row on the compiled CPU kernel (the default path where it serves), the same "
-                        "encoding with it switched off (POSKIT_CPU_KERNEL=0: the path without a compiler)")
+                        "encoding with it switched off (POSKIT_CPU_KERNEL=0: the path without a compiler); in the "
+                        "decode table, ALiBi's and CoPE's steps")
     p.add_argument("--cpu-kernel", action="store_true",
                    help="no effect (the compiled CPU kernel is the default now); accepted so older commands run")
     p.add_argument("--skip-peers", action="store_true", help="no rows of other PoPE implementations")
@@ -410,6 +428,10 @@ def main(argv=None):
             p.error(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.decode_kv_heads is None:
+        args.decode_kv_heads = args.H
+    if args.decode_kv_heads < 1 or args.H % args.decode_kv_heads:
+        p.error(f"--decode-kv-heads must be a positive divisor of --H ({args.H}), got {args.decode_kv_heads}")
     if args.quick:
         args.B, args.T, args.shapes, args.dtypes, args.repeats = 2, [256], None, ["fp32"], 1
         args.decode_lengths, args.decode_dtypes = [256], ["fp32"]
@@ -422,7 +444,8 @@ def main(argv=None):
           f"threads, device {args.device}; medians of {args.repeats} interleaved rounds of {args.calls} call(s); glibc keeps freed memory (benchmarks/_harness.py)\n")
     grid_columns = ["B", "T", "dtype", "mode", "path", "ms", "ratio", "peak_MB", "mem_ratio"]
     peer_columns = ["B", "T", "dtype", "mode", "peer", "peer_ms", "pope_ms", "speedup"]
-    decode_columns = ["dtype", "cache", "room", "encoding", "ms_per_step", "tokens_per_s", "vs_rope", "peak_MB"]
+    decode_columns = ["dtype", "cache", "room", "kv_heads", "encoding", "ms_per_step", "tokens_per_s", "vs_rope",
+                      "peak_MB"]
     parts = {}
     if not args.skip_grid:
         rows, peers = bench_grid(args)
@@ -444,7 +467,8 @@ def main(argv=None):
         settings = {"shapes": [list(s) for s in args.shapes], "H": args.H, "D": args.D, "dtypes": args.dtypes,
                     "modes": args.modes, "encodings": args.encodings, "repeats": args.repeats,
                     "without_kernel": args.without_kernel, "decode_lengths": args.decode_lengths,
-                    "decode_dtypes": args.decode_dtypes, "decode_room": args.decode_room, "device": args.device, "calls": args.calls,
+                    "decode_dtypes": args.decode_dtypes, "decode_room": args.decode_room,
+                    "decode_kv_heads": args.decode_kv_heads, "device": args.device, "calls": args.calls,
                     "baseline": "RoPE+SDPA, same inputs, interleaved rounds"}
         write_results(args.json, "benchmarks/attention.py", raw_argv, settings, parts, started, start)
 

@@ -169,7 +169,9 @@ def test_cuda_without_a_gpu_and_bad_counts_are_refused_before_measuring(capsys, 
     for argv, message in (([*QUICK, "--device", "cuda"], "--device cuda: torch sees no CUDA device"),
                           ([*QUICK, "--calls", "0"], "--calls must be a positive integer, got 0"),
                           ([*QUICK, "--warmup", "-1"], "--warmup must be 0 or more, got -1"),
-                          ([*QUICK, "--decode-room", "0"], "--decode-room must be a positive integer, got 0")):
+                          ([*QUICK, "--decode-room", "0"], "--decode-room must be a positive integer, got 0"),
+                          ([*QUICK, "--decode-kv-heads", "3"],
+                           "--decode-kv-heads must be a positive divisor of --H (8), got 3")):
         with pytest.raises(SystemExit):
             _attention_benchmark().main(argv)
         err = capsys.readouterr()
@@ -189,6 +191,20 @@ def test_decode_rows_name_each_steps_path_and_the_caches_room(tmp_path):
     assert named["rope"] in ("sdpa", "cpu-flash") and named["alibi"] != "reference"
     assert all(r["room"] == 40 and r["cache"] == 256 for r in rows) and doc["settings"]["decode_room"] == 40
     assert "room" in doc["parts"]["decode"]["columns"]
+
+
+def test_decode_rows_with_grouped_kv_heads_and_the_kernel_off(tmp_path):
+    # --decode-kv-heads caches fewer kv heads than query heads; --without-kernel adds ALiBi's and CoPE's steps with
+    # the compiled kernel off, on the paths a machine without a compiler takes
+    path = tmp_path / "docs" / "results" / "bench-g" / "benchmark.json"
+    _attention_benchmark().main(["--quick", "--skip-grid", "--threads", "1", "--decode-kv-heads", "2",
+                                 "--without-kernel", "--json", str(path)])
+    doc = read_document(path)
+    rows = doc["parts"]["decode"]["rows"]
+    named = dict(re.fullmatch(r"(.+) \[(.+)\]", r["encoding"]).groups() for r in rows)
+    assert named["alibi, POSKIT_CPU_KERNEL=0"] == "blocked"
+    assert named["cope, POSKIT_CPU_KERNEL=0"] == "blocked-contextual"
+    assert all(r["kv_heads"] == 2 for r in rows) and doc["settings"]["decode_kv_heads"] == 2
 
 
 def test_calls_per_sample_divide_the_sample(monkeypatch):
