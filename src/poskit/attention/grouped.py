@@ -34,8 +34,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def bmm_in_place(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.bmm(a, b), one product per matrix where b is half precision and its matrices lie apart."""
-    if a.dtype not in _HALF or _packed(b):
-        return torch.bmm(a, b)
+    if a.dtype not in _HALF or _packed(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return torch.bmm(a, b)  # (out= records no graph: a backward run with create_graph keeps torch.bmm)
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     for i in range(a.shape[0]):
         torch.mm(a[i], b[i], out=out[i])
