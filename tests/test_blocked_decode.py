@@ -9,15 +9,7 @@ import torch
 import poskit
 from poskit.attention import KVCache, cached_attention
 from conftest import ENCODING_OPTIONS
-
-
-def _allocated_bytes(fn):
-    """The bytes torch's allocator handed out while fn ran (every allocation counted, freed or not)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
+from memory_helpers import allocated_bytes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -41,7 +33,7 @@ def test_a_decode_step_without_the_kernel_reads_grouped_heads_in_place(monkeypat
             cached_attention(*warm, enc, cache, 0, torch.tensor([T]))  # (the first step builds what it keeps)
             assert not cache.layer(0).values.is_contiguous()
             steps = []
-            allocated = _allocated_bytes(
+            allocated = allocated_bytes(
                 lambda: steps.append(cached_attention(*new, enc, cache, 0, torch.tensor([T + 1]))))
     finally:
         torch.set_num_threads(threads)

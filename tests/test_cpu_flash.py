@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 import poskit
 from cpu_kernel_helpers import require_kernel
+from memory_helpers import allocated_bytes
 from poskit.attention import KVCache, cached_attention, cpu_flash, kernel_build, plan
 from poskit.attention.engine import route
 from poskit.encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span
@@ -1006,15 +1007,6 @@ def test_equal_widths_never_build_the_kernel_to_stay_on_sdpa(monkeypatch):
         cpu_flash.kernel.cache_clear()  # the next test finds the real library again
 
 
-def _allocated_bytes(fn):
-    """The bytes torch's allocator handed out while fn ran (every allocation counted, freed or not)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("label", ["alibi", "relative-capped", "cope", "rope", "pope"])
 def test_a_decode_step_reads_the_cache_in_place(equal_widths_measured_faster, label, dtype):
@@ -1048,7 +1040,7 @@ def _decode_against_caches(enc, dtype):
         if room == capacity:
             assert not cache.layer(0).values.is_contiguous()  # (the case this is about)
             cache_bytes = 2 * k[:, :, :T].nbytes
-            allocated = _allocated_bytes(
+            allocated = allocated_bytes(
                 lambda: steps.append(cached_attention(*new, enc, cache, 0, torch.tensor([T + 1]))))
             assert allocated < cache_bytes / 8, f"{allocated} bytes allocated for a step against {cache_bytes}"
         else:

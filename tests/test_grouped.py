@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from poskit.attention import grouped
 from poskit.attention.inputs import repeat_kv
+from memory_helpers import allocated_bytes
 
 
 def _spread(x: torch.Tensor, room: int) -> torch.Tensor:
@@ -40,13 +41,11 @@ def test_grouped_products_equal_the_products_against_repeated_kv_heads(n, g, r, 
 
 
 def test_a_few_half_precision_rows_read_a_spread_out_operand_in_place():
-    from torch.profiler import ProfilerActivity, profile
-
     kv = _spread(torch.randn(4, 4096, 64).bfloat16(), 512)
     a = torch.randn(4 * 4, 1, 4096).bfloat16()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = grouped.per_head(a, kv, 4)
-    allocated = sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
+    outs = []
+    allocated = allocated_bytes(lambda: outs.append(grouped.per_head(a, kv, 4)))
+    out = outs[0]
     assert allocated < kv.nbytes / 8, allocated  # (torch's bf16 bmm copies kv whole first)
     torch.testing.assert_close(out.float(), torch.bmm(a.float(), repeat_kv(kv.float()[None], 4)[0]), atol=0.05,
                                rtol=0.02)

@@ -8,6 +8,7 @@ import poskit
 from poskit.encodings.base import encoding_class
 from poskit.attention import KVCache, cached_attention
 from conftest import build, make_qkv
+from memory_helpers import allocated_bytes
 
 # the encodings that enter attention (absolute ones go on the embeddings and are refused: test_absolute.py)
 ALL = [n for n in poskit.available_encodings() if encoding_class(n).kind != "absolute"]
@@ -141,8 +142,6 @@ def test_re_encoding_raw_keys_reads_the_cache_in_place(name):
     """Encodings that re-encode the cached raw keys at every step (dynamic NTK, xPos) allocate the encoded keys,
     and nothing more for a cache with room to grow (whose keys are a view with gaps between heads) than for a
     filled one: the rotation made the view contiguous first, a copy of the cache per step."""
-    from torch.profiler import ProfilerActivity, profile
-
     enc = build(name)
     allocated = {}
     for room in (1, 64):
@@ -150,8 +149,6 @@ def test_re_encoding_raw_keys_reads_the_cache_in_place(name):
         q, k, v = make_qkv(B=2, H=4, Hkv=4, Tq=200, Tk=200, dtype=torch.float32)
         cached_attention(q, k, v, enc, cache, 0, torch.arange(200))
         q1, k1, v1 = make_qkv(B=2, H=4, Hkv=4, Tq=1, Tk=1, gen_seed=1, dtype=torch.float32)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([200]))
-        allocated[room] = sum(max(e.self_cpu_memory_usage, 0) for e in prof.key_averages())
+        allocated[room] = allocated_bytes(lambda: cached_attention(q1, k1, v1, enc, cache, 0, torch.tensor([200])))
     cache_keys = 2 * 4 * 201 * 16 * 4
     assert allocated[64] < allocated[1] + cache_keys / 4, allocated
