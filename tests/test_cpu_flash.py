@@ -140,6 +140,20 @@ def test_no_compiler_is_one_line_and_builds_nothing(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_build_on_first_use_says_how_to_calibrate(kernel, monkeypatch):
+    # a library built by the first call that needs it (not by `poskit kernel build`, which calibrates after
+    # building) routes the rope family to SDPA until calibrated: the build's messages say so, and how
+    library = kernel_build.cached_library()
+    monkeypatch.setattr(kernel_build, "cached_library", lambda: None)
+    monkeypatch.setattr(kernel_build, "build", lambda progress: progress("built") or library)
+    lines = []
+    assert kernel_build.load(progress=lines.append) == library
+    assert lines == ["built", kernel_build.NOT_CALIBRATED] and "`poskit kernel calibrate`" in lines[1]
+    with pytest.raises(kernel_build.KernelUnavailable, match="not built yet"):
+        kernel_build.load(build_if_missing=False, progress=lines.append)
+    assert len(lines) == 2
+
+
 def test_a_missing_prebuilt_library_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_build.PREBUILT_ENV, str(tmp_path / "missing.so"))
     with pytest.raises(kernel_build.KernelUnavailable, match="POSKIT_CPU_KERNEL_LIB names .*missing.so"):

@@ -158,13 +158,22 @@ def _any_cached_library() -> Path | None:
     return None
 
 
+NOT_CALIBRATED = ("poskit: the kernel is not calibrated on this machine: `poskit kernel calibrate` measures where it "
+                  "beats the paths without it here; until then the rope family stays on SDPA and the other "
+                  "encodings take the kernel")
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def build(*, force: bool = False, progress=None) -> Path:
     """Compile the library into the cache unless it is there (force: again) and return its path.
     progress: a function taking one line of text (default: stderr), told when a compilation starts and ends.
     Raises KernelUnavailable with a one-line reason when there is no compiler or the compilation fails."""
     from ..util.file_lock import file_lock
 
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = progress or _to_stderr
     compiler = find_compiler()
     if compiler is None:
         wanted = os.environ.get("CXX")
@@ -213,7 +222,9 @@ def load(*, build_if_missing: bool = True, progress=None) -> Path:
     if library is None:
         if not build_if_missing:
             raise KernelUnavailable("the kernel is not built yet (`poskit kernel build`)")
-        library = build(progress=progress)
+        say = progress or _to_stderr
+        library = build(progress=say)
+        say(NOT_CALIBRATED)  # built on first use: `poskit kernel build` calibrates after building, this does not
     if not library.exists():
         raise KernelUnavailable(f"{PREBUILT_ENV} names {library}, which does not exist")
     try:
