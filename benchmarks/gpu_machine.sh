@@ -4,7 +4,8 @@
 #      against RoPE + SDPA's flash kernel at the same shapes, forward and forward + backward;
 #   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
 #   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
-#      CPU paths at the speed goals' shapes, decode at 8k keys and the demo LM's training step.
+#      CPU paths at the speed goals' shapes, decode at 8k keys (with 8 and with 2 kv heads, and the steps without
+#      the kernel) and the demo LM's training step.
 # The GPU table and tests run one after the other (the tests would disturb the timings); the CPU runs go beside
 # them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
 #
@@ -60,10 +61,14 @@ cpu_attention() {
         --json "$OUT/cpu-attention/benchmark.json" > "$LOGS/cpu-attention.log" 2>&1
     stamp "cpu attention rc=$?"
 }
-cpu_decode() {
-    pinned 10,11 timeout 400 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
-        --threads 2 --repeats 3 --json "$OUT/cpu-decode/benchmark.json" > "$LOGS/cpu-decode.log" 2>&1
+cpu_decode() {  # with the kernel-off rows (a machine without a compiler); then 2 kv heads for 8 query heads
+    pinned 10,11 timeout 220 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
+        --without-kernel --threads 2 --repeats 3 --json "$OUT/cpu-decode/benchmark.json" > "$LOGS/cpu-decode.log" 2>&1
     stamp "cpu decode rc=$?"
+    pinned 10,11 timeout 220 "$PY" benchmarks/attention.py --skip-grid --decode-lengths 8192 --decode-dtypes fp32,bf16 \
+        --decode-kv-heads 2 --without-kernel --threads 2 --repeats 3 --json "$OUT/cpu-decode-gqa/benchmark.json" \
+        > "$LOGS/cpu-decode-gqa.log" 2>&1
+    stamp "cpu decode with grouped kv heads rc=$?"
 }
 cpu_train_step() {
     pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
