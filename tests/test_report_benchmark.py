@@ -182,7 +182,8 @@ def test_decode_rows_name_each_steps_path_and_the_caches_room(tmp_path):
     # a decode step's path is planned inside cached_attention; the rows say which it was, and how much room the
     # cache kept (generation's cache keeps room, so its keys are a view with gaps between heads)
     path = tmp_path / "docs" / "results" / "bench-d" / "benchmark.json"
-    _attention_benchmark().main(["--quick", "--skip-grid", "--threads", "1", "--decode-room", "40", "--json", str(path)])
+    _attention_benchmark().main(["--quick", "--skip-grid", "--threads", "1", "--decode-room", "40", "--json",
+                                 str(path)])
     doc = read_document(path)
     rows = doc["parts"]["decode"]["rows"]
     named = dict(re.fullmatch(r"(.+) \[(.+)\]", r["encoding"]).groups() for r in rows)

@@ -186,9 +186,9 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
 
 def cached_keys_kernel_wins(library: Path | None, queries: int, dtype: torch.dtype) -> bool:
     """Whether the kernel should serve `queries` new queries of an equal-width q/k encoding against more keys (a
-    KV cache's, encoded or raw): the decision measured at the smallest of this machine's DECODE_QUERY_COUNTS at or above `queries`, and
-    past the largest, full sequences' (qk_equal); without counts measured, qk_equal_decode's one decision up to
-    DECODE_QUERIES queries and qk_equal's beyond."""
+    KV cache's, encoded or raw): the decision measured at the smallest of this machine's DECODE_QUERY_COUNTS at
+    or above `queries`, and past the largest, full sequences' (qk_equal); without counts measured,
+    qk_equal_decode's one decision up to DECODE_QUERIES queries and qk_equal's beyond."""
     if _measuring:
         return True
     name = next((n for n, d in DTYPES.items() if d == dtype), None)

@@ -137,8 +137,8 @@ def _run_guarded(run, *args):
         # no C++ compiler, an unsupported platform: warn once, fall back for good
         _fused_failed = True
         warnings.warn(f"poskit: the fused PoPE decode kernel could not be compiled ({type(err).__name__}: {err}); "
-                      "falling back to the eager path (Cartesian keys rebuilt from the magnitudes), which is exact but slower",
-                      RuntimeWarning)
+                      "falling back to the eager path (Cartesian keys rebuilt from the magnitudes), which is exact "
+                      "but slower", RuntimeWarning)
         return None
 
 
