@@ -36,6 +36,7 @@ import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
 from poskit.attention import cpu_flash  # noqa: E402
 from poskit.attention.blocked import blocked_attention  # noqa: E402
+from poskit.attention import engine  # noqa: E402
 from poskit.attention.engine import route  # noqa: E402
 from poskit.encodings.registration import UntrainedEncodingWarning  # noqa: E402
 
@@ -137,6 +138,13 @@ def rope_sdpa_baseline(enc):
     return fn
 
 
+def with_backend(enc, backend):
+    """poskit.attention asked for one backend (the fused Triton kernels where `auto` takes another path)."""
+    def fn(q, k, v):
+        return poskit.attention(q, k, v, enc, is_causal=True, backend=backend)
+    return fn
+
+
 def without_kernel(enc):
     """poskit.attention with the compiled CPU kernel switched off (POSKIT_CPU_KERNEL=0): the path a machine without
     a compiler takes."""
@@ -206,6 +214,9 @@ def bench_grid(args):
                             off = route(enc, q, k)
                         heavy = off == "reference" and est_reference_gb(B, H, T) > args.max_gb
                         cases.append((f"{name}, POSKIT_CPU_KERNEL=0 [{off}]", without_kernel(enc), heavy))
+                    if args.with_triton and path != "triton" and engine.triton_serves(enc):
+                        cases.append((f"{name}, backend=triton [{route(enc, q, k, 'triton')}]",
+                                      with_backend(enc, "triton"), False))
                 if "pope" in names and not args.skip_peers:
                     pope = build("pope", H, D, dtype, device=args.device)
                     cases += [
@@ -304,7 +315,6 @@ def synchronized(step):
 def recorded_paths():
     """The list of the paths poskit's planner chooses while inside (a decode step's plan is made inside
     cached_attention, after the append)."""
-    from poskit.attention import engine
 
     seen, original = [], engine.plan_inputs
 
@@ -397,6 +407,9 @@ def main(argv=None):
                    help="beside each row on the compiled CPU kernel (the default path where it serves), the same "
                         "encoding with it switched off (POSKIT_CPU_KERNEL=0: the path without a compiler); in the "
                         "decode table, ALiBi's and CoPE's steps")
+    p.add_argument("--with-triton", action="store_true",
+                   help="beside each row whose default path is not the fused Triton kernel of an encoding that has "
+                        "one (PoPE's full sequences go to SDPA on CUDA), the same encoding with backend='triton'")
     p.add_argument("--cpu-kernel", action="store_true",
                    help="no effect (the compiled CPU kernel is the default now); accepted so older commands run")
     p.add_argument("--skip-peers", action="store_true", help="no rows of other PoPE implementations")

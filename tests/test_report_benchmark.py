@@ -208,6 +208,20 @@ def test_decode_rows_with_grouped_kv_heads_and_the_kernel_off(tmp_path):
     assert all(r["kv_heads"] == 2 for r in rows) and doc["settings"]["decode_kv_heads"] == 2
 
 
+def test_with_triton_adds_the_fused_kernel_beside_each_encoding_that_has_one(tmp_path):
+    # the grid's rows take the default path (on CUDA, PoPE's full sequences go to SDPA); --with-triton times the
+    # fused kernel too, for the encodings that declare one, so a GPU run measures the kernels whatever auto picks
+    pytest.importorskip("triton")
+    path = tmp_path / "docs" / "results" / "bench-t" / "benchmark.json"
+    _attention_benchmark().main(["--quick", "--T", "64", "--D", "32", "--H", "2", "--encodings", "pope,alibi",
+                                 "--skip-peers", "--skip-decode", "--threads", "1", "--with-triton",
+                                 "--json", str(path)])
+    labels = [r["path"] for r in read_document(path)["parts"]["attention"]["rows"]]
+    assert "pope, backend=triton [triton]" in labels
+    assert not any(label.startswith("alibi, backend=triton") for label in labels)
+    assert all(label != "pope [triton]" for label in labels)  # CPU tensors: auto never takes the interpreter
+
+
 def test_calls_per_sample_divide_the_sample(monkeypatch):
     # each timed sample makes `calls` calls; the row reports one call's time
     module = _attention_benchmark()
@@ -216,7 +230,7 @@ def test_calls_per_sample_divide_the_sample(monkeypatch):
 
     args = argparse.Namespace(H=2, D=8, shapes=[(1, 16)], dtypes=["fp32"], modes=["fwd"], encodings="rope",
                               repeats=1, warmup=0, calls=3, device="cpu", max_gb=1.0, without_kernel=False,
-                              skip_peers=True)
+                              with_triton=False, skip_peers=True)
     rows, _ = module.bench_grid(args)
     assert [r["ms"] for r in rows] == ["10.0", "10.0"]
 
@@ -248,7 +262,7 @@ def test_a_path_that_fails_is_reported_and_the_others_are_still_measured(monkeyp
     monkeypatch.setattr(module.poskit, "attention", attention)
     args = argparse.Namespace(H=2, D=8, shapes=[(1, 16)], dtypes=["fp32"], modes=["fwd"], encodings="alibi,rope",
                               repeats=1, warmup=0, calls=1, device="cpu", max_gb=1.0, without_kernel=False,
-                              skip_peers=True)
+                              with_triton=False, skip_peers=True)
     rows, _ = module.bench_grid(args)
     by_path = {r["path"].split(" [")[0]: r for r in rows}
     assert by_path["alibi"]["ms"] == "failed: RuntimeError: PassManager::run failed" and "ratio" not in by_path["alibi"]
