@@ -96,8 +96,10 @@ def sdpa(inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     )[..., :dv]
     if visible is not None:
         has_key = visible.any(-1, keepdim=True)  # a query that sees no key outputs 0, as in the reference
-        if not bool(has_key.all()):
-            out = out * has_key
+        # off the CPU, asking whether any query lacks a key waits for every queued kernel (a host read):
+        # the fill costs less there. masked_fill, not a product: a row without keys may hold NaN
+        if q.device.type != "cpu" or not bool(has_key.all()):
+            out = out.masked_fill(~has_key, 0)
     return out
 
 

@@ -5,10 +5,12 @@ Computing the angle in float64 keeps the phase exact for positions up to 1e6 and
 positions [0, n) is kept (n grows by powers of two up to MAX_ROWS) and indexed, larger positions are
 computed directly.
 
-Under torch.compile the angles are always computed directly: choosing and growing the table needs the
-positions' min and max as Python ints, a data-dependent value that breaks the graph (and `fullgraph=True`).
-The direct computation is the table's own formula (float64 position times float64 frequency, then cos/sin),
-so both give the same numbers, and inductor fuses it into one small kernel.
+The table serves CPU tensors only. Choosing and growing it needs the positions' min and max as Python ints,
+which on a GPU means waiting for every queued kernel (three host syncs per lookup, two lookups per call): on
+an H200 that cost PoPE's forward about 0.5 ms of 1.0-1.9 ms (docs/benchmarks.md), while the direct computation
+is one small kernel. Under torch.compile the angles are computed directly too: the positions' min and max are
+data-dependent values that break the graph (and `fullgraph=True`). The direct computation is the table's own
+formula (float64 position times float64 frequency, then cos/sin), so both give the same numbers.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class AngleTables:
     def lookup(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, cache: bool = True):
         """(cos, sin), each (*positions.shape, len(inv_freq)), times the gain, in `dtype`."""
         inv_freq = inv_freq.to(positions.device)
-        if cache and positions.numel() and not torch.compiler.is_compiling():
+        if cache and positions.numel() and positions.device.type == "cpu" and not torch.compiler.is_compiling():
             lo, hi = int(positions.min()), int(positions.max())
             if lo >= 0 and hi < MAX_ROWS:
                 cos, sin = self._table(hi + 1, inv_freq, dtype)
