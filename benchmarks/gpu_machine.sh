@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything poskit measures on a machine with a CUDA GPU, in one command (such machines are lent by the hour):
 #   1. the GPU's attention table: poskit's default GPU paths and the fused Triton PoPE and CoPE kernels against
-#      RoPE + SDPA's flash kernel at the same shapes, forward and forward + backward, and decode with room;
+#      RoPE + SDPA's flash kernel at the same shapes, forward and forward + backward, and decode with room; then
+#      the host's time per call at a tiny shape (benchmarks/call_overhead.py);
 #   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
 #   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
 #      CPU paths at the speed goals' shapes, decode at 8k keys (with 8 and with 2 kv heads, and the steps without
@@ -18,10 +19,11 @@
 #
 # PARTS: any of gpu (the GPU table), gpu-tests, cpu (the CPU tables and the kernel's tests); default all.
 #
-# Writes OUT/env.txt (GPU, CPU, compiler, versions), OUT/<part>/benchmark.json (benchmark documents: copied to
-# docs/results/bench-<what>-<machine>/ they become committed evidence that `poskit report` renders),
-# OUT/cpu-calibration.json (the kernel's calibration on this CPU, when the cpu part runs) and
-# OUT/logs.tar.gz. POSKIT_CODE_COMMIT names the commit when the checkout travels without its .git.
+# Writes OUT/<part>/benchmark.json (benchmark documents: copied to docs/results/bench-<what>-<machine>/ they
+# become committed evidence that `poskit report` renders), OUT/cpu-calibration.json (the kernel's calibration
+# on this CPU, when the cpu part runs) and OUT/logs.tar.gz (each part's log and env.txt: GPU, CPU, compiler,
+# versions), eight files at most, as a lent machine returns. POSKIT_CODE_COMMIT names the commit when the
+# checkout travels without its .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the directory the results go to}"
@@ -47,8 +49,8 @@ pinned() {
     "$PY" -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, "triton", triton.__version__, "gpu", torch.cuda.get_device_name())' 2>&1
     ${CXX:-c++} --version 2>&1 | head -1
-} > "$OUT/env.txt"
-cat "$OUT/env.txt"
+} > "$LOGS/env.txt"
+cat "$LOGS/env.txt"
 
 if has cpu; then
     stamp "building the CPU kernel"
@@ -85,6 +87,10 @@ gpu() {
         --repeats 10 --warmup 2 --decode-lengths 8192 --decode-dtypes bf16 --json "$OUT/gpu-attention/benchmark.json" \
         > "$LOGS/gpu-attention.log" 2>&1
     stamp "gpu attention rc=$?"
+    # the host's time per call where the GPU's arithmetic is negligible: what small and decode calls wait for
+    pinned 0-7 timeout 120 "$PY" benchmarks/call_overhead.py --device cuda \
+        --json "$OUT/gpu-call-overhead/benchmark.json" > "$LOGS/gpu-call-overhead.log" 2>&1
+    stamp "gpu call overhead rc=$?"
 }
 gpu_tests() {  # compiling the kernels for the GPU takes seconds per test: spread over the cores (pytest-xdist)
     pinned 0-13 timeout 200 "$PY" -m pytest -q -p no:cacheprovider -n 14 --timeout 150 -rfE \

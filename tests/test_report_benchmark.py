@@ -3,6 +3,7 @@ renders its tables where a docs page has a table=benchmark marker (report/benchm
 import importlib.util
 import json
 import re
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,24 @@ def test_with_triton_adds_the_fused_kernel_beside_each_encoding_that_has_one(tmp
     assert all(label != "pope [triton]" for label in labels)  # CPU tensors: auto never takes the interpreter
 
 
+def test_call_overhead_writes_each_encodings_calls_beside_bare_sdpa(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_call_overhead", BENCH.parent / "call_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "docs" / "results" / "bench-o" / "benchmark.json"
+    module.main(["--quick", "--encodings", "rope,alibi,sinusoidal", "--json", str(path)])
+    rows = read_document(path)["parts"]["call_overhead"]["rows"]
+    assert [(r["call"], r["encoding"]) for r in rows] == [
+        ("call", "SDPA alone"), ("call", "rope"), ("call", "alibi"),
+        ("decode", "SDPA alone"), ("decode", "rope"), ("decode", "alibi")]  # absolute encodings: not in attention
+    for r in rows:
+        bare = next(b for b in rows if b["call"] == r["call"] and b["encoding"] == "SDPA alone")
+        assert float(r["over_sdpa_us"]) == pytest.approx(float(r["us_per_call"]) - float(bare["us_per_call"]),
+                                                         abs=0.11)
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--calls", "0"])
+
+
 def test_calls_per_sample_divide_the_sample(monkeypatch):
     # each timed sample makes `calls` calls; the row reports one call's time
     module = _attention_benchmark()
@@ -280,7 +299,9 @@ def test_the_gpu_machine_script_runs_only_the_parts_asked_for(tmp_path):
     run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "all parts ended" in run.stdout and "building the CPU kernel" not in run.stdout
-    assert (tmp_path / "env.txt").exists() and (tmp_path / "logs.tar.gz").exists()
+    assert (tmp_path / "logs.tar.gz").exists() and not (tmp_path / "env.txt").exists()
+    with tarfile.open(tmp_path / "logs.tar.gz") as logs:
+        assert "logs/env.txt" in logs.getnames()  # inside: a lent machine returns eight files at most
     assert not any(p.name == "benchmark.json" for p in tmp_path.rglob("*"))
     without_out = {k: v for k, v in env.items() if k != "OUT"}
     refused = subprocess.run(["bash", str(script)], env=without_out, capture_output=True, text=True)

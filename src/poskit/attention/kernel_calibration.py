@@ -172,7 +172,14 @@ def decisions(library: Path | None) -> Calibration:
     """This machine's decisions, read once per process and file (NOTHING_MEASURED: none, or not to be read)."""
     if library is None or _measuring or not read_switch():
         return NOTHING_MEASURED
-    return _decisions_at(str(path_for(library)))
+    return _decisions_at(_path_text(library))
+
+
+@functools.lru_cache(maxsize=None)
+def _path_text(library: Path) -> str:
+    # asked at every planned call on CPU: building the Path there cost ~5 us a call, a visible part of a small
+    # call's ~50 us of planning
+    return str(path_for(library))
 
 
 def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
