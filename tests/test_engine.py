@@ -295,3 +295,26 @@ def test_the_finiteness_check_copies_no_tensor(dtype, layout):
     assert not all_finite(y)
     # a finite tensor whose sum overflows counts as not finite (the exact path then serves it): never wrong
     assert not all_finite(torch.full((4,), 3e38, dtype=dtype))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=st.lists(st.sampled_from([(3,), (2, 5), (1, 2, 8, 16), (1, 2, 129, 128), (2, 1, 64, 300)]),
+                       min_size=0, max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+       spoil=st.sampled_from([None, float("nan"), float("inf"), float("-inf")]), where=st.integers(0, 10**6),
+       with_none=st.booleans(), data=st.data())
+def test_the_finiteness_check_agrees_with_isfinite_for_small_and_large_tensors(shapes, dtype, spoil, where,
+                                                                                with_none, data):
+    # tensors of at most SMALL_SUM elements are summed whole, larger ones over their last two dimensions first;
+    # either way the answer is whether every value is finite (values kept small: no sum can overflow here)
+    from poskit.attention.inputs import SMALL_SUM, all_finite
+
+    g = torch.Generator().manual_seed(where)
+    tensors = [torch.rand(s, generator=g).to(dtype) for s in shapes]
+    assert 2 * 8 * 16 <= SMALL_SUM < 2 * 129 * 128  # the shapes drawn take both branches
+    if spoil is not None and tensors:
+        hit = tensors[data.draw(st.integers(0, len(tensors) - 1))]
+        hit.view(-1)[where % hit.numel()] = spoil
+    args = [*tensors, None] if with_none else tensors
+    expected = all(bool(torch.isfinite(t).all()) for t in tensors)
+    assert all_finite(*args) == expected
