@@ -117,6 +117,24 @@ def check_results_path(path) -> None:
     check_writable_dir(path.parent, "its directory")
 
 
+def start_run(parser, argv) -> tuple:
+    """(args, the argv as typed, start time, start state) for a benchmark script's main: the code and load are
+    recorded as the measurement starts, not as it ends, and a --json path that cannot be written is refused
+    before any measuring, not after it."""
+    started = time.perf_counter()
+    from poskit.report.benchmark import start_state
+
+    start = start_state()
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "json", None):
+        try:
+            check_results_path(args.json)
+        except ValueError as e:
+            parser.error(f"--json: {e}")
+    return args, raw_argv, started, start
+
+
 def write_results(path, script: str, argv: list[str], settings: dict, parts: dict, started: float,
                   start: dict) -> None:
     """Write the benchmark document (poskit.report.benchmark) of this run to `path`: the command as typed (paths

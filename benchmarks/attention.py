@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (allocator_peak_bytes, check_results_path, interleaved_medians, keep_freed_memory,  # noqa: E402
+from _harness import (allocator_peak_bytes, interleaved_medians, keep_freed_memory, start_run,  # noqa: E402
                       table, write_results)
 
 import poskit  # noqa: E402
@@ -421,17 +421,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="a check that every row runs, in about a minute: B=2, T=256, fp32, 1 round, decode at 256 keys "
                         "(overrides --B, --T, --dtypes, --repeats and the decode lengths/dtypes)")
-    started = time.perf_counter()
-    from poskit.report.benchmark import start_state
-
-    start = start_state()  # the code and load as the measurement starts, not as it ends
-    raw_argv = list(sys.argv[1:] if argv is None else argv)
-    args = p.parse_args(argv)
-    if args.json:
-        try:
-            check_results_path(args.json)  # before hours of measuring, not after
-        except ValueError as e:
-            p.error(f"--json: {e}")
+    args, raw_argv, started, start = start_run(p, argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if args.calls is None:

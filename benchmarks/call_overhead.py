@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import check_results_path, table, write_results  # noqa: E402
+from _harness import start_run, table, write_results  # noqa: E402
 
 import poskit  # noqa: E402
 from poskit.attention import KVCache, cached_attention  # noqa: E402
@@ -86,17 +86,7 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the table as a benchmark document (part call_overhead; `poskit report` renders "
                         "it where a docs page has a table=benchmark marker)")
-    started = time.perf_counter()
-    from poskit.report.benchmark import start_state
-
-    start = start_state()
-    raw_argv = list(sys.argv[1:] if argv is None else argv)
-    args = p.parse_args(argv)
-    if args.json:
-        try:
-            check_results_path(args.json)
-        except ValueError as e:
-            p.error(f"--json: {e}")
+    args, raw_argv, started, start = start_run(p, argv)
     for flag in ("B", "H", "T", "D", "cached", "calls", "rounds", "threads"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} must be a positive integer, got {getattr(args, flag)}")

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import allocator_peak_bytes, check_results_path, keep_freed_memory, write_results  # noqa: E402
+from _harness import allocator_peak_bytes, keep_freed_memory, start_run, write_results  # noqa: E402
 
 import poskit
 from poskit.experiments.defaults import LM_MODEL, LM_TRAIN
@@ -110,17 +110,7 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the table as a benchmark document (docs/results/NAME/benchmark.json, part "
                         "train_step: `poskit report` renders it where a docs page has a table=benchmark marker)")
-    started = time.perf_counter()
-    from poskit.report.benchmark import start_state
-
-    start = start_state()
-    raw_argv = list(sys.argv[1:] if argv is None else argv)
-    args = p.parse_args(argv)
-    if args.json:
-        try:
-            check_results_path(args.json)
-        except ValueError as e:
-            p.error(f"--json: {e}")
+    args, raw_argv, started, start = start_run(p, argv)
     if args.quick:
         args.steps, args.rounds = 2, 1
     for flag in ("batch_size", "context", "steps", "rounds", "threads"):

@@ -16,11 +16,15 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
 QUICK = ["--quick", "--encodings", "rope,none", "--skip-peers", "--skip-decode", "--threads", "1"]
 
 
-def _attention_benchmark():
-    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+def _benchmark(script: str = "attention"):
+    """benchmarks/<script>.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", BENCH.parent / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_attention_benchmark = _benchmark
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +228,7 @@ def test_with_triton_adds_the_fused_kernel_beside_each_encoding_that_has_one(tmp
 
 
 def test_call_overhead_writes_each_encodings_calls_beside_bare_sdpa(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_call_overhead", BENCH.parent / "call_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("call_overhead")
     path = tmp_path / "docs" / "results" / "bench-o" / "benchmark.json"
     module.main(["--quick", "--encodings", "rope,alibi,sinusoidal", "--json", str(path)])
     rows = read_document(path)["parts"]["call_overhead"]["rows"]
@@ -255,9 +257,7 @@ def test_calls_per_sample_divide_the_sample(monkeypatch):
 
 
 def test_train_step_writes_a_benchmark_document(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_train_step", BENCH.parent / "train_step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("train_step")
     path = tmp_path / "docs" / "results" / "bench-t" / "benchmark.json"
     module.main(["--quick", "--encodings", "rope,alibi", "--json", str(path)])
     doc = read_document(path)
