@@ -50,3 +50,37 @@ def test_an_encodings_q_and_k_on_an_accelerator_need_no_host_read_of_the_positio
     positions = torch.arange(128, device="meta")[None]
     q2, k2 = enc.transform_qk(q, q, positions, positions)
     assert q2.device.type == "meta" and q2.shape[:3] == (2, 4, 128)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(["rope", "pope", "rope-yarn", "rope-ntk"]), T=st.integers(1, 40),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), seed=st.integers(0, 2**16))
+def test_one_lookup_for_q_and_k_gives_what_two_give(name, T, dtype, seed):
+    # transform_qk looks the angles up once when q and k share their positions tensor (as prepare() passes
+    # them for self-attention); the result is bit for bit that of two separate lookups
+    import poskit
+
+    options = dict(factor=4.0, original_max_positions=16) if name in ("rope-yarn",) else (
+        dict(factor=4.0) if name == "rope-ntk" else {})
+    enc = poskit.build_encoding(name, head_dim=16, num_heads=2, **options).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, 2, T, 16, generator=g).to(dtype) for _ in range(2))
+    positions = torch.arange(7, 7 + T)[None]
+    shared = enc.transform_qk(q, k, positions, positions)
+    apart = enc.transform_qk(q, k, positions, positions.clone())
+    assert all(torch.equal(a, b) for a, b in zip(shared, apart))
+
+
+def test_prepare_gives_q_and_k_one_positions_tensor_where_they_are_the_same():
+    import poskit
+    from poskit.attention.inputs import prepare
+
+    enc = poskit.build_encoding("rope", head_dim=16, num_heads=2)
+    q = torch.randn(1, 2, 5, 16)
+    omitted = prepare(q, q, q, enc, causal=True, q_positions=None, k_positions=None, scale=None)
+    assert omitted.k_positions is omitted.q_positions and torch.equal(omitted.q_positions, torch.arange(5)[None])
+    given_twice = torch.arange(3, 8)
+    twice = prepare(q, q, q, enc, causal=True, q_positions=given_twice, k_positions=given_twice, scale=None)
+    assert twice.k_positions is twice.q_positions
+    apart = prepare(q, q, q, enc, causal=True, q_positions=given_twice, k_positions=given_twice.clone(), scale=None)
+    assert apart.k_positions is not apart.q_positions and torch.equal(apart.k_positions, apart.q_positions)

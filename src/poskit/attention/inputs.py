@@ -132,7 +132,10 @@ def prepare(q, k, v, enc: PositionalEncoding, *, causal, q_positions, k_position
         raise ValueError(f"is_causal must be False with axial positions (the encoding has {coords} coordinates per "
                          "position, which have no order to be causal by); pass attn_mask for a custom visibility")
     qp = as_position_tensor(q_positions, Tq, B, q.device, "q_positions", coords=coords)
-    kp = as_position_tensor(k_positions, Tk, B, q.device, "k_positions", coords=coords)
+    # one tensor where both are the same (both omitted, or the same tensor given twice, as a decode step does):
+    # an encoding then looks its angles up once for q and k (transform_qk), and no second arange is made
+    same = k_positions is q_positions and Tk == Tq
+    kp = qp if same else as_position_tensor(k_positions, Tk, B, q.device, "k_positions", coords=coords)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scale(scale)
     if key_padding_mask is not None and (not isinstance(key_padding_mask, torch.Tensor)
                                          or key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, Tk)):

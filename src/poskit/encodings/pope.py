@@ -179,15 +179,16 @@ class PolarEncoding(PositionalEncoding):
             return axial_cos_sin(positions, self.inv_freq, self.axial_axis, dtype)
         return self._angles.lookup(positions, self.inv_freq, dtype)
 
-    def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    def cartesian_q(self, q: torch.Tensor, q_positions: torch.Tensor, scale: float = 1.0,
+                    tables: tuple | None = None) -> torch.Tensor:
         """(B, H, T, d) -> (B, H, T, 2d): scale * mu [cos(a - delta), sin(a - delta)] (eq. 6, bias moved to q).
 
         `scale` multiplies the small angle tables instead of the 2d-wide result, so folding the attention
-        scale into q costs nothing.
+        scale into q costs nothing. `tables`: cos_sin(q_positions, ...) where the caller has it already.
         """
         if q.shape[1] != self.num_heads:
             raise ValueError(f"q must have num_heads={self.num_heads} heads for this pope encoding (delta is per head), got {q.shape[1]}")
-        cos, sin = self.cos_sin(q_positions, _table_dtype(q))
+        cos, sin = self.cos_sin(q_positions, _table_dtype(q)) if tables is None else tables
         cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)  # (1|B, 1, T, d)
         rotation = None
         if self.delta is not None:
@@ -197,9 +198,10 @@ class PolarEncoding(PositionalEncoding):
             rotation = (delta.cos(), delta.sin())
         return polar_pair(q, cos, sin, self.softplus, rotation=rotation, scale=scale)
 
-    def cartesian_k(self, k: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        """(B, Hkv, T, d) -> (B, Hkv, T, 2d): mu [cos(a), sin(a)] (eq. 7 without the bias)."""
-        cos, sin = self.cos_sin(k_positions, _table_dtype(k))
+    def cartesian_k(self, k: torch.Tensor, k_positions: torch.Tensor, tables: tuple | None = None) -> torch.Tensor:
+        """(B, Hkv, T, d) -> (B, Hkv, T, 2d): mu [cos(a), sin(a)] (eq. 7 without the bias); `tables` as
+        cartesian_q's."""
+        cos, sin = self.cos_sin(k_positions, _table_dtype(k)) if tables is None else tables
         return polar_pair(k, cos.unsqueeze(1).to(k.dtype), sin.unsqueeze(1).to(k.dtype), self.softplus)
 
     cache_form = "magnitude"  # the KV cache holds softplus(k), d wide (attention/pope_decode.py says why)
@@ -219,7 +221,10 @@ class PolarEncoding(PositionalEncoding):
         return self.cartesian_k(k, k_positions)
 
     def transform_qk(self, q, k, q_positions, k_positions):
-        return self.cartesian_q(q, q_positions), self.cartesian_k(k, k_positions)
+        # the same positions (a self-attention call's): one lookup serves both
+        same = k_positions is q_positions and _table_dtype(k) == _table_dtype(q)
+        tables = self.cos_sin(q_positions, _table_dtype(q)) if same else None
+        return self.cartesian_q(q, q_positions, tables=tables), self.cartesian_k(k, k_positions, tables=tables)
 
     def component_frequencies(self) -> torch.Tensor:
         """theta_c = base^(-c/d) of each of the d complex components, float64 (head_dim,)."""

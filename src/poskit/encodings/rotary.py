@@ -284,7 +284,9 @@ class RotaryEncoding(PositionalEncoding):
         # other variants need no length, and reading one would cost a data-dependent int (a graph break)
         seq_len = self.call_length(q_positions, k_positions) if self.length_dependent else None
         qc, qs = self.cos_sin(q_positions, q.dtype, seq_len)
-        kc, ks = self.cos_sin(k_positions, k.dtype, seq_len)
+        # the same positions (a self-attention call's): one lookup serves both
+        same = k_positions is q_positions and k.dtype == q.dtype
+        kc, ks = (qc, qs) if same else self.cos_sin(k_positions, k.dtype, seq_len)
         return (
             rotate(q, qc.unsqueeze(1), qs.unsqueeze(1), self.layout),
             rotate(k, kc.unsqueeze(1), ks.unsqueeze(1), self.layout),
