@@ -155,6 +155,32 @@ def test_cache_holds_magnitudes_and_angles_of_each_position():
     torch.testing.assert_close(layer.angles[0], torch.cat((angles.cos(), angles.sin()), -1))
 
 
+def test_a_triton_decode_step_looks_up_the_new_tokens_angles_only(monkeypatch):
+    # the cache keeps its keys' angles; a step computing them again over every cached position did O(cache)
+    # trigonometry per step (float64, on a GPU) for numbers it already had
+    need("triton", "triton", "triton (the fused PoPE kernel)")
+    from conftest import HAS_CUDA
+
+    device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run in the Triton interpreter
+    enc = build("pope", num_heads=4, dtype=torch.float32).to(device)
+    q, k, v = (t.to(device) for t in make_qkv(B=1, H=4, Hkv=4, Tq=40, Tk=40, dtype=torch.float32))
+    positions = torch.arange(40, device=device)
+    cache = KVCache(num_layers=1)
+    with torch.no_grad():
+        cached_attention(q[:, :, :39], k[:, :, :39], v[:, :, :39], enc, cache, 0, positions[:39], backend="triton")
+        looked_up = []
+        original = type(enc).cos_sin
+        def counted(self, p, *args):
+            looked_up.append(p.numel())
+            return original(self, p, *args)
+        monkeypatch.setattr(type(enc), "cos_sin", counted)
+        out = cached_attention(q[:, :, 39:], k[:, :, 39:], v[:, :, 39:], enc, cache, 0, positions[39:],
+                               backend="triton")
+    assert looked_up == [1]
+    torch.testing.assert_close(out.double().cpu(), _reference(enc.cpu(), q.cpu(), k.cpu(), v.cpu(),
+                                                              positions.cpu())[:, :, 39:], atol=1e-5, rtol=1e-4)
+
+
 def test_triton_decode_reads_the_magnitude_cache():
     need("triton", "triton", "triton (the fused PoPE kernel)")
     from conftest import HAS_CUDA

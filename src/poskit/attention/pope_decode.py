@@ -190,7 +190,8 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
 
         # the kernel takes magnitudes when its softplus is off
         return pope_attention_for(enc, enc.magnitude(q), mu_k, v, q_positions=q_positions, k_positions=k_positions,
-                                  scale=scale, causal=True, softplus=False, key_padding_mask=key_mask)
+                                  scale=scale, causal=True, softplus=False, key_padding_mask=key_mask,
+                                  angles=(q_angles, k_angles))
     d = mu_k.shape[-1]
     if _can_fuse(inp, q, mu_k):
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),

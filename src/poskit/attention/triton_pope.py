@@ -484,14 +484,20 @@ def pope_attention_triton(q, k, v, delta, q_cos, q_sin, k_cos, k_sin, *, is_caus
 
 
 def pope_attention_for(enc, q, k, v, *, q_positions, k_positions, scale: float, causal: bool,
-                       softplus: bool, key_padding_mask=None) -> torch.Tensor:
+                       softplus: bool, key_padding_mask=None, angles=None) -> torch.Tensor:
     """`pope_attention_triton` with the tables and the fp32 phase bias taken from a pope encoding.
 
     positions are (1|B, T), so the tables are (1|B, T, d); the kernel broadcasts a leading 1.
     softplus=False feeds magnitudes (a KV cache of softplus(k)) straight to the kernel.
+    angles: (q_angles, k_angles), each (1|B, T, 2d) = [cos | sin] of the positions, where the caller has them
+    (a KV cache keeps its keys' angles: a decode step then computes none over the whole cache).
     """
-    qc, qs = enc.cos_sin(q_positions, torch.float32)
-    kc, ks = enc.cos_sin(k_positions, torch.float32)
+    if angles is None:
+        qc, qs = enc.cos_sin(q_positions, torch.float32)
+        kc, ks = enc.cos_sin(k_positions, torch.float32)
+    else:
+        d = q.shape[-1]
+        (qc, qs), (kc, ks) = ((a[..., :d], a[..., d:]) for a in angles)
     return pope_attention_triton(q, k, v, enc.clamped_delta_fp32(q.device), qc, qs, kc, ks, is_causal=causal,
                                  scale=scale, q_positions=q_positions, k_positions=k_positions, softplus=softplus,
                                  key_padding_mask=key_padding_mask)
