@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import start_run, table, write_results  # noqa: E402
+from attention import decode_step  # noqa: E402  (benchmarks/attention.py: a step rolled back after, as it times them)
 
 import poskit  # noqa: E402
-from poskit.attention import KVCache, cached_attention  # noqa: E402
 from poskit.attention.engine import route  # noqa: E402
 from poskit.encodings.registration import UntrainedEncodingWarning  # noqa: E402
 
@@ -54,20 +54,6 @@ def per_call_us(fns: dict, calls: int, rounds: int, device: str) -> dict:
             sync()
             samples[label].append((time.perf_counter() - t) / calls * 1e6)
     return {label: statistics.median(s) for label, s in samples.items()}
-
-
-def decode_step(enc, q, k, v, cached: int):
-    """One decode step at position `cached` against `cached` keys, rolled back after, as generation runs it."""
-    cache = KVCache(num_layers=1, max_length=cached + 16)
-    cached_attention(q[:, :, :cached], k[:, :, :cached], v[:, :, :cached], enc, cache, 0,
-                     torch.arange(cached, device=q.device))
-    q1, k1, v1 = (t[:, :, cached:cached + 1] for t in (q, k, v))
-    position = torch.tensor([cached], device=q.device)
-
-    def step():
-        cached_attention(q1, k1, v1, enc, cache, 0, position)
-        cache.crop(cached)
-    return step
 
 
 def main(argv=None) -> None:
@@ -117,7 +103,8 @@ def main(argv=None) -> None:
                 continue
             fns[("call", name)] = (lambda enc: lambda: poskit.attention(qt, kt, vt, enc, is_causal=True))(enc)
             paths[("call", name)] = route(enc, qt, kt, is_causal=True)
-            fns[("decode", name)] = decode_step(enc, q, k, v, args.cached)
+            cached = (t[:, :, :args.cached] for t in (q, k, v))
+            fns[("decode", name)] = decode_step(name, enc, *cached, room=16)
             paths[("decode", name)] = "cached_attention"
         us = per_call_us(fns, args.calls, args.rounds, args.device)
     rows = []

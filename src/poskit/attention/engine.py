@@ -368,9 +368,8 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     # inputs are assembled as they are, not validated again (a second prepare() was 8-20 % of a small decode step)
     full = AttentionInputs(q, layer.keys, layer.values, inp.q_positions, layer.positions, inp.scale, True,
                            layer.key_mask, False, keys_finite=layer.keys_finite)
-    if not encoded:  # raw keys: planned as any attention() call, with the cached gate keys (CoPE's)
-        return plan_inputs(full, enc, backend).runner(full, enc, layer.gate_keys)
-    return plan_inputs(full, enc, backend, keys="encoded").runner(full, enc, gate_keys)
+    # the whole layer's gate keys (CoPE's; an encoded-key encoding takes none, gate_source refused them above)
+    return plan_inputs(full, enc, backend, keys=form).runner(full, enc, layer.gate_keys)
 
 
 def _check_positions_over_cache(enc: PositionalEncoding, inp: AttentionInputs, layer) -> None:
