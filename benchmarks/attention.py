@@ -424,6 +424,12 @@ def main(argv=None):
     args, raw_argv, started, start = start_run(p, argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    if args.with_triton:  # the engine's own refusal (no triton, CPU tensors without the interpreter), before measuring
+        try:
+            route(build("pope", 1, 64, torch.float32, device=args.device), torch.zeros(1, 1, 1, 64, device=args.device),
+                  backend="triton")
+        except ValueError as e:
+            p.error(f"--with-triton: {e}")
     if args.calls is None:
         args.calls = 20 if args.device == "cuda" else 1
     for flag in ("calls", "repeats", "decode_room"):

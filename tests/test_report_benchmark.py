@@ -170,8 +170,12 @@ def test_a_gpu_document_names_the_gpu_and_a_cpu_document_does_not(document):
 def test_cuda_without_a_gpu_and_bad_counts_are_refused_before_measuring(capsys, monkeypatch):
     import torch
 
+    from poskit.attention import engine
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(engine, "triton_available", lambda: False)
     for argv, message in (([*QUICK, "--device", "cuda"], "--device cuda: torch sees no CUDA device"),
+                          ([*QUICK, "--with-triton"], "--with-triton: backend='triton' needs the triton package"),
                           ([*QUICK, "--calls", "0"], "--calls must be a positive integer, got 0"),
                           ([*QUICK, "--warmup", "-1"], "--warmup must be 0 or more, got -1"),
                           ([*QUICK, "--decode-room", "0"], "--decode-room must be a positive integer, got 0"),
