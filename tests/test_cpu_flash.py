@@ -308,11 +308,12 @@ def formula(q, k, v, scale, qp, kp, causal, pad, bias):
 
 
 @st.composite
-def problems(draw, widths=st.sampled_from([4, 8, 12])):
+def problems(draw, widths=st.sampled_from([4, 8, 12]), lengths=st.integers(1, 40),
+             blocks=st.tuples(st.integers(1, 17), st.integers(1, 17)), value_widths=None):
     B, Hkv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     H = Hkv * draw(st.integers(1, 3))
-    Tq, Tk = draw(st.integers(1, 40)), draw(st.integers(1, 40))
-    E, Dv = draw(widths), draw(widths)
+    Tq, Tk = draw(lengths), draw(lengths)
+    E, Dv = draw(widths), draw(widths if value_widths is None else value_widths)
     causal = draw(st.booleans())
     gaps = draw(st.booleans())  # positions with gaps: the kernel's general (not consecutive) key path
     per_batch = draw(st.booleans())
@@ -336,8 +337,7 @@ def problems(draw, widths=st.sampled_from([4, 8, 12])):
     q = torch.randn(B, H, Tq, E, generator=g).requires_grad_()
     k = torch.randn(B, Hkv, Tk, E, generator=g).requires_grad_()
     v = torch.randn(B, Hkv, Tk, Dv, generator=g).requires_grad_()
-    blocks = (draw(st.integers(1, 17)), draw(st.integers(1, 17)))
-    return q, k, v, draw(st.floats(0.1, 1.0)), qp, kp, causal, pad, bias, blocks
+    return q, k, v, draw(st.floats(0.1, 1.0)), qp, kp, causal, pad, bias, draw(blocks)
 
 
 def check_against_formula(q, k, v, scale, qp, kp, causal, pad, bias, blocks, atol=2e-5, bias_atol=None, **kw):
@@ -403,6 +403,25 @@ def test_bf16_either_way_is_within_a_few_roundings_of_the_float64_formula(produc
     worst found, 0.123, is an exact gradient of 0 (one embedding for every offset: a bias constant along each row)
     summed over 21 rows, hence its wider bound."""
     check_against_formula(*_bf16(problem), atol=4e-2, bias_atol=0.25, bf16_products=products)
+
+
+@settings(max_examples=12, deadline=None)
+@given(problem=problems(widths=st.integers(1, 150), value_widths=st.integers(1, 19), lengths=st.integers(1, 200),
+                        blocks=st.tuples(st.integers(1, 70), st.sampled_from([64, 128]))))
+def test_bf16_products_on_heads_packed_once_are_within_a_few_roundings_of_the_float64_formula(products, problem):
+    """Key tiles of whole column blocks (64, 128 keys), where the bf16 products pack each kv head once and read
+    views of it: q/k widths past one block of columns and odd, tiles of up to 70 queries (the backward's
+    transposed products), more keys than one tile, masks and both bias forms. v stays as narrow as in the test
+    above, whose bound it shares: dQ's error from D = rowsum(dO * O rounded) grows with v's width (at 150 it
+    reached 0.066 on 2 keys, widened as well as with the products). The bias parameters' gradient sums that
+    error over the query rows: its bound, the test above's for up to 40 rows, grows in proportion past them (over
+    300 drawn problems the largest was 0.26, widened and with the products alike, at 0.25 fixed). The scale
+    shrinks with q/k's width so that the logits are no sharper than at the widths those bounds were set for."""
+    q, k, v, scale, *rest = _bf16(problem)
+    E, rows = q.shape[-1], q.shape[2]
+    scale *= min(1.0, (16 / E) ** 0.5)  # logits as large as at the widths the bound was set for, not sharper
+    check_against_formula(q, k, v, scale, *rest, atol=4e-2, bias_atol=0.25 * max(1.0, rows / 40),
+                          bf16_products=products)
 
 
 def test_bf16_is_within_a_few_roundings_of_the_float64_formula(kernel):
@@ -769,6 +788,24 @@ def test_bf16_calls_take_the_products_where_the_cpu_has_them_unless_measured_slo
         kc.read(tmp_path / kc.FILE_NAME)
 
 
+def test_bf16_products_follow_torchs_onednn_switch(kernel):
+    """The products run on oneDNN's micro-kernel: with torch.backends.mkldnn off they are not available (asked for,
+    the operator refuses them by name), and a default bf16 call widens instead, with the widened path's result."""
+    if not cpu_flash.bf16_products_available():
+        pytest.skip("this CPU or build has no bf16 products")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 70, 24, generator=g).bfloat16() for _ in range(3))
+    widened = cpu_flash.cpu_flash_attention(q, k, v, scale=0.2, bf16_products=False)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not cpu_flash.bf16_products_available()
+        assert torch.equal(cpu_flash.cpu_flash_attention(q, k, v, scale=0.2), widened)
+        empty, pos = torch.empty(0), torch.empty(0, 0, dtype=torch.int64)
+        with pytest.raises(RuntimeError, match="with torch's oneDNN enabled"):
+            cpu_flash.kernel().forward(q, k, v, 0.2, False, pos, pos, torch.empty(0, dtype=torch.bool), 0, empty, 0,
+                                       0, 0.0, 64, 512, True)
+    assert cpu_flash.bf16_products_available()
+
+
 def test_bf16_products_asked_for_where_they_cannot_be_had_are_refused_by_name(kernel, monkeypatch):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match=r"bf16_products=True needs bf16 inputs \(got torch.float32\)"):
@@ -776,7 +813,8 @@ def test_bf16_products_asked_for_where_they_cannot_be_had_are_refused_by_name(ke
     with pytest.raises(ValueError, match="bf16_products must be True, False or None"):
         cpu_flash.cpu_flash_attention(q, q, q, scale=0.5, bf16_products=1)
     monkeypatch.setattr(cpu_flash, "bf16_products_available", lambda: False)
-    with pytest.raises(ValueError, match="a CPU with AVX512_BF16 under an AVX-512 build of the kernel .here: False."):
+    with pytest.raises(ValueError, match="a CPU with AVX512_BF16 under an AVX-512 build of the kernel and "
+                                         "torch.backends.mkldnn enabled .here: False."):
         cpu_flash.cpu_flash_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), scale=0.5, bf16_products=True)
     # the operator itself refuses them for fp32 (and wherever the CPU lacks the instructions)
     empty, pos = torch.empty(0), torch.empty(0, 0, dtype=torch.int64)

@@ -20,8 +20,9 @@
 //   offset embeddings (relative PE): emb (2M + 1, E) fp32, added as bias_scale * q_t . emb[clamp(d, -M, M) + M];
 //     gradients for q and for emb.
 // bf16 inputs: on a CPU with AVX512_BF16 (and a library built for AVX-512) the attention's products take bf16
-// operands with fp32 accumulation ("bf16 products", section below): q, k, v and dO as given, the probabilities P and
-// dS rounded to bf16 before their products, as bf16 flash-attention kernels (torch's CPU one included) do.
+// operands with fp32 accumulation through oneDNN's brgemm, on AMX tiles where the CPU has them ("bf16 products",
+// section below): q, k, v and dO as given, the probabilities P and dS rounded to bf16 before their products, as
+// bf16 flash-attention kernels (torch's CPU one included) do.
 // Otherwise bf16 tiles are widened to fp32 and multiplied by sgemm (on CPUs without native bf16 arithmetic that is
 // what every bf16 GEMM does inside). Softmax statistics and accumulators are fp32 either way; products with
 // the bias parameters (relative PE's and CoPE's embeddings) stay fp32.
@@ -39,7 +40,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/Context.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
@@ -116,36 +119,64 @@ class Scratch {
 };
 
 // An operand in the bf16 products' packed layout (below), kept for many products: none (data null: each product
-// packs its own), or a view of its columns from c0 (at_column) or of its pair rows from an even row r0 (at_row).
-// A view's product reads up to 15 columns past its last one (masked out of the result): the store keeps that many
-// words of slack after the last pair row.
+// packs its own), or a view of its columns from c0, a multiple of kBlockColumns (at_column), or of its pair rows
+// from an even row r0 (at_row).
+constexpr int64_t kBlockColumns = 64;
 struct Packed {
   Scratch<uint32_t> store;
   const uint32_t* data = nullptr;
-  int64_t width = 0;
+  int64_t block = 0;  // words from one block of kBlockColumns columns to the next
 };
 struct PackedView {
   const uint32_t* data = nullptr;
-  int64_t width = 0;
+  int64_t block = 0;
 };
-inline PackedView at_column(const Packed& x, int64_t c0) {
-  return x.data ? PackedView{x.data + c0, x.width} : PackedView{};
+inline PackedView at_column(const Packed& x, int64_t c0) {  // c0 % kBlockColumns == 0
+  return x.data ? PackedView{x.data + c0 / kBlockColumns * x.block, x.block} : PackedView{};
 }
 inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row starts there
-  return x.data ? PackedView{x.data + r0 / 2 * x.width, x.width} : PackedView{};
+  return x.data ? PackedView{x.data + r0 / 2 * kBlockColumns, x.block} : PackedView{};
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // bf16 products: row-major C (m x n) = alpha op(A) op(B) + beta C with A and B rounded to bf16 (round to nearest
-// even; exact for values that came from bf16) and accumulated in fp32 by AVX512_BF16's dot-product instruction,
-// which multiplies pairs along the inner dimension. Both operands are packed into pairs first: B as
-// [inner pair][column] (16 columns per vector), A as [row][inner pair] or, transposed, [inner pair][row]. The
+// even; exact for values that came from bf16) and accumulated in fp32 by oneDNN's brgemm micro-kernel, as torch
+// exports it (at::native::cpublas::brgemm): it runs on AMX tiles where the CPU has them and on AVX512_BF16's
+// dot products otherwise, the same instructions torch's own bf16 matrix products take there. brgemm wants A
+// row-major and B in pairs along the inner dimension ("VNNI"): B is packed as blocks of kBlockColumns columns, each
+// [inner pair][column]; A as [row][inner pair] (bf16 row-major with the inner size made even by a zero). The
 // packing costs O((m + n) k) against the product's O(m n k). Compiled only into an AVX-512 library, for these
 // functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
+//
+// oneDNN generates one micro-kernel per shape (rows, columns, inner size, strides) and torch keeps them per
+// thread for the process's life; here the columns are always kBlockColumns and the rest follow the tiles, so a
+// process holds at most a few hundred (tile rows x tile keys), as torch's own flash kernel does.
 #ifdef CPU_CAPABILITY_AVX512
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-bool cpu_has_bf16_products() { return __builtin_cpu_supports("avx512bf16"); }
+// Whether torch's brgemm takes bf16 here: its oneDNN was built with the micro-kernels and accepts this CPU. Tried
+// once on a 2 x 2 product (torch refuses with an error where it cannot).
+bool brgemm_takes_bf16() {
+  static const bool works = [] {
+    try {
+      const at::BFloat16 a[4] = {1.f, 2.f, 3.f, 4.f}, b[kBlockColumns * 2] = {};
+      float c[2 * kBlockColumns];
+      at::native::cpublas::brgemm(2, kBlockColumns, 2, 2, kBlockColumns, kBlockColumns, false, a, b, c, true);
+      at::native::cpublas::brgemm_release(true);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return works;
+}
+
+// AVX512_BF16 (without it a CPU has no bf16 arithmetic, and widening serves it; AMX CPUs have it), brgemm's
+// micro-kernels, and oneDNN not switched off by the user (torch.backends.mkldnn.enabled, read per call as torch
+// does).
+bool cpu_has_bf16_products() {
+  return __builtin_cpu_supports("avx512bf16") && at::globalContext().userEnabledMkldnn() && brgemm_takes_bf16();
+}
 
 // 16 values as bf16 bits (rounded from fp32, or as they are), lanes past the mask zero.
 BF16_TARGET inline __m256i bf16_bits(const float* x, __mmask16 mask) {
@@ -195,8 +226,44 @@ BF16_TARGET void pack_pairs_along(const S* x, int64_t ld, int64_t rows, int64_t 
   }
 }
 
+// 16 x 16 words transposed: out[c * ldo + r] = x[r * ldx + c].
+BF16_TARGET inline void transpose_16x16(const uint32_t* x, int64_t ldx, uint32_t* out, int64_t ldo) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(x + i * ldx);
+  for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of words
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)  // 4 x 4
+    for (int j = 0; j < 2; ++j) {
+      r[i + j] = _mm512_unpacklo_epi64(t[i + j], t[i + j + 2]);
+      r[i + j + 2] = _mm512_unpackhi_epi64(t[i + j], t[i + j + 2]);
+    }
+  for (int i = 0; i < 16; i += 8)  // 128-bit lanes
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+  // after the three steps, row i of the result sits in r[perm[i]]
+  static constexpr int perm[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + i * ldo, r[perm[i]]);
+}
+
+// A words (rows x cols) with stride ldx transposed into out (cols x rows, stride ldo); rows and cols multiples of 16.
+BF16_TARGET void transpose_words(const uint32_t* x, int64_t ldx, int64_t rows, int64_t cols, uint32_t* out,
+                                 int64_t ldo) {
+  for (int64_t r = 0; r < rows; r += 16)
+    for (int64_t c = 0; c < cols; c += 16) transpose_16x16(x + r * ldx + c, ldx, out + c * ldo + r, ldo);
+}
+
 struct PackScratch {
-  std::vector<uint32_t> a, b, rows;
+  std::vector<uint32_t> a, a_down, rows;
+  std::vector<float> c;
+  Packed b;
 };
 
 // This thread's packing scratch (grown on demand, kept between calls).
@@ -205,118 +272,99 @@ PackScratch& pack_scratch() {
   return scratch;
 }
 
-// The (k x n) operand op(B) as [pair][column]: straight down B's rows, or, for B stored (n x k), each row in pairs
-// and then gathered 16 columns at a time.
+// The (k x n) operand op(B) as [pair][column] with `width` columns a pair row: straight down B's rows, or, for B
+// stored (n x k), each row in pairs and then the pairs' matrix transposed 16 x 16 words at a time.
 template <typename S>
 BF16_TARGET void pack_b(bool tb, const S* b, int64_t ldb, int64_t k, int64_t n, int64_t width, uint32_t* out,
                         std::vector<uint32_t>& rows) {
   if (!tb) return pack_pairs_down(b, ldb, k, n, width, out);
-  const int64_t pairs = (k + 1) / 2;
-  if ((int64_t)rows.size() < width * pairs) rows.resize(width * pairs);
-  pack_pairs_along(b, ldb, n, k, rows.data());
-  std::fill(rows.begin() + n * pairs, rows.begin() + width * pairs, 0u);
-  const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)pairs));
-  for (int64_t c = 0; c < width; c += 16)
-    for (int64_t j = 0; j < pairs; ++j)
-      _mm512_storeu_si512(out + j * width + c, _mm512_i32gather_epi32(index, rows.data() + c * pairs + j, 4));
+  const int64_t pairs = (k + 1) / 2, pairs16 = (pairs + 15) / 16 * 16;
+  if ((int64_t)rows.size() < width * pairs16) rows.resize(width * pairs16);
+  for (int64_t r = 0; r < width; ++r) {  // row r: B's row r in pairs, zeros past pairs and past n
+    uint32_t* o = rows.data() + r * pairs16;
+    if (r < n) pack_pairs_along(b + r * ldb, ldb, 1, k, o);
+    std::fill(o + (r < n ? pairs : 0), o + pairs16, 0u);
+  }
+  if (pairs == pairs16) return transpose_words(rows.data(), pairs16, width, pairs16, out, width);
+  std::vector<uint32_t>& full = pack_scratch().a_down;  // (pairs16 x width), its first `pairs` rows kept
+  if ((int64_t)full.size() < pairs16 * width) full.resize(pairs16 * width);
+  transpose_words(rows.data(), pairs16, width, pairs16, full.data(), width);
+  std::memcpy(out, full.data(), pairs * width * sizeof(uint32_t));
 }
 
-// MR rows x NV vectors of 16 columns of C; A's pair j of row r at a[r * row_step + j * pair_step].
-template <int MR, int NV>
-BF16_TARGET void bf16_block(int64_t pairs, const uint32_t* a, int64_t row_step, int64_t pair_step, const uint32_t* b,
-                            int64_t width, float* c, int64_t ldc, float alpha, float beta, int64_t cols) {
-  __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < pairs; ++j) {
-    __m512bh bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + j * width + v * 16);
-    for (int r = 0; r < MR; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * row_step + j * pair_step]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
-    }
-  }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (int v = 0; v < NV; ++v) {
-    const __mmask16 mask = lanes_mask(cols - v * 16);
-    for (int r = 0; r < MR; ++r) {
-      float* out = c + r * ldc + v * 16;
-      __m512 x = _mm512_mul_ps(acc[r][v], va);
-      if (beta != 0.f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, out), x);  // (beta 0: C is not read)
-      _mm512_mask_storeu_ps(out, mask, x);
-    }
-  }
-}
-
-template <int MR>
-BF16_TARGET void bf16_rows(int nv, int64_t pairs, const uint32_t* a, int64_t row_step, int64_t pair_step,
-                           const uint32_t* b, int64_t width, float* c, int64_t ldc, float alpha, float beta,
-                           int64_t cols) {
-  switch (nv) {
-    case 1: return bf16_block<MR, 1>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
-    case 2: return bf16_block<MR, 2>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
-    case 3: return bf16_block<MR, 3>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
-    default: return bf16_block<MR, 4>(pairs, a, row_step, pair_step, b, width, c, ldc, alpha, beta, cols);
-  }
-}
-
-// An operand B packed once for many products (a head's keys or values, fp32 or bf16 as given): [pair][column],
-// `width` columns a row.
+// op(B) (k x n) packed for many products: blocks of kBlockColumns columns (zeros past n), each (k + 1) / 2 pair rows
+// of kBlockColumns words.
 template <typename S>
 BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64_t n, Packed* out) {
-  out->width = (n + 15) / 16 * 16;
-  uint32_t* store = out->store.grow((k + 1) / 2 * out->width + 16);  // (+ the slack a column view reads)
-  pack_b(tb, b, ldb, k, n, out->width, store, pack_scratch().rows);
+  const int64_t pairs = (k + 1) / 2, blocks = (n + kBlockColumns - 1) / kBlockColumns;
+  out->block = pairs * kBlockColumns;
+  uint32_t* store = out->store.grow(std::max<int64_t>(1, blocks * out->block));
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t c0 = i * kBlockColumns;
+    pack_b(tb, tb ? b + c0 * ldb : b + c0, ldb, k, std::min(kBlockColumns, n - c0), kBlockColumns,
+           store + i * out->block, pack_scratch().rows);
+  }
   out->data = store;
 }
 
+// The product with op(B) packed (pack_operand, or a view of one): brgemm per block of columns, straight into C when
+// it takes the whole block as it is (alpha 1, beta 0 or 1), else into scratch and then C = alpha . + beta C.
 BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                                  const uint32_t* packed_b, int64_t width, float beta, float* c, int64_t ldc);
+                                  PackedView b, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  PackScratch& scratch = pack_scratch();
+  const int64_t pairs = (k + 1) / 2;
+  if ((int64_t)scratch.a.size() < m * pairs) scratch.a.resize(m * pairs);
+  if (ta) {  // A stored (k x m): its columns in pairs ([pair][row]), then transposed to rows of pairs
+    const int64_t m16 = (m + 15) / 16 * 16, pairs16 = (pairs + 15) / 16 * 16;
+    if ((int64_t)scratch.a_down.size() < pairs16 * m16) scratch.a_down.resize(pairs16 * m16);
+    pack_pairs_down(a, lda, k, m, m16, scratch.a_down.data());
+    std::fill(scratch.a_down.begin() + pairs * m16, scratch.a_down.begin() + pairs16 * m16, 0u);
+    if ((int64_t)scratch.rows.size() < m16 * pairs16) scratch.rows.resize(m16 * pairs16);
+    transpose_words(scratch.a_down.data(), m16, pairs16, m16, scratch.rows.data(), pairs16);
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(scratch.a.data() + r * pairs, scratch.rows.data() + r * pairs16, pairs * sizeof(uint32_t));
+  } else {
+    pack_pairs_along(a, lda, m, k, scratch.a.data());
+  }
+  const auto* A = reinterpret_cast<const at::BFloat16*>(scratch.a.data());
+  const bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f);
+  for (int64_t c0 = 0; c0 < n; c0 += kBlockColumns) {
+    const int64_t cols = std::min(kBlockColumns, n - c0);
+    const auto* B = reinterpret_cast<const at::BFloat16*>(b.data + c0 / kBlockColumns * b.block);
+    if (direct && cols == kBlockColumns) {
+      at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * pairs, kBlockColumns, ldc, beta == 1.f, A, B,
+                                  c + c0, true);
+      continue;
+    }
+    if ((int64_t)scratch.c.size() < m * kBlockColumns) scratch.c.resize(m * kBlockColumns);
+    float* t = scratch.c.data();
+    at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * pairs, kBlockColumns, kBlockColumns, false, A, B, t,
+                                true);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 mask = lanes_mask(cols - j);
+        float* out = c + r * ldc + c0 + j;
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, t + r * kBlockColumns + j), va);
+        if (beta != 0.f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, out), x);  // (beta 0: C is not read)
+        _mm512_mask_storeu_ps(out, mask, x);
+      }
+  }
+}
 
+// The same with op(B) packed for this product alone.
 BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  PackScratch& scratch = pack_scratch();
-  const int64_t pairs = (k + 1) / 2, width = (n + 15) / 16 * 16;
-  if ((int64_t)scratch.b.size() < pairs * width) scratch.b.resize(pairs * width);
-  pack_b(tb, b, ldb, k, n, width, scratch.b.data(), scratch.rows);
-  gemm_bf16_packed(ta, m, n, k, alpha, a, lda, scratch.b.data(), width, beta, c, ldc);
+  Packed& packed = pack_scratch().b;
+  pack_operand(tb, b, ldb, k, n, &packed);
+  gemm_bf16_packed(ta, m, n, k, alpha, a, lda, at_column(packed, 0), beta, c, ldc);
 }
 
-// The same with op(B) packed already (pack_operand), its column 0 at packed_b, `width` columns a pair row.
-BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                                  const uint32_t* packed_b, int64_t width, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  PackScratch& scratch = pack_scratch();
-  const int64_t pairs = (k + 1) / 2, a_width = (m + 15) / 16 * 16;
-  if ((int64_t)scratch.a.size() < pairs * a_width) scratch.a.resize(pairs * a_width);
-  int64_t row_step, pair_step;
-  if (ta) {  // A stored (k x m): its columns are the rows of op(A)
-    pack_pairs_down(a, lda, k, m, a_width, scratch.a.data());
-    row_step = 1, pair_step = a_width;
-  } else {
-    pack_pairs_along(a, lda, m, k, scratch.a.data());
-    row_step = pairs, pair_step = 1;
-  }
-  constexpr int MR = 6;  // 6 rows x 4 vectors: 24 accumulators, 4 B vectors and a broadcast of the 32 registers
-  for (int64_t c0 = 0; c0 < n; c0 += 64) {
-    const int64_t cols = std::min<int64_t>(64, n - c0);
-    const int nv = (int)((cols + 15) / 16);
-    for (int64_t r0 = 0; r0 < m; r0 += MR) {
-      const uint32_t* ar = scratch.a.data() + r0 * row_step;
-      const uint32_t* bc = packed_b + c0;
-      float* cr = c + r0 * ldc + c0;
-      switch (std::min<int64_t>(MR, m - r0)) {
-        case 1: bf16_rows<1>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-        case 2: bf16_rows<2>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-        case 3: bf16_rows<3>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-        case 4: bf16_rows<4>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-        case 5: bf16_rows<5>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-        default: bf16_rows<6>(nv, pairs, ar, row_step, pair_step, bc, width, cr, ldc, alpha, beta, cols); break;
-      }
-    }
-  }
+// The tile registers brgemm may have configured (AMX) handed back, at the end of a thread's share of a call.
+void release_products(bool used) {
+  if (used) at::native::cpublas::brgemm_release(true);
 }
 #else
 bool cpu_has_bf16_products() { return false; }
@@ -328,10 +376,11 @@ template <typename S>
 void pack_operand(bool, const S*, int64_t, int64_t, int64_t, Packed*) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
-void gemm_bf16_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const uint32_t*, int64_t, float,
-                      float*, int64_t) {
+void gemm_bf16_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, PackedView, float, float*,
+                      int64_t) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
+void release_products(bool) {}
 #endif
 
 float lanes_max(const Vec& v) {
@@ -443,20 +492,27 @@ struct Problem {
 void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, PackedView packed = {}) {
   if (p.bf16_products && packed.data)
-    gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed.data, packed.width, beta, c, ldc);
+    gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed, beta, c, ldc);
   else if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// One thread's share of a call's products: hands brgemm's tile registers back when it ends (even by an exception).
+struct ProductsSession {
+  explicit ProductsSession(const Problem& p) : used(p.bf16_products) {}
+  ~ProductsSession() { release_products(used); }
+  bool used;
+};
+
 // base + n, or null for a null base (a packed head's keys and values are not kept as fp32 rows).
 inline const float* offset(const float* base, int64_t n) { return base ? base + n : nullptr; }
 
-// Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on even keys
-// (a pair row of the keys' packing must not straddle two tiles). Even a decode step, which reads each pack once,
+// Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on a block of
+// the packing's columns (then also on even keys: a pair row of the values' packing must not straddle two tiles). Even a decode step, which reads each pack once,
 // is faster so than packing per product (B=8, H=8, 8192 keys on the AVX-512 AMD EPYC: 14.5-16.3 against
 // 18.4-21.9 ms per step, two alternations of benchmarks/attention.py's decode rows); the cost is one kv head's
 // packed keys and values per thread.
-bool packs_heads(const Problem& p) { return p.bf16_products && p.bk % 2 == 0; }
+bool packs_heads(const Problem& p) { return p.bf16_products && p.bk % kBlockColumns == 0; }
 
 // [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before
 // full_end are visible to all of it (no causal mask); with unsorted keys every key is scanned and masked.
@@ -675,6 +731,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
   constexpr bool wide = !std::is_same<T, float>::value;
   const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
+    const ProductsSession session(p);
     auto state = make_state();
     std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide && !packed ? p.bk * p.E : 0),
@@ -765,6 +822,7 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
   constexpr bool in_place = std::is_same<O, float>::value;
   const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
+    const ProductsSession session(p);
     auto state = make_state();
     Packed keys_across, values_across, keys_down;
     int64_t packed_kvh = -1;
@@ -1097,7 +1155,8 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "cpu_flash: q, k, v must all be float32 or all bfloat16");
   TORCH_CHECK(bq >= 1 && bk >= 1, "cpu_flash: tile sizes must be positive");
   TORCH_CHECK(!bf16_products || (q.scalar_type() == at::kBFloat16 && cpu_has_bf16_products()),
-              "cpu_flash: bf16_products needs bf16 inputs and a CPU with AVX512_BF16 (bf16_products_available())");
+              "cpu_flash: bf16_products needs bf16 inputs and a CPU with AVX512_BF16, with torch's oneDNN enabled "
+              "(bf16_products_available())");
   Problem p{};
   p.bf16_products = bf16_products;
   p.B = q.size(0), p.H = q.size(1), p.Tq = q.size(2), p.E = q.size(3);

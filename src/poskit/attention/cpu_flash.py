@@ -5,8 +5,9 @@ equal-width q/k (the rope family) where this machine's calibration measured it f
 
 What it computes: softmax(scale q k^T + bias, causal by position, key padding) @ v, exactly (the formula of
 attention/reference.py; only the rounding differs), in cache-sized tiles with an online softmax, causal tiles
-skipped, grouped kv heads read in place, fp32 and bf16 (bf16 products with fp32 accumulation on a CPU with
-AVX512_BF16, `bf16_products`; otherwise widened to fp32 per tile), and a backward by
+skipped, grouped kv heads read in place, fp32 and bf16 (bf16 products with fp32 accumulation through oneDNN's
+brgemm micro-kernel on a CPU with AVX512_BF16, on AMX tiles where it has them, `bf16_products`; otherwise widened to
+fp32 per tile), and a backward by
 recomputation that also returns the bias parameters' gradient. The bias comes from the encoding's declaration
 (`kernel_bias`, encodings/kernel_bias.py) and is generated per tile from the positions, never as a Tq x Tk tensor.
 
@@ -118,8 +119,10 @@ def _loaded_or_built() -> bool:
 
 
 def bf16_products_available() -> bool:
-    """Whether the kernel can multiply bf16 operands natively here: a CPU with AVX512_BF16 and a library built for
-    AVX-512 (the products then accumulate in fp32, P and dS rounded to bf16 first, as bf16 flash kernels do)."""
+    """Whether the kernel can multiply bf16 operands natively here: a CPU with AVX512_BF16, a library built for
+    AVX-512, and torch's oneDNN micro-kernels (brgemm) enabled (torch.backends.mkldnn.enabled, read per call). The
+    products accumulate in fp32, P and dS rounded to bf16 first, as bf16 flash kernels do; they run on the AMX tiles
+    of a CPU that has them."""
     ops = kernel()
     return ops is not None and bool(ops.bf16_products_available())
 
@@ -133,8 +136,9 @@ def uses_bf16_products(dtype: torch.dtype, requested: bool | None = None) -> boo
     if not isinstance(requested, bool):
         raise ValueError(f"bf16_products must be True, False or None (this machine's default), got {requested!r}")
     if requested and (dtype != torch.bfloat16 or not bf16_products_available()):
-        raise ValueError(f"bf16_products=True needs bf16 inputs (got {dtype}) and a CPU with AVX512_BF16 under an "
-                         f"AVX-512 build of the kernel (here: {bf16_products_available()})")
+        raise ValueError(f"bf16_products=True needs bf16 inputs (got {dtype}), a CPU with AVX512_BF16 under an "
+                         f"AVX-512 build of the kernel and torch.backends.mkldnn enabled "
+                         f"(here: {bf16_products_available()})")
     return requested
 
 

@@ -28,9 +28,10 @@ MARGIN; without a measurement they are taken wherever the CPU has them.
 POSKIT_KERNEL_CALIBRATION=off (read at every call) routes by the defaults as if nothing were measured: the same
 paths on every machine, for runs whose numbers should not depend on where they ran (unset or "on": read it).
 
-Why per CPU: on an Intel Xeon with AMX, bf16 SDPA runs on AMX tiles, faster than the kernel's bf16 (widened to fp32
-there when it was measured; its bf16 products use AVX512_BF16, not AMX) (docs/benchmarks.md, "Second CPU
-family"); whether that makes a fallback faster for some form is what the calibration answers on each machine.
+Why per CPU: on an Intel Xeon with AMX, bf16 SDPA ran faster than the kernel's bf16 (widened to fp32 there when it
+was measured, its bf16 products then a hand-written AVX512_BF16 loop; they now go through oneDNN's brgemm, which
+takes the AMX tiles) (docs/benchmarks.md, "Second CPU family"); whether that makes a fallback faster for some form
+is what the calibration answers on each machine.
 """
 from __future__ import annotations
 

@@ -211,7 +211,8 @@ def _measured_products(rounds: int, progress) -> dict | None:
     from poskit.attention import kernel_timing
 
     if not cpu_flash.bf16_products_available():
-        progress("  bf16 products  not available here (no AVX512_BF16, or not an AVX-512 build): bf16 is widened")
+        progress("  bf16 products  not available here (no AVX512_BF16, not an AVX-512 build, or torch's oneDNN off): "
+                 "bf16 is widened")
         return None
     shape = kc.SHAPE
     run = kernel_timing.products_timer(shape["B"], shape["T"], 2 * shape["D"], H=shape["H"], Dv=shape["D"])
@@ -283,9 +284,10 @@ def _bf16_line(library) -> str:
     if not library or not library.exists():
         return "not known until the library is built"
     if not cpu_flash.bf16_products_available():
-        return "widened to fp32 per tile (this CPU has no AVX512_BF16, or the library is not an AVX-512 build)"
+        return ("widened to fp32 per tile (this CPU has no AVX512_BF16, the library is not an AVX-512 build, or "
+                "torch.backends.mkldnn is off)")
     if cpu_flash.uses_bf16_products(torch.bfloat16):
-        return "bf16 products with fp32 accumulation (AVX512_BF16)"
+        return "bf16 products with fp32 accumulation (oneDNN brgemm: AMX tiles where the CPU has them, else AVX512_BF16)"
     return "widened to fp32 (this machine's calibration measured the bf16 products slower)"
 
 
