@@ -4,6 +4,8 @@ import itertools
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import poskit
@@ -108,7 +110,7 @@ def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
     def broken():
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(pope_decode, "_compiled", lambda: (broken, broken, broken))
+    monkeypatch.setattr(pope_decode, "_compiled", lambda: (broken, broken, broken, broken))
     monkeypatch.setattr(pope_decode, "_fused_failed", False)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -141,6 +143,19 @@ def test_half_precision_values_with_room_to_grow_equal_the_reference(monkeypatch
         assert not cache.layer(0).values.is_contiguous()
         torch.testing.assert_close(out.double(), _reference(enc, q, k, v, positions), atol=2e-2, rtol=2e-2)
         assert len(calls) == (10 if compiled and kv_heads == 4 else 0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(keys=st.integers(1, 3 * pope_decode.VALUE_CHUNK + 5), dtype=st.sampled_from([torch.bfloat16, torch.float16]))
+def test_the_compiled_weighted_sum_over_values_equals_the_product_at_any_length(keys, dtype):
+    """The weighted sum over a cache's values, in whole chunks of keys and the rest apart: lengths below, at and
+    past the chunk's multiples, values as a view with room after them, against the float64 product."""
+    g = torch.Generator().manual_seed(keys)
+    buffer = torch.randn(2, 3, keys + 7, 16, generator=g).to(dtype)
+    v = buffer[:, :, :keys]
+    weights = torch.softmax(torch.randn(2, 3, 1, keys, generator=g), -1)
+    got = pope_decode._run_weighted_values(weights, v)
+    torch.testing.assert_close(got.double(), weights.double() @ v.double(), atol=1e-6, rtol=1e-5)
 
 
 def test_cache_holds_magnitudes_and_angles_of_each_position():
