@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..util.function_call import call
 from .blocks import sorted_key_ends
 from .grouped import kv_rows, per_head, to_kv_heads
 from .inputs import all_finite
@@ -230,4 +231,4 @@ def blocked_attention(q, k, v, *, scale, q_positions, k_positions, causal, key_p
     generated on the fly so that no T x T bias is ever stored (ALiBi).
     """
     block = block or DEFAULT_BLOCK
-    return BlockedAttention.apply(q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn)
+    return call(BlockedAttention, q, k, v, scale, q_positions, k_positions, causal, key_padding_mask, block, bias_fn)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..encodings.base import PositionalEncoding
+from ..util.function_call import call
 from .blocked import DEFAULT_BLOCK, _batch_chunks, _block_plan, _block_probs, _flat, _partial_mask, _Rows
 from .grouped import per_head, to_kv_heads
 from .inputs import AttentionInputs
@@ -138,7 +139,7 @@ def blocked_bias_attention(q, k, v, enc, *, scale, q_positions, k_positions, cau
     def bias_fn(q_block, qp, kp, tensors):
         return torch.func.functional_call(module, dict(zip(names, tensors)), (q_block, qp, kp), strict=False)
 
-    return BlockedBiasAttention.apply(q, k, v, scale, q_positions, k_positions, causal,
+    return call(BlockedBiasAttention, q, k, v, scale, q_positions, k_positions, causal,
                                       key_padding_mask, block or DEFAULT_BLOCK, bias_fn, *params)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..encodings.cope import check_ordered_keys
+from ..util.function_call import call
 from .blocked import _batch_chunks, _batch_rows, _block_plan, _flat, _partial_mask
 from .grouped import kv_rows, per_head, to_kv_heads
 from .inputs import all_finite
@@ -249,5 +250,5 @@ def blocked_cope_attention(q, k, v, *, scale, q_positions, k_positions, causal, 
         raise ValueError(f"slopes must have shape ({q.shape[1]},) (one per query head), got {tuple(slopes.shape)}")
     check_ordered_keys(k_positions)
     z = None if pos_emb is None else q @ pos_emb.to(q.dtype)  # z_t[j] = q_t . e[j], unscaled as in the listing
-    return BlockedCoPE.apply(q, k, v, gate_keys, z, slopes, scale, p_max, q_positions,
+    return call(BlockedCoPE, q, k, v, gate_keys, z, slopes, scale, p_max, q_positions,
                              k_positions, causal, key_padding_mask, block or DEFAULT_BLOCK)

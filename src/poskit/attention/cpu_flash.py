@@ -28,6 +28,7 @@ import torch
 
 from ..encodings import polar_pair
 from ..encodings.kernel_bias import MAX_TABLE_DISTANCES, KernelBias, declared, distance_span, distances
+from ..util.function_call import call
 from . import kernel_build, kernel_calibration
 from .env_switch import switched_on
 from .inputs import AttentionInputs, all_finite
@@ -377,7 +378,7 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     inp = AttentionInputs(q, k, v, q_positions, k_positions, scale, causal, key_padding_mask)
     qp, kp = _positions(inp, causal or form is not None)
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
-    return CpuFlashAttention.apply(q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
+    return call(CpuFlashAttention, q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
                                    bool(causal), form, offset, block_q, block_k, block_q_backward, products)
 
 
@@ -431,5 +432,5 @@ def cpu_flash_contextual_attention(q, k, v, *, scale: float, p_max: int, pos_emb
     inp = AttentionInputs(q, k, v, q_positions, k_positions, scale, causal, key_padding_mask)
     qp, kp = _positions(inp, causal)
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
-    return CpuFlashContextual.apply(q, k, v, pos_emb, slopes, float(scale), qp, kp, pad, bool(causal), int(p_max),
+    return call(CpuFlashContextual, q, k, v, pos_emb, slopes, float(scale), qp, kp, pad, bool(causal), int(p_max),
                                     block_q, block_k, products)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..util.function_call import call
+
 KEEP_MU_BELOW = 1 << 20  # elements of x (4 MB in fp32): smaller inputs keep softplus(x) for the backward
 
 # The compiled CPU kernel's library has the common case as two single-pass ops (fp32 or bf16 x (B, H, T, d),
@@ -200,4 +202,4 @@ def polar_pair(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, softplus: bool
         mu = F.softplus(x) if softplus else x
         c, s = _tables(c, s, cd, sd, scale)
         return torch.cat((mu * c, mu * s), dim=-1)
-    return PolarPair.apply(x, c, s, cd, sd, float(scale), softplus)
+    return call(PolarPair, x, c, s, cd, sd, float(scale), softplus)
