@@ -56,6 +56,16 @@ def per_call_us(fns: dict, calls: int, rounds: int, device: str) -> dict:
     return {label: statistics.median(s) for label, s in samples.items()}
 
 
+def read_printed_table(path: Path) -> dict:
+    """(call, encoding) -> us_per_call, read back from this script's printed table (as kept beside an A/B)."""
+    rows = {}
+    for line in Path(path).read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 6 and cells[0] in ("call", "decode") and cells[1] != "encoding":
+            rows[(cells[0], cells[1])] = float(cells[3])
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--encodings", default=DEFAULT_ENCODINGS, help=f"comma-separated (default {DEFAULT_ENCODINGS})")

@@ -2,19 +2,12 @@
 (commit fee6cc6, `before_N.md`) and after (`after_N.md`) the per-call changes, both with
 POSKIT_KERNEL_CALIBRATION=0 so that both route alike (when.txt: the runs' start and end)."""
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-
-
-def load(path):
-    rows = {}
-    for line in path.read_text().splitlines():
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) == 6 and cells[0] in ("call", "decode") and cells[1] != "encoding":
-            rows[(cells[0], cells[1])] = float(cells[3])
-    return rows
-
+sys.path.insert(0, str(HERE.parents[2] / "benchmarks"))
+from call_overhead import read_printed_table as load  # noqa: E402
 
 before = [load(HERE / f"before_{r}.md") for r in (1, 2, 3)]
 after = [load(HERE / f"after_{r}.md") for r in (1, 2, 3)]

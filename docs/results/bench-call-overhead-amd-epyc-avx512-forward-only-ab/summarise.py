@@ -2,18 +2,12 @@
 `before_N.md`) and after (`after_N.md`: the working tree committed next, which runs an autograd Function's forward
 directly where no gradient can be needed, util/function_call.py), both with POSKIT_KERNEL_CALIBRATION=0
 (when.txt: the runs' order and start, UTC, 2026-11-27)."""
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-
-
-def load(path):
-    rows = {}
-    for line in path.read_text().splitlines():
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) == 6 and cells[0] in ("call", "decode") and cells[1] != "encoding":
-            rows[(cells[0], cells[1])] = float(cells[3])
-    return rows
+sys.path.insert(0, str(HERE.parents[2] / "benchmarks"))
+from call_overhead import read_printed_table as load  # noqa: E402
 
 
 before = [load(HERE / f"before_{r}.md") for r in (1, 2)]
