@@ -53,7 +53,7 @@ def test_an_encodings_q_and_k_on_an_accelerator_need_no_host_read_of_the_positio
 
 
 @settings(max_examples=30, deadline=None)
-@given(name=st.sampled_from(["rope", "pope", "rope-yarn", "rope-ntk"]), T=st.integers(1, 40),
+@given(name=st.sampled_from(["rope", "pope", "rope-yarn", "rope-ntk", "xpos"]), T=st.integers(1, 40),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), seed=st.integers(0, 2**16))
 def test_one_lookup_for_q_and_k_gives_what_two_give(name, T, dtype, seed):
     # transform_qk looks the angles up once when q and k share their positions tensor (as prepare() passes
@@ -69,6 +69,23 @@ def test_one_lookup_for_q_and_k_gives_what_two_give(name, T, dtype, seed):
     shared = enc.transform_qk(q, k, positions, positions)
     apart = enc.transform_qk(q, k, positions, positions.clone())
     assert all(torch.equal(a, b) for a, b in zip(shared, apart))
+
+
+@pytest.mark.parametrize("name", ["rope", "pope", "xpos"])
+def test_q_and_k_at_the_same_positions_take_one_lookup(name, monkeypatch):
+    import poskit
+
+    enc = poskit.build_encoding(name, head_dim=16, num_heads=2)
+    calls = []
+    lookup = AngleTables.lookup
+    monkeypatch.setattr(AngleTables, "lookup", lambda self, *a, **kw: calls.append(1) or lookup(self, *a, **kw))
+    q = torch.randn(1, 2, 6, 16)
+    positions = torch.arange(6)[None]
+    enc.transform_qk(q, q, positions, positions)
+    assert len(calls) == 1
+    calls.clear()
+    enc.transform_qk(q, q, positions, positions.clone())
+    assert len(calls) == 2
 
 
 def test_prepare_gives_q_and_k_one_positions_tensor_where_they_are_the_same():

@@ -510,8 +510,8 @@ inline const float* offset(const float* base, int64_t n) { return base ? base + 
 // Whether a call's heads are packed once for the bf16 products: with them, and key tiles that start on a block of
 // the packing's columns (then also on even keys: a pair row of the values' packing must not straddle two tiles). Even a decode step, which reads each pack once,
 // is faster so than packing per product (B=8, H=8, 8192 keys on the AVX-512 AMD EPYC: 14.5-16.3 against
-// 18.4-21.9 ms per step, two alternations of benchmarks/attention.py's decode rows); the cost is one kv head's
-// packed keys and values per thread.
+// 18.4-21.9 ms per step, two alternations of benchmarks/attention.py's decode rows, measured with the hand-written
+// AVX512_BF16 products that brgemm replaced); the cost is one kv head's packed keys and values per thread.
 bool packs_heads(const Problem& p) { return p.bf16_products && p.bk % kBlockColumns == 0; }
 
 // [key_end, full_end) of a query tile: keys past key_end are hidden from the whole tile (skipped), keys before

@@ -79,10 +79,12 @@ class XPosEncoding(PositionalEncoding):
         self.register_buffer("log_zeta", xpos_zeta(head_dim, self.gamma).log(), persistent=False)  # float64 (d/2,)
         self._angles = AngleTables()
 
-    def scaled_rotation(self, x: torch.Tensor, positions: torch.Tensor, centre: torch.Tensor, sign: float):
+    def scaled_rotation(self, x: torch.Tensor, positions: torch.Tensor, centre: torch.Tensor, sign: float,
+                        angles: tuple[torch.Tensor, torch.Tensor] | None = None):
         """zeta^(sign (p - centre) / B) R(p theta) x for each token of x (B, H, T, d) at positions (1|B, T); the
-        scale and the angles are formed in float64 and cast once."""
-        cos, sin = self._angles.lookup(positions, self.inv_freq, torch.float64)  # (1|B, T, d/2)
+        scale and the angles are formed in float64 and cast once. angles: the positions' (cos, sin) in float64
+        where already looked up."""
+        cos, sin = angles if angles is not None else self._angles.lookup(positions, self.inv_freq, torch.float64)
         power = (positions.double() - centre.to(positions.device)) / self.scale_base  # (1|B, T)
         scale = torch.exp(sign * power.unsqueeze(-1) * self.log_zeta.to(positions.device))
         c, s = (cos * scale).to(x.dtype).unsqueeze(1), (sin * scale).to(x.dtype).unsqueeze(1)
@@ -90,8 +92,11 @@ class XPosEncoding(PositionalEncoding):
 
     def transform_qk(self, q, k, q_positions, k_positions):
         centre = centre_of(q_positions)  # one origin for the queries and keys of this call
-        return (self.scaled_rotation(q, q_positions, centre, 1.0),
-                self.scaled_rotation(k, k_positions, centre, -1.0))
+        angles = self._angles.lookup(q_positions, self.inv_freq, torch.float64)  # (1|B, T, d/2) each
+        # the same positions (a self-attention call's): one lookup serves both
+        k_angles = angles if k_positions is q_positions else None
+        return (self.scaled_rotation(q, q_positions, centre, 1.0, angles),
+                self.scaled_rotation(k, k_positions, centre, -1.0, k_angles))
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", base={self.base}, scale_base={self.scale_base}, gamma={self.gamma}, "
