@@ -36,17 +36,21 @@ def _spies(mp: pytest.MonkeyPatch, seen: list) -> None:
     def stub(path, out):
         return lambda *a, **kw: (seen.append(path), out(*a, **kw))[1]
 
+    def zeros(ctx, q, k, v, *rest):
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+
     mp.setattr(F, "scaled_dot_product_attention", through("sdpa", F.scaled_dot_product_attention))
     mp.setattr(sdpa, "_materialised", through("sdpa", sdpa._materialised))
-    mp.setattr(blocked.BlockedAttention, "apply", through("blocked", blocked.BlockedAttention.apply))
-    mp.setattr(blocked_bias.BlockedBiasAttention, "apply",
-               through("blocked-bias", blocked_bias.BlockedBiasAttention.apply))
-    mp.setattr(blocked_cope.BlockedCoPE, "apply", through("blocked-contextual", blocked_cope.BlockedCoPE.apply))
-    mp.setattr(cpu_flash.CpuFlashAttention, "apply",
-               stub("cpu-flash", lambda q, k, v, *rest: q.new_zeros(*q.shape[:3], v.shape[-1])))
+    # the autograd Functions are spied on at their forward, which runs whether they are applied (a gradient may
+    # follow) or called alone (util.function_call: none can)
+    mp.setattr(blocked.BlockedAttention, "forward", staticmethod(through("blocked", blocked.BlockedAttention.forward)))
+    mp.setattr(blocked_bias.BlockedBiasAttention, "forward",
+               staticmethod(through("blocked-bias", blocked_bias.BlockedBiasAttention.forward)))
+    mp.setattr(blocked_cope.BlockedCoPE, "forward",
+               staticmethod(through("blocked-contextual", blocked_cope.BlockedCoPE.forward)))
+    mp.setattr(cpu_flash.CpuFlashAttention, "forward", staticmethod(stub("cpu-flash", zeros)))
     # CoPE with gates from the keys has the kernel's own pass
-    mp.setattr(cpu_flash.CpuFlashContextual, "apply",
-               stub("cpu-flash", lambda q, k, v, *rest: q.new_zeros(*q.shape[:3], v.shape[-1])))
+    mp.setattr(cpu_flash.CpuFlashContextual, "forward", staticmethod(stub("cpu-flash", zeros)))
     mp.setattr(triton_pope, "pope_attention_for",
                stub("triton", lambda enc, q, k, v, **kw: q.new_zeros(*q.shape[:3], v.shape[-1])))
     mp.setattr(triton_cope, "cope_attention_triton",
