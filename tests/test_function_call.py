@@ -35,6 +35,25 @@ def test_no_backward_possible_runs_the_forward_alone_with_the_same_result():
     torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
+def test_the_forward_alone_records_no_graph_of_what_it_reads_besides_its_arguments():
+    # as under Function.apply, the forward runs with grad mode off: a tensor it reads that is not an argument
+    # (here a parameter requiring a gradient) leaves no graph on the output
+    weight = torch.randn(5, requires_grad=True)
+
+    class ReadsWeight(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * weight
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * weight
+
+    out = call(ReadsWeight, torch.randn(5))
+    applied = ReadsWeight.apply(torch.randn(5))
+    assert not out.requires_grad and not applied.requires_grad
+
+
 def test_an_argument_needing_a_gradient_gets_the_function_and_its_backward():
     x = torch.randn(5, requires_grad=True)
     Scaled.applied = 0

@@ -24,9 +24,11 @@ class _ForwardOnly:
 def call(function: type[torch.autograd.Function], *args):
     """function.apply(*args), or its forward run directly where nothing needs a gradient (grad mode off, or no
     tensor argument requiring one): Function.apply costs tens of microseconds of Python per call (wrapping,
-    unwrapping, the graph node), which a decode step or a small call pays several times over. Under
+    unwrapping, the graph node), which a decode step or a small call pays several times over. The forward runs
+    with grad mode off, as under apply, so that what it computes records no graph either way. Under
     torch.compile the Function is applied as usual, so that what is traced does not change."""
     if torch.compiler.is_compiling() or (
             torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         return function.apply(*args)
-    return function.forward(_ForwardOnly(len(args)), *args)
+    with torch.no_grad():
+        return function.forward(_ForwardOnly(len(args)), *args)
