@@ -61,3 +61,16 @@ def test_an_argument_needing_a_gradient_gets_the_function_and_its_backward():
     assert Scaled.applied == 1 and out.grad_fn is not None
     out.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((5,), 3.0))
+
+
+def test_inside_forward_ad_the_function_is_applied_not_bypassed():
+    # run alone, the forward would drop a tangent silently; applied, the Function refuses it (no jvp defined)
+    import pytest
+    import torch.autograd.forward_ad as fwAD
+
+    Scaled.applied = 0
+    with fwAD.dual_level():
+        x = fwAD.make_dual(torch.randn(5), torch.ones(5))
+        with pytest.raises(Exception):
+            call(Scaled, x, 3.0)
+    assert Scaled.applied == 1

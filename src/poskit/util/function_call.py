@@ -27,7 +27,8 @@ def call(function: type[torch.autograd.Function], *args):
     unwrapping, the graph node), which a decode step or a small call pays several times over. The forward runs
     with grad mode off, as under apply, so that what it computes records no graph either way. Under
     torch.compile the Function is applied as usual, so that what is traced does not change."""
-    if torch.compiler.is_compiling() or (
+    # inside a forward-AD level a tangent may ride on any argument: apply, which refuses what it cannot carry
+    if torch.compiler.is_compiling() or torch.autograd.forward_ad._current_level >= 0 or (
             torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         return function.apply(*args)
     with torch.no_grad():
