@@ -336,7 +336,7 @@ def bench_decode(args):
     forms = (("rope", "rope"), ("pope", "pope"), ("pope, Cartesian cache", "pope"), ("alibi", "alibi"),
              ("cope", "cope"))
     if args.without_kernel:  # the encodings whose decode step the kernel serves by default, with it off
-        forms += ((f"alibi{KERNEL_OFF}", "alibi"), (f"cope{KERNEL_OFF}", "cope"))
+        forms += ((f"pope{KERNEL_OFF}", "pope"), (f"alibi{KERNEL_OFF}", "alibi"), (f"cope{KERNEL_OFF}", "cope"))
     for dname in args.decode_dtypes:
         dtype = DTYPES[dname]
         for L in args.decode_lengths:

@@ -1,6 +1,8 @@
-"""PoPE decoding against the magnitude KV cache: the fused CPU kernel, its fallbacks and the Triton path
-all equal the float64 reference."""
+"""PoPE decoding against the magnitude KV cache: the compiled CPU kernel's fused decode (cpu_flash.cpp), the
+torch.compile'd loops that serve where it does not (fp16, POSKIT_CPU_KERNEL=0, no C++ compiler), their fallbacks
+and the Triton path all equal the float64 reference."""
 import itertools
+import re
 import warnings
 
 import pytest
@@ -10,8 +12,16 @@ import torch
 
 import poskit
 from poskit.attention import KVCache, cached_attention, pope_decode
+from poskit.attention import cpu_flash
 from conftest import build, make_qkv
+from cpu_kernel_helpers import kernel_off, require_kernel
 from extras import need
+
+
+@pytest.fixture
+def compiled_loops(monkeypatch):
+    """The torch.compile'd loops, which serve a decode step where the compiled CPU kernel does not."""
+    kernel_off(monkeypatch)
 
 
 def _decode(enc, q, k, v, positions, prefill, backend="auto", cache=None):
@@ -33,7 +43,7 @@ def _reference(enc, q, k, v, positions):
 
 
 @pytest.mark.parametrize("per_batch", [False, True])
-def test_fused_cpu_decode_equals_reference_and_is_used(per_batch):
+def test_fused_cpu_decode_equals_reference_and_is_used(compiled_loops, per_batch):
     enc = build("pope", num_heads=8, dtype=torch.float32)
     q, k, v = make_qkv(B=2, H=8, Hkv=2, Tq=21, Tk=21, dtype=torch.float32)
     positions = torch.arange(10**6, 10**6 + 21)
@@ -48,7 +58,7 @@ def test_fused_cpu_decode_equals_reference_and_is_used(per_batch):
 
 
 @pytest.mark.parametrize("options", [dict(softplus=False), dict(phase_bias=False)])
-def test_fused_cpu_decode_of_the_ablations(options):
+def test_fused_cpu_decode_of_the_ablations(compiled_loops, options):
     enc = build("pope", dtype=torch.float32, **options)
     q, k, v = make_qkv(B=1, H=4, Hkv=4, Tq=9, Tk=9, dtype=torch.float32)
     positions = torch.arange(9)
@@ -60,7 +70,7 @@ def test_fused_cpu_decode_of_the_ablations(options):
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
 
 
-def test_fused_cpu_decode_in_bfloat16_stays_close():
+def test_fused_cpu_decode_in_bfloat16_stays_close(compiled_loops):
     enc = build("pope", dtype=torch.float32)
     q, k, v = make_qkv(B=2, H=4, Hkv=4, Tq=12, Tk=12, dtype=torch.float32)
     positions = torch.arange(12)
@@ -71,7 +81,7 @@ def test_fused_cpu_decode_in_bfloat16_stays_close():
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
 
 
-def test_many_models_in_one_process_keep_the_fused_kernel(monkeypatch):
+def test_many_models_in_one_process_keep_the_fused_kernel(compiled_loops, monkeypatch):
     # a process that decodes at batch 1 and 2 with three head layouts, both softplus settings (12 variants for
     # torch.compile's size and guard specialisations): each must stay on the fused kernel, not exhaust the
     # recompile limit and fall back for good
@@ -96,7 +106,7 @@ def test_many_models_in_one_process_keep_the_fused_kernel(monkeypatch):
     assert pope_decode.fused_decode_enabled()
 
 
-def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
+def test_without_the_compiled_kernel_the_fallback_is_exact(compiled_loops, monkeypatch):
     enc = build("pope", dtype=torch.float32)
     q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=9, Tk=9, dtype=torch.float32)
     positions = torch.arange(9)
@@ -122,7 +132,7 @@ def test_without_the_compiled_kernel_the_fallback_is_exact(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("compiled", [True, False])
-def test_half_precision_values_with_room_to_grow_equal_the_reference(monkeypatch, dtype, compiled):
+def test_half_precision_values_with_room_to_grow_equal_the_reference(compiled_loops, monkeypatch, dtype, compiled):
     # a KV cache with room keeps its values as a view with gaps between heads: one query row per kv head takes
     # the compiled weighted sum over them, more rows (grouped heads) and a machine that cannot compile one
     # product per head; each equals the float64 formula within the dtype's roundings
@@ -211,3 +221,141 @@ def test_triton_decode_reads_the_magnitude_cache():
         out = _decode(enc, q, k, v, positions, prefill=3, backend="triton")
     torch.testing.assert_close(out.double().cpu(), _reference(enc.cpu(), q.cpu(), k.cpu(), v.cpu(), positions.cpu()),
                                atol=1e-5, rtol=1e-4)
+
+
+# --- the compiled CPU kernel's fused decode (cpu_flash.magnitude_decode) ---------------------------------------
+def _magnitude_formula(rows, mu, v, angles, pad):
+    """softmax_s(sum_c mu[s, c] (a[r, c] cos_c(s) + b[r, c] sin_c(s))) @ v in float64, written out: [a | b] = rows
+    (B, Hkv, R, 2d), angles (1|B, L, 2d) = [cos | sin]; padded keys hidden, a row with none visible zero."""
+    d = mu.shape[-1]
+    a, b = rows.double()[..., :d], rows.double()[..., d:]
+    cos, sin = angles.double()[:, None, :, :d], angles.double()[:, None, :, d:]  # (1|B, 1, L, d)
+    logits = torch.einsum("bhsc,bhrc->bhrs", mu.double() * cos, a) + torch.einsum("bhsc,bhrc->bhrs",
+                                                                                   mu.double() * sin, b)
+    if pad is not None:
+        logits = logits.masked_fill(~pad[:, None, None, :], float("-inf"))
+    weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no visible key: softmax of -inf is NaN, the kernel 0
+    return weights @ v.double()
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    require_kernel()
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 3), kv_heads=st.integers(1, 3), rows=st.integers(1, 5),
+       keys=st.sampled_from([1, 2, 17, 511, 512, 513, 1100]), d=st.sampled_from([4, 16, 20, 64, 144]),
+       dv=st.sampled_from([3, 16, 64, 136]), per_sequence=st.booleans(), padded=st.booleans(),
+       room=st.integers(0, 3), dtype=st.sampled_from([torch.float32, torch.bfloat16]), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, keys, d, dv, per_sequence, padded, room,
+                                                   dtype, threads, seed):
+    # across key blocks (512) and thread splits (fewer (batch, kv head) pairs than threads), chunked rows of any
+    # width (d, Dv up to 128 in registers, wider through the portable loops), a cache with room to grow (heads
+    # apart), per-sequence angle tables, padding (row 0 sees no key at all when padded)
+    g = torch.Generator().manual_seed(seed)
+    q_rows = torch.randn(B, kv_heads, rows, 2 * d, generator=g) / d**0.5
+    mu = torch.nn.functional.softplus(torch.randn(B, kv_heads, keys + room, d, generator=g)).to(dtype)[:, :, :keys]
+    v = torch.randn(B, kv_heads, keys + room, dv, generator=g).to(dtype)[:, :, :keys]
+    angles = torch.rand(B if per_sequence else 1, keys, 2 * d, generator=g) * 2 - 1
+    pad = None
+    if padded:
+        pad = torch.rand(B, keys, generator=g) > 0.3
+        pad[0] = False
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad)
+    finally:
+        torch.set_num_threads(saved)
+    assert out.dtype == torch.float32 and out.shape == (B, kv_heads, rows, dv)
+    want = _magnitude_formula(q_rows, mu, v, angles, pad)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
+    if padded:
+        assert not out[0].any()
+
+
+def test_kernel_decode_propagates_a_nan_key(kernel):
+    q_rows = torch.randn(2, 2, 1, 32)
+    mu, v = torch.rand(2, 2, 700, 16), torch.randn(2, 2, 700, 8)
+    mu[1, 0, 600, 3] = float("nan")
+    for threads in (1, 2):
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = cpu_flash.magnitude_decode(q_rows[:1, :1], mu[:1, :1], v[:1, :1], torch.rand(1, 700, 32), None)
+            assert out.isfinite().all()
+            out = cpu_flash.magnitude_decode(q_rows, mu, v, torch.rand(1, 700, 32), None)
+        finally:
+            torch.set_num_threads(saved)
+        assert out[1, 0].isnan().all() and out[0].isfinite().all() and out[1, 1].isfinite().all()
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(q_rows=torch.randn(1, 2, 1, 15)), "query as a contiguous fp32 (B, Hkv, R, 2d)"),
+    (dict(mu=torch.rand(1, 2, 16, 8).transpose(2, 3)), "magnitudes as fp32 or bf16"),
+    (dict(v=torch.randn(1, 2, 8, 4).bfloat16()), "values as (B, Hkv, L, Dv) of the magnitudes' dtype"),
+    (dict(angles=torch.rand(1, 9, 16)), "angle tables as a contiguous fp32 (1 or B, L, 2d)"),
+    (dict(pad=torch.ones(1, 8, dtype=torch.int64)), "key padding mask as a contiguous bool (B, L)")])
+def test_kernel_decode_names_what_it_refuses(kernel, bad, why):
+    args = dict(q_rows=torch.randn(1, 2, 1, 16), mu=torch.rand(1, 2, 8, 8), v=torch.randn(1, 2, 8, 4),
+                angles=torch.rand(1, 8, 16), pad=None)
+    args.update(bad)
+    with pytest.raises(RuntimeError, match=re.escape(why)):
+        cpu_flash.magnitude_decode(args["q_rows"], args["mu"], args["v"], args["angles"], args["pad"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_step_takes_the_kernel_and_equals_the_reference(kernel, monkeypatch, dtype):
+    # grouped kv heads, sequences at their own offsets with left padding, a cache with room to grow: every
+    # single-token step goes through the kernel (the prefill, causal inside, does not) and equals the float64
+    # reference; with POSKIT_CPU_KERNEL=0 none does
+    enc = build("pope", num_heads=4, dtype=torch.float32, delta_init="uniform")
+    B, H, Hkv, T = 2, 4, 2, 13
+    q, k, v = make_qkv(B=B, H=H, Hkv=Hkv, Tq=T, Tk=T, dtype=torch.float32)
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[0, :3] = False
+    positions = (torch.arange(T) - torch.tensor([[3], [0]])).clamp(min=0) + torch.tensor([[0], [500]])
+    enc64 = build("pope", num_heads=4, delta_init="uniform")
+    enc64.load_state_dict(enc.state_dict())
+    ref = poskit.attention(q.double(), k.double(), v.double(), enc64, backend="reference", q_positions=positions,
+                           k_positions=positions, is_causal=True, enable_gqa=True, attn_mask=real[:, None, None, :])
+    calls = []
+    original = cpu_flash.magnitude_decode
+    monkeypatch.setattr(cpu_flash, "magnitude_decode", lambda *a: calls.append(1) or original(*a))
+    for switch, want_calls in (("1", T - 5), ("0", 0)):
+        monkeypatch.setenv(cpu_flash.ENV_SWITCH, switch)
+        calls.clear()
+        cache = KVCache(num_layers=1, max_length=32)
+        qs, ks, vs = (t.to(dtype) for t in (q, k, v))
+        with torch.no_grad():
+            outs = [cached_attention(qs[:, :, :5], ks[:, :, :5], vs[:, :, :5], enc.to(dtype), cache, 0,
+                                     positions[:, :5], attention_mask=real[:, :5])]
+            for t in range(5, T):
+                outs.append(cached_attention(qs[:, :, t:t + 1], ks[:, :, t:t + 1], vs[:, :, t:t + 1], enc.to(dtype),
+                                             cache, 0, positions[:, t:t + 1], attention_mask=real[:, t:t + 1]))
+        out = torch.cat(outs, 2)
+        assert len(calls) == want_calls and out.dtype == dtype
+        tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(out.double()[:, :, 5:], ref[:, :, 5:], **tol)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_decode_splits_the_keys_of_one_head_among_threads(kernel, threads, dtype):
+    # one (batch, kv head) pair and more threads: each takes a run of the keys with its own softmax state, and the
+    # states are merged (each split's sums rescaled to the largest running max of the row)
+    g = torch.Generator().manual_seed(threads)
+    q_rows = torch.randn(1, 1, 3, 64, generator=g)
+    mu = torch.nn.functional.softplus(torch.randn(1, 1, 1500, 32, generator=g)).to(dtype)
+    v = torch.randn(1, 1, 1500, 16, generator=g).to(dtype)
+    angles = torch.rand(1, 1500, 64, generator=g) * 2 - 1
+    mu[..., 1400:, :] += 2  # the last split's logits are the largest: the others' weights are rescaled in the merge
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, None)
+    finally:
+        torch.set_num_threads(saved)
+    torch.testing.assert_close(out.double(), _magnitude_formula(q_rows, mu, v, angles, None), atol=2e-5, rtol=1e-4)

@@ -41,6 +41,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Context.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/ops/empty.h>
@@ -679,7 +680,7 @@ void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<f
 
 // The online softmax over one tile of logits s (rows x n): the running max m and sum l of each row and its
 // accumulator acc (rows x Dv) rescaled; s holds the tile's unnormalised weights on return.
-void softmax_step(const Problem& p, float* s, int64_t rows, int64_t n, float* m, float* l, float* acc) {
+void softmax_step(int64_t Dv, float* s, int64_t rows, int64_t n, float* m, float* l, float* acc) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * n;
     const float m_new = std::max(m[r], row_max(row, n));
@@ -689,7 +690,7 @@ void softmax_step(const Problem& p, float* s, int64_t rows, int64_t n, float* m,
     }
     const float rescale = std::exp(m[r] - m_new);  // 0 when m was -inf
     l[r] = l[r] * rescale + exp_shifted(row, n, m_new);
-    if (rescale != 1.f) scale_row(acc + r * p.Dv, p.Dv, rescale);
+    if (rescale != 1.f) scale_row(acc + r * Dv, Dv, rescale);
     m[r] = m_new;
   }
 }
@@ -762,7 +763,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
         const int64_t k0 = (backwards ? tiles - 1 - i : i) * p.bk, n = std::min(p.bk, ke - k0);
         const float* kt = packed ? nullptr : widen(k + p.k_at(b, h) + k0 * p.E, n * p.E, kbuf.data());
         logits(state, t, s.data(), kt, k0, n);
-        softmax_step(p, s.data(), rows, n, m.data(), l.data(), acc.data());
+        softmax_step(p.Dv, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = packed ? nullptr : widen(v + p.v_at(b, h) + k0 * p.Dv, n * p.Dv, vbuf.data());
         product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv,
                 at_row(values, k0));
@@ -1600,6 +1601,291 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
   return {dx, drot};
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// PoPE's attention against a KV cache of key magnitudes (attention/pope_decode.py says why the cache holds them):
+//   out[b, kv, r] = sum_s softmax_s(logit[r, s]) v[s],
+//   logit[r, s] = sum_c mu[s, c] (qa[r, c] cos(s theta_c) + qb[r, c] sin(s theta_c)),
+// [qa | qb] (R x 2d) the Cartesian query of the rows r of kv head kv (its query heads and steps), the attention
+// scale and phase bias folded in; the angle tables [cos | sin] (P x L x 2d, P = 1 or B) shared by every head. No
+// GEMM expresses the per-element product with the tables, so the logits are one fused pass over the magnitudes.
+// Every key is visible but padding (the caller keeps a causal mask inside the cache on its exact path).
+//
+// Decoding reads the whole cache per step and is memory-bound. Each thread takes (batch, kv head) pairs and walks
+// each pair's keys in blocks: the logits of a block, the online softmax step, the weighted values. When there are
+// fewer pairs than threads, the keys are split among the threads as well, each split keeping its own softmax state
+// (running max, sum, accumulator), merged at the end. The angle tables are read again for every pair (from the
+// L2/L3 cache: 4 MB at 8192 keys and d = 64); walking the blocks outside and the pairs inside, which reads each
+// block of them once, was slower on the 2-core AMD EPYC (B = 8, Hkv = 8, 8192 keys, bf16: 7.2-7.4 against 6.2-6.4
+// ms; the cache's heads are then read in short runs).
+constexpr int64_t kDecodeBlock = 512;  // keys per block (128: 6.2-6.3, 512: 5.5-6.0 ms in the same setting)
+
+struct DecodeShape {
+  int64_t B, Hkv, R, L, d, Dv, angle_rows;
+  int64_t mu_batch, mu_head, v_batch, v_head;  // the cache's strides (rows contiguous, heads may lie apart)
+};
+
+// The logits s (R x n) of the keys [k0, k0 + n) of one (batch, kv head): qa (R x 2d) fp32; mu (n x d) and the
+// tables (n x 2d) fp32; padded keys -inf.
+void magnitude_logits(const DecodeShape& p, const float* qa, const float* mu, const float* tables, const bool* pad,
+                      float* s, int64_t n) {
+  const int64_t d = p.d;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* m = mu + j * d;
+    const float* c = tables + j * 2 * d;
+    const float* sn = c + d;
+    for (int64_t r = 0; r < p.R; ++r) {
+      const float* a = qa + r * 2 * d;
+      const float* b = a + d;
+      Vec acc(0.f);
+      int64_t x = 0;
+      for (; x + Vec::size() <= d; x += Vec::size())
+        acc = at::vec::fmadd(Vec::loadu(m + x),
+                             at::vec::fmadd(Vec::loadu(a + x), Vec::loadu(c + x), Vec::loadu(b + x) * Vec::loadu(sn + x)),
+                             acc);
+      float total = at::vec::vec_reduce_all<float>([](const Vec& u, const Vec& w) { return u + w; }, acc);
+      for (; x < d; ++x) total += m[x] * (a[x] * c[x] + b[x] * sn[x]);
+      s[r * n + j] = total;
+    }
+  }
+  if (pad)
+    for (int64_t j = 0; j < n; ++j)
+      if (!pad[j])
+        for (int64_t r = 0; r < p.R; ++r) s[r * n + j] = kNegInf;
+}
+
+// acc (R x Dv) += w (R x n) v (n x Dv), v fp32; a zero weight (a hidden key) adds nothing.
+void weighted_values(const DecodeShape& p, const float* w, int64_t n, const float* v, float* acc) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * p.Dv;
+    for (int64_t r = 0; r < p.R; ++r) {
+      const float weight = w[r * n + j];
+      if (weight == 0.f) continue;
+      float* o = acc + r * p.Dv;
+      const Vec wv(weight);
+      int64_t x = 0;
+      for (; x + Vec::size() <= p.Dv; x += Vec::size())
+        at::vec::fmadd(wv, Vec::loadu(vj + x), Vec::loadu(o + x)).store(o + x);
+      for (; x < p.Dv; ++x) o[x] += weight * vj[x];
+    }
+  }
+}
+
+#ifdef CPU_CAPABILITY_AVX512
+// The same two loops with the cache read where it lies (bf16 widened in registers, no pass through scratch, so
+// that the loads overlap the arithmetic), the query's and the accumulators' chunks held in registers, and the
+// logits' lane sums taken 16 keys at a time. C: 16-lane chunks per row (d or Dv up to 16 C; the last one masked).
+// 16 values as fp32 (lanes past the mask zero; all 16 read unmasked when `whole`).
+inline __m512 load16(const float* x, __mmask16 mask, bool whole = false) {
+  return whole ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(mask, x);
+}
+inline __m512 load16(const at::BFloat16* x, __mmask16 mask, bool whole = false) {
+  const __m256i bits = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)) : _mm256_maskz_loadu_epi16(mask, x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// out[i] = the sum of v[i]'s 16 lanes, for 16 vectors: pairs interleaved and added within 128-bit lanes, then the
+// four 128-bit lanes added across (45 shuffles and adds, against 16 x 8 one vector at a time).
+inline __m512 lane_sums16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] of v[2i] = a, v[2i + 1] = b
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sums of v[4i .. 4i + 3]
+    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // 128-bit lanes (0, 2) and (1, 3) of two vectors side by side, added: twice, then every key's total in order
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+}
+
+template <int C, bool Whole, typename T>
+void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu, const float* tables,
+                             const bool* pad, float* s, int64_t n) {
+  const int64_t d = p.d;
+  const __mmask16 last = lanes_mask(d - (C - 1) * 16);
+  for (int64_t r = 0; r < p.R; ++r) {
+    __m512 a[C], b[C];
+    for (int c = 0; c < C; ++c) {
+      const __mmask16 mask = c == C - 1 ? last : __mmask16(0xFFFF);
+      a[c] = load16(qa + r * 2 * d + c * 16, mask);
+      b[c] = load16(qa + r * 2 * d + d + c * 16, mask);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      const int64_t keys = std::min<int64_t>(16, n - j0);
+      __m512 acc[16];
+      for (int64_t k = 0; k < 16; ++k) {
+        acc[k] = _mm512_setzero_ps();
+        if (k >= keys) continue;
+        const T* m = mu + (j0 + k) * d;
+        const float* cs = tables + (j0 + k) * 2 * d;
+        for (int c = 0; c < C; ++c) {
+          const bool whole = Whole || c < C - 1;
+          const __m512 w = _mm512_fmadd_ps(a[c], load16(cs + c * 16, last, whole),
+                                           _mm512_mul_ps(b[c], load16(cs + d + c * 16, last, whole)));
+          acc[k] = _mm512_fmadd_ps(load16(m + c * 16, last, whole), w, acc[k]);
+        }
+      }
+      _mm512_mask_storeu_ps(s + r * n + j0, lanes_mask(keys), lane_sums16(acc));
+    }
+  }
+  if (pad)
+    for (int64_t j = 0; j < n; ++j)
+      if (!pad[j])
+        for (int64_t r = 0; r < p.R; ++r) s[r * n + j] = kNegInf;
+}
+
+template <int C, bool Whole, typename T>
+void weighted_values_avx512(const DecodeShape& p, const float* w, int64_t n, const T* v, float* acc) {
+  const __mmask16 last = lanes_mask(p.Dv - (C - 1) * 16);
+  for (int64_t r = 0; r < p.R; ++r) {
+    float* o = acc + r * p.Dv;
+    __m512 sum[C];
+    for (int c = 0; c < C; ++c) sum[c] = load16(o + c * 16, c == C - 1 ? last : __mmask16(0xFFFF));
+    for (int64_t j = 0; j < n; ++j) {
+      const float weight = w[r * n + j];
+      if (weight == 0.f) continue;
+      const __m512 wv = _mm512_set1_ps(weight);
+      for (int c = 0; c < C; ++c)
+        sum[c] = _mm512_fmadd_ps(wv, load16(v + j * p.Dv + c * 16, last, Whole || c < C - 1), sum[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(o + c * 16, c == C - 1 ? last : __mmask16(0xFFFF), sum[c]);
+  }
+}
+
+// f(std::integral_constant<int, C>) for C = chunks in 1..8; false (f not called) for any other count.
+template <typename F>
+bool with_chunks(int64_t chunks, F f) {
+  switch (chunks) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 3: f(std::integral_constant<int, 3>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 5: f(std::integral_constant<int, 5>{}); return true;
+    case 6: f(std::integral_constant<int, 6>{}); return true;
+    case 7: f(std::integral_constant<int, 7>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+#endif
+
+template <typename T>
+void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu, const T* v, const float* angles,
+                             const bool* pad, float* out) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  const int64_t pairs = p.B * p.Hkv, blocks = (p.L + kDecodeBlock - 1) / kDecodeBlock;
+  const int64_t splits =
+      std::max<int64_t>(1, std::min<int64_t>(blocks, (at::get_num_threads() + pairs - 1) / pairs));
+  const int64_t tasks = pairs * splits;  // task = split * pairs + pair: a thread's run of tasks shares key splits
+  std::vector<float> m(tasks * p.R, kNegInf), l(tasks * p.R, 0.f), acc(tasks * p.R * p.Dv, 0.f);
+  const int64_t logit_chunks = (p.d + 15) / 16, value_chunks = (p.Dv + 15) / 16;
+  // bf16 caches take the AVX-512 forms (6.2-6.4 against 11.0-11.3 ms through the widening scratch, B = 8, Hkv = 8,
+  // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there (9.7-12.1 against
+  // 11.9-13.0 ms; why is not known)
+  constexpr bool in_registers = !std::is_same<T, float>::value;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(p.R * kDecodeBlock), mbuf(wide ? kDecodeBlock * p.d : 0), vbuf(wide ? kDecodeBlock * p.Dv : 0);
+    for (int64_t first = begin; first < end;) {
+      const int64_t split = first / pairs, last = std::min(end, (split + 1) * pairs);
+      const int64_t k_begin = split * blocks / splits * kDecodeBlock,
+                    k_end = std::min(p.L, (split + 1) * blocks / splits * kDecodeBlock);
+      for (int64_t task = first; task < last; ++task) {
+        const int64_t pair = task % pairs, b = pair / p.Hkv, h = pair % p.Hkv;
+        const float* q_t = qa + pair * p.R * 2 * p.d;
+        float* acc_t = acc.data() + task * p.R * p.Dv;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kDecodeBlock) {
+          const int64_t n = std::min(kDecodeBlock, k_end - k0);
+          const float* tables = angles + ((p.angle_rows == 1 ? 0 : b) * p.L + k0) * 2 * p.d;
+          const T* mu_t = mu + b * p.mu_batch + h * p.mu_head + k0 * p.d;
+          const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
+          const bool* pad_t = pad ? pad + b * p.L + k0 : nullptr;
+#ifdef CPU_CAPABILITY_AVX512
+          if (!in_registers || !with_chunks(logit_chunks, [&](auto C) {
+                if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, pad_t, s.data(), n);
+                else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, pad_t, s.data(), n);
+              }))
+#endif
+            magnitude_logits(p, q_t, widen(mu_t, n * p.d, mbuf.data()), tables, pad_t, s.data(), n);
+          softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
+#ifdef CPU_CAPABILITY_AVX512
+          if (!in_registers || !with_chunks(value_chunks, [&](auto C) {
+                if (p.Dv % 16 == 0) weighted_values_avx512<C(), true>(p, s.data(), n, v_t, acc_t);
+                else weighted_values_avx512<C(), false>(p, s.data(), n, v_t, acc_t);
+              }))
+#endif
+            weighted_values(p, s.data(), n, widen(v_t, n * p.Dv, vbuf.data()), acc_t);
+        }
+      }
+      first = last;
+    }
+  });
+  // the splits' states merged: out = sum_i e^{m_i - M} acc_i / sum_i e^{m_i - M} l_i; no visible key: zeros
+  at::parallel_for(0, pairs * p.R, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t pair = row / p.R, r = row % p.R;
+      float top = kNegInf;  // (a NaN logit makes its split's max or sum NaN: the row's output is NaN then)
+      for (int64_t i = 0; i < splits; ++i) {
+        const float mi = m[(i * pairs + pair) * p.R + r];
+        if (mi > top || std::isnan(mi)) top = mi;
+      }
+      float* o = out + row * p.Dv;
+      std::fill(o, o + p.Dv, std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : 0.f);
+      if (top == kNegInf || std::isnan(top)) continue;
+      float total = 0.f;
+      for (int64_t i = 0; i < splits; ++i) {
+        const int64_t at = (i * pairs + pair) * p.R + r;
+        if (m[at] == kNegInf) continue;
+        const float factor = std::exp(m[at] - top);
+        total += factor * l[at];
+        const float* a = acc.data() + at * p.Dv;
+        for (int64_t x = 0; x < p.Dv; ++x) o[x] += factor * a[x];
+      }
+      scale_row(o, p.Dv, 1.f / total);
+    }
+  });
+}
+
+// q (B, Hkv, R, 2d) fp32 contiguous, the Cartesian query rows; mu (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one dtype
+// (fp32 or bf16), rows contiguous; angles (P, L, 2d) fp32 contiguous, P = 1 or B; pad (B, L) bool (True: a real
+// key) or empty. Returns (B, Hkv, R, Dv) fp32.
+at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& v, const at::Tensor& angles,
+                            const at::Tensor& pad) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.is_contiguous() && q.size(3) % 2 == 0,
+              "cpu_flash: magnitude_decode takes the query as a contiguous fp32 (B, Hkv, R, 2d) tensor");
+  const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), d = q.size(3) / 2;
+  TORCH_CHECK(mu.dim() == 4 && mu.size(0) == B && mu.size(1) == Hkv && mu.size(3) == d && (d <= 1 || mu.stride(3) == 1) &&
+                  (mu.size(2) <= 1 || mu.stride(2) == d) && (mu.scalar_type() == at::kFloat || mu.scalar_type() == at::kBFloat16),
+              "cpu_flash: magnitude_decode takes the magnitudes as fp32 or bf16 (B, Hkv, L, d) with contiguous rows");
+  const int64_t L = mu.size(2);
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == Hkv && v.size(2) == L && (v.size(3) <= 1 || v.stride(3) == 1) &&
+                  (L <= 1 || v.stride(2) == v.size(3)) && v.scalar_type() == mu.scalar_type(),
+              "cpu_flash: magnitude_decode takes the values as (B, Hkv, L, Dv) of the magnitudes' dtype, rows "
+              "contiguous");
+  TORCH_CHECK(angles.dim() == 3 && (angles.size(0) == 1 || angles.size(0) == B) && angles.size(1) == L &&
+                  angles.size(2) == 2 * d && angles.scalar_type() == at::kFloat && angles.is_contiguous(),
+              "cpu_flash: magnitude_decode takes the angle tables as a contiguous fp32 (1 or B, L, 2d) tensor");
+  const bool padded = pad.numel() > 0;
+  TORCH_CHECK(!padded || (pad.dim() == 2 && pad.size(0) == B && pad.size(1) == L && pad.is_contiguous() &&
+                          pad.scalar_type() == at::kBool),
+              "cpu_flash: magnitude_decode takes the key padding mask as a contiguous bool (B, L) tensor, or an "
+              "empty one");
+  const int64_t Dv = v.size(3);
+  auto out = at::empty({B, Hkv, R, Dv}, q.options());
+  if (out.numel() == 0) return out;
+  const DecodeShape p{B, Hkv, R, L, d, Dv, angles.size(0), mu.stride(0), mu.stride(1), v.stride(0), v.stride(1)};
+  const bool* pp = padded ? pad.data_ptr<bool>() : nullptr;
+  if (mu.scalar_type() == at::kFloat) {
+    magnitude_decode_kernel<float>(p, q.data_ptr<float>(), mu.data_ptr<float>(), v.data_ptr<float>(),
+                                   angles.data_ptr<float>(), pp, out.data_ptr<float>());
+  } else {
+    using B16 = at::BFloat16;
+    magnitude_decode_kernel<B16>(p, q.data_ptr<float>(), mu.data_ptr<B16>(), v.data_ptr<B16>(),
+                                 angles.data_ptr<float>(), pp, out.data_ptr<float>());
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(poskit_cpu_flash, m) {
@@ -1623,4 +1909,5 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
         &polar_forward);
   m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "
         "bool softplus, bool need_rotation) -> Tensor[]", &polar_backward);
+  m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad) -> Tensor", &magnitude_decode);
 }

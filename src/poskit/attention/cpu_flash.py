@@ -434,3 +434,27 @@ def cpu_flash_contextual_attention(q, k, v, *, scale: float, p_max: int, pos_emb
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     return call(CpuFlashContextual, q, k, v, pos_emb, slopes, float(scale), qp, kp, pad, bool(causal), int(p_max),
                                     block_q, block_k, products)
+
+
+def serves_magnitude_decode(mu_k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernel serves PoPE's attention against cached key magnitudes (attention/pope_decode.py): the
+    switch on, CPU tensors of one DTYPES dtype, not while torch.compile traces, a kernel that builds. The caller
+    checks the rest (no gradient wanted, no causal mask inside the cached keys)."""
+    return (mu_k.device.type == "cpu" and mu_k.dtype in DTYPES and v.dtype == mu_k.dtype and enabled()
+            and not torch.compiler.is_compiling() and available())
+
+
+def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, k_angles: torch.Tensor,
+                     key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax over the keys of sum_c mu_k[s, c] (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)), times v:
+    PoPE's attention against a KV cache of key magnitudes, every key visible but padding, one fused pass that
+    reads the cache once (cpu_flash.cpp, "PoPE's attention against a KV cache of key magnitudes").
+
+    q_rows (B, Hkv, R, 2d) = [a | b], the Cartesian query rows of each kv head (scale and phase bias folded in;
+    taken in fp32); mu_k (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one DTYPES dtype (a KV cache's views are read
+    where they lie); k_angles (1|B, L, 2d) = [cos | sin] of the key positions; key_padding_mask (B, L) bool, True =
+    real key. A row that sees no key outputs zeros. Returns (B, Hkv, R, Dv) fp32. Callers check
+    `serves_magnitude_decode` first; no gradient flows through it."""
+    pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
+    return kernel().magnitude_decode(q_rows.float().contiguous(), rows_contiguous(mu_k), rows_contiguous(v),
+                                     k_angles.float().contiguous(), pad)

@@ -9,10 +9,13 @@ cache. The logits need them multiplied in per element,
     logit[r, s] = sum_c mu_k[s, c] * (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)),
     [a | b] = scale * mu_q [cos(t theta - delta), sin(t theta - delta)]   (the Cartesian query, eq. 6-9),
 
-which no GEMM expresses: eager PyTorch would write a (rows, L, d) temporary. So the sum is one fused loop:
-a `torch.compile`d kernel on CPU (compiled once per process, shapes dynamic), the fused Triton PoPE kernel
-(fed magnitudes with its softplus off) on CUDA. Where neither applies (float64, gradients, a causal mask
-inside the cached block, no compiler), the Cartesian keys are rebuilt from the magnitudes: exact, slower.
+which no GEMM expresses: eager PyTorch would write a (rows, L, d) temporary. So the sum is one fused loop. On
+CPU, for fp32 and bf16, the compiled CPU kernel's decode (cpu_flash.magnitude_decode: logits, online softmax and
+weighted values in one pass over the cache); for float16, or where that kernel is switched off
+(POSKIT_CPU_KERNEL=0) or cannot be built, two `torch.compile`d loops (compiled once per process, shapes dynamic;
+POSKIT_FUSED_DECODE=0 turns them off); on CUDA the fused Triton PoPE kernel (fed magnitudes with its softplus
+off). Where none applies (float64, gradients, a causal mask inside the cached block, no compiler), the Cartesian
+keys are rebuilt from the magnitudes: exact, slower.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import cpu_flash
 from .grouped import bmm_in_place
 from .inputs import AttentionInputs
 from .reference import softmax_rows
@@ -34,7 +38,7 @@ _fused_failed = False  # set when compilation failed once: never retried in this
 
 
 def fused_decode_enabled() -> bool:
-    """The compiled CPU kernel is used unless POSKIT_FUSED_DECODE=0 (or it failed to compile here)."""
+    """The torch.compile'd loops are used unless POSKIT_FUSED_DECODE=0 (or they failed to compile here)."""
     return os.environ.get("POSKIT_FUSED_DECODE", "1") != "0" and not _fused_failed
 
 
@@ -179,10 +183,14 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return bmm_in_place(weights.to(v.dtype).reshape(B * Hkv, R, L), v.flatten(0, 1)).view(B, Hkv, R, v.shape[-1])
 
 
+def _no_grad_no_mask(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
+    """No gradient wanted and every cached key visible to every query but padding (applied by the fused forms)."""
+    return (q.device.type == "cpu" and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")
+
+
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
-    return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
-            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
-            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
+    return q.dtype in _FUSED_DTYPES and fused_decode_enabled() and _no_grad_no_mask(inp, q, mu_k)
 
 
 def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
@@ -215,6 +223,11 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
                                   scale=scale, causal=True, softplus=False, key_padding_mask=key_mask,
                                   angles=(q_angles, k_angles))
     d = mu_k.shape[-1]
+    if _no_grad_no_mask(inp, q, mu_k) and cpu_flash.serves_magnitude_decode(mu_k, v):
+        rows = enc.encode_q(q.float(), q_positions, scale=scale)  # (B, H, Tq, 2d): the phase bias and scale in
+        out = cpu_flash.magnitude_decode(rows.reshape(mu_k.shape[0], mu_k.shape[1], -1, rows.shape[-1]), mu_k, v,
+                                         k_angles, key_mask)
+        return out.to(v.dtype).reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     if _can_fuse(inp, q, mu_k):
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
                                scale, enc.softplus)
