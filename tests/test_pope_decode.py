@@ -1,6 +1,7 @@
 """PoPE decoding against the magnitude KV cache: the compiled CPU kernel's fused decode (cpu_flash.cpp), the
 torch.compile'd loops that serve where it does not (fp16, POSKIT_CPU_KERNEL=0, no C++ compiler), their fallbacks
 and the Triton path all equal the float64 reference."""
+import contextlib
 import itertools
 import re
 import warnings
@@ -243,6 +244,17 @@ def kernel():
     require_kernel()
 
 
+@contextlib.contextmanager
+def _threads(count):
+    """torch's thread count set to `count` inside the block (the kernel splits keys among threads), restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @settings(max_examples=40, deadline=None)
 @given(B=st.integers(1, 3), kv_heads=st.integers(1, 3), rows=st.integers(1, 5),
        keys=st.sampled_from([1, 2, 17, 511, 512, 513, 1100]), d=st.sampled_from([4, 16, 20, 64, 144]),
@@ -263,12 +275,8 @@ def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, key
     if padded:
         pad = torch.rand(B, keys, generator=g) > 0.3
         pad[0] = False
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(threads):
         out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad)
-    finally:
-        torch.set_num_threads(saved)
     assert out.dtype == torch.float32 and out.shape == (B, kv_heads, rows, dv)
     want = _magnitude_formula(q_rows, mu, v, angles, pad)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
@@ -281,14 +289,10 @@ def test_kernel_decode_propagates_a_nan_key(kernel):
     mu, v = torch.rand(2, 2, 700, 16), torch.randn(2, 2, 700, 8)
     mu[1, 0, 600, 3] = float("nan")
     for threads in (1, 2):
-        saved = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with _threads(threads):
             out = cpu_flash.magnitude_decode(q_rows[:1, :1], mu[:1, :1], v[:1, :1], torch.rand(1, 700, 32), None)
             assert out.isfinite().all()
             out = cpu_flash.magnitude_decode(q_rows, mu, v, torch.rand(1, 700, 32), None)
-        finally:
-            torch.set_num_threads(saved)
         assert out[1, 0].isnan().all() and out[0].isfinite().all() and out[1, 1].isfinite().all()
 
 
@@ -352,10 +356,6 @@ def test_kernel_decode_splits_the_keys_of_one_head_among_threads(kernel, threads
     v = torch.randn(1, 1, 1500, 16, generator=g).to(dtype)
     angles = torch.rand(1, 1500, 64, generator=g) * 2 - 1
     mu[..., 1400:, :] += 2  # the last split's logits are the largest: the others' weights are rescaled in the merge
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(threads):
         out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, None)
-    finally:
-        torch.set_num_threads(saved)
     torch.testing.assert_close(out.double(), _magnitude_formula(q_rows, mu, v, angles, None), atol=2e-5, rtol=1e-4)
