@@ -225,9 +225,10 @@ def test_triton_decode_reads_the_magnitude_cache():
 
 
 # --- the compiled CPU kernel's fused decode (cpu_flash.magnitude_decode) ---------------------------------------
-def _magnitude_formula(rows, mu, v, angles, pad):
+def _magnitude_formula(rows, mu, v, angles, pad, q_positions=None, k_positions=None):
     """softmax_s(sum_c mu[s, c] (a[r, c] cos_c(s) + b[r, c] sin_c(s))) @ v in float64, written out: [a | b] = rows
-    (B, Hkv, R, 2d), angles (1|B, L, 2d) = [cos | sin]; padded keys hidden, a row with none visible zero."""
+    (B, Hkv, R, 2d), angles (1|B, L, 2d) = [cos | sin]; padded keys hidden, and with positions (1|B, Tq), (1|B, L)
+    keys later than row r's query (step r % Tq); a row with none visible zero."""
     d = mu.shape[-1]
     a, b = rows.double()[..., :d], rows.double()[..., d:]
     cos, sin = angles.double()[:, None, :, :d], angles.double()[:, None, :, d:]  # (1|B, 1, L, d)
@@ -235,6 +236,11 @@ def _magnitude_formula(rows, mu, v, angles, pad):
                                                                                    mu.double() * sin, b)
     if pad is not None:
         logits = logits.masked_fill(~pad[:, None, None, :], float("-inf"))
+    if q_positions is not None:
+        steps = q_positions.shape[-1]
+        for r in range(rows.shape[2]):
+            later = k_positions > q_positions[:, r % steps, None]  # (1|B, L)
+            logits[:, :, r] = logits[:, :, r].masked_fill(later[:, None, :], float("-inf"))
     weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no visible key: softmax of -inf is NaN, the kernel 0
     return weights @ v.double()
 
@@ -260,13 +266,19 @@ def _threads(count):
        keys=st.sampled_from([1, 2, 17, 511, 512, 513, 1100]), d=st.sampled_from([4, 16, 20, 64, 144]),
        dv=st.sampled_from([3, 16, 64, 136]), per_sequence=st.booleans(), padded=st.booleans(),
        room=st.integers(0, 3), dtype=st.sampled_from([torch.float32, torch.bfloat16]), threads=st.sampled_from([1, 2]),
-       seed=st.integers(0, 2**16))
+       steps=st.sampled_from([None, 1, 2, 3]), seed=st.integers(0, 2**16))
 def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, keys, d, dv, per_sequence, padded, room,
-                                                   dtype, threads, seed):
+                                                   dtype, threads, steps, seed):
     # across key blocks (512) and thread splits (fewer (batch, kv head) pairs than threads), chunked rows of any
     # width (d, Dv up to 128 in registers, wider through the portable loops), a cache with room to grow (heads
-    # apart), per-sequence angle tables, padding (row 0 sees no key at all when padded)
+    # apart), per-sequence angle tables, padding (row 0 sees no key at all when padded), and with `steps` new
+    # tokens per query head, a mask causal by position (any positions: some rows see few keys or none)
     g = torch.Generator().manual_seed(seed)
+    q_positions = k_positions = None
+    if steps is not None:
+        rows = steps * (1 + rows % 3)
+        k_positions = torch.randint(0, keys + 3, (B if per_sequence else 1, keys), generator=g)
+        q_positions = torch.randint(0, keys + 3, (k_positions.shape[0], steps), generator=g)
     q_rows = torch.randn(B, kv_heads, rows, 2 * d, generator=g) / d**0.5
     mu = torch.nn.functional.softplus(torch.randn(B, kv_heads, keys + room, d, generator=g)).to(dtype)[:, :, :keys]
     v = torch.randn(B, kv_heads, keys + room, dv, generator=g).to(dtype)[:, :, :keys]
@@ -276,9 +288,9 @@ def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, key
         pad = torch.rand(B, keys, generator=g) > 0.3
         pad[0] = False
     with _threads(threads):
-        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad)
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions)
     assert out.dtype == torch.float32 and out.shape == (B, kv_heads, rows, dv)
-    want = _magnitude_formula(q_rows, mu, v, angles, pad)
+    want = _magnitude_formula(q_rows, mu, v, angles, pad, q_positions, k_positions)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     if padded:
         assert not out[0].any()
@@ -310,11 +322,14 @@ def test_kernel_decode_names_what_it_refuses(kernel, bad, why):
         cpu_flash.magnitude_decode(args["q_rows"], args["mu"], args["v"], args["angles"], args["pad"])
 
 
+@pytest.mark.parametrize("new_tokens", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_decode_step_takes_the_kernel_and_equals_the_reference(kernel, monkeypatch, dtype):
-    # grouped kv heads, sequences at their own offsets with left padding, a cache with room to grow: every
-    # single-token step goes through the kernel (the prefill, causal inside, does not) and equals the float64
-    # reference; with POSKIT_CPU_KERNEL=0 none does
+def test_a_decode_step_takes_the_kernel_and_equals_the_reference(kernel, monkeypatch, dtype, new_tokens):
+    # grouped kv heads, sequences at their own offsets with left padding, a cache with room to grow: every step
+    # of one new token, or of three (causal among them, by position), goes through the kernel and equals the
+    # float64 reference; the prefill (nothing cached before it, fewer tokens than KERNEL_MAX_NEW_TOKENS) takes the
+    # full-sequence path, as training does; with POSKIT_CPU_KERNEL=0 no step takes the kernel
+    monkeypatch.setattr(pope_decode, "KERNEL_MAX_NEW_TOKENS", 8)
     enc = build("pope", num_heads=4, dtype=torch.float32, delta_init="uniform")
     B, H, Hkv, T = 2, 4, 2, 13
     q, k, v = make_qkv(B=B, H=H, Hkv=Hkv, Tq=T, Tk=T, dtype=torch.float32)
@@ -328,7 +343,7 @@ def test_a_decode_step_takes_the_kernel_and_equals_the_reference(kernel, monkeyp
     calls = []
     original = cpu_flash.magnitude_decode
     monkeypatch.setattr(cpu_flash, "magnitude_decode", lambda *a: calls.append(1) or original(*a))
-    for switch, want_calls in (("1", T - 5), ("0", 0)):
+    for switch, want_calls in (("1", len(range(5, T, new_tokens))), ("0", 0)):
         monkeypatch.setenv(cpu_flash.ENV_SWITCH, switch)
         calls.clear()
         cache = KVCache(num_layers=1, max_length=32)
@@ -336,9 +351,10 @@ def test_a_decode_step_takes_the_kernel_and_equals_the_reference(kernel, monkeyp
         with torch.no_grad():
             outs = [cached_attention(qs[:, :, :5], ks[:, :, :5], vs[:, :, :5], enc.to(dtype), cache, 0,
                                      positions[:, :5], attention_mask=real[:, :5])]
-            for t in range(5, T):
-                outs.append(cached_attention(qs[:, :, t:t + 1], ks[:, :, t:t + 1], vs[:, :, t:t + 1], enc.to(dtype),
-                                             cache, 0, positions[:, t:t + 1], attention_mask=real[:, t:t + 1]))
+            for t in range(5, T, new_tokens):
+                new = slice(t, t + new_tokens)
+                outs.append(cached_attention(qs[:, :, new], ks[:, :, new], vs[:, :, new], enc.to(dtype), cache, 0,
+                                             positions[:, new], attention_mask=real[:, new]))
         out = torch.cat(outs, 2)
         assert len(calls) == want_calls and out.dtype == dtype
         tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)

@@ -1608,7 +1608,7 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
 // [qa | qb] (R x 2d) the Cartesian query of the rows r of kv head kv (its query heads and steps), the attention
 // scale and phase bias folded in; the angle tables [cos | sin] (P x L x 2d, P = 1 or B) shared by every head. No
 // GEMM expresses the per-element product with the tables, so the logits are one fused pass over the magnitudes.
-// Every key is visible but padding (the caller keeps a causal mask inside the cache on its exact path).
+// Padded keys are hidden, and with positions, keys later than the row's query (several new tokens at once).
 //
 // Decoding reads the whole cache per step and is memory-bound. Each thread takes (batch, kv head) pairs and walks
 // each pair's keys in blocks: the logits of a block, the online softmax step, the weighted values. When there are
@@ -1622,12 +1622,36 @@ constexpr int64_t kDecodeBlock = 512;  // keys per block (128: 6.2-6.3, 512: 5.5
 struct DecodeShape {
   int64_t B, Hkv, R, L, d, Dv, angle_rows;
   int64_t mu_batch, mu_head, v_batch, v_head;  // the cache's strides (rows contiguous, heads may lie apart)
+  const bool* pad;  // (B, L), True: a real key; or null
+  // causal by position, or null: qpos (pos_rows, steps) for the rows r (step r % steps), kpos (pos_rows, L)
+  const int64_t *qpos, *kpos;
+  int64_t pos_rows, steps;
 };
 
+// The hidden keys' logits of s (R x n), the keys [k0, k0 + n) of batch row b, set to -inf: padding, and keys later
+// than the row's query.
+void hide_keys(const DecodeShape& p, int64_t b, int64_t k0, float* s, int64_t n) {
+  if (p.pad) {
+    const bool* pad = p.pad + b * p.L + k0;
+    for (int64_t j = 0; j < n; ++j)
+      if (!pad[j])
+        for (int64_t r = 0; r < p.R; ++r) s[r * n + j] = kNegInf;
+  }
+  if (p.qpos) {
+    const int64_t row = p.pos_rows == 1 ? 0 : b;
+    const int64_t* kp = p.kpos + row * p.L + k0;
+    for (int64_t r = 0; r < p.R; ++r) {
+      const int64_t limit = p.qpos[row * p.steps + r % p.steps];
+      for (int64_t j = 0; j < n; ++j)
+        if (kp[j] > limit) s[r * n + j] = kNegInf;
+    }
+  }
+}
+
 // The logits s (R x n) of the keys [k0, k0 + n) of one (batch, kv head): qa (R x 2d) fp32; mu (n x d) and the
-// tables (n x 2d) fp32; padded keys -inf.
-void magnitude_logits(const DecodeShape& p, const float* qa, const float* mu, const float* tables, const bool* pad,
-                      float* s, int64_t n) {
+// tables (n x 2d) fp32.
+void magnitude_logits(const DecodeShape& p, const float* qa, const float* mu, const float* tables, float* s,
+                      int64_t n) {
   const int64_t d = p.d;
   for (int64_t j = 0; j < n; ++j) {
     const float* m = mu + j * d;
@@ -1647,10 +1671,6 @@ void magnitude_logits(const DecodeShape& p, const float* qa, const float* mu, co
       s[r * n + j] = total;
     }
   }
-  if (pad)
-    for (int64_t j = 0; j < n; ++j)
-      if (!pad[j])
-        for (int64_t r = 0; r < p.R; ++r) s[r * n + j] = kNegInf;
 }
 
 // acc (R x Dv) += w (R x n) v (n x Dv), v fp32; a zero weight (a hidden key) adds nothing.
@@ -1700,8 +1720,8 @@ inline __m512 lane_sums16(const __m512* v) {
 }
 
 template <int C, bool Whole, typename T>
-void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu, const float* tables,
-                             const bool* pad, float* s, int64_t n) {
+void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
+                             int64_t n) {
   const int64_t d = p.d;
   const __mmask16 last = lanes_mask(d - (C - 1) * 16);
   for (int64_t r = 0; r < p.R; ++r) {
@@ -1729,10 +1749,6 @@ void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu,
       _mm512_mask_storeu_ps(s + r * n + j0, lanes_mask(keys), lane_sums16(acc));
     }
   }
-  if (pad)
-    for (int64_t j = 0; j < n; ++j)
-      if (!pad[j])
-        for (int64_t r = 0; r < p.R; ++r) s[r * n + j] = kNegInf;
 }
 
 template <int C, bool Whole, typename T>
@@ -1772,7 +1788,7 @@ bool with_chunks(int64_t chunks, F f) {
 
 template <typename T>
 void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu, const T* v, const float* angles,
-                             const bool* pad, float* out) {
+                             float* out) {
   constexpr bool wide = !std::is_same<T, float>::value;
   const int64_t pairs = p.B * p.Hkv, blocks = (p.L + kDecodeBlock - 1) / kDecodeBlock;
   const int64_t splits =
@@ -1799,14 +1815,14 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
           const float* tables = angles + ((p.angle_rows == 1 ? 0 : b) * p.L + k0) * 2 * p.d;
           const T* mu_t = mu + b * p.mu_batch + h * p.mu_head + k0 * p.d;
           const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
-          const bool* pad_t = pad ? pad + b * p.L + k0 : nullptr;
 #ifdef CPU_CAPABILITY_AVX512
           if (!in_registers || !with_chunks(logit_chunks, [&](auto C) {
-                if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, pad_t, s.data(), n);
-                else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, pad_t, s.data(), n);
+                if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s.data(), n);
+                else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s.data(), n);
               }))
 #endif
-            magnitude_logits(p, q_t, widen(mu_t, n * p.d, mbuf.data()), tables, pad_t, s.data(), n);
+            magnitude_logits(p, q_t, widen(mu_t, n * p.d, mbuf.data()), tables, s.data(), n);
+          hide_keys(p, b, k0, s.data(), n);
           softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
 #ifdef CPU_CAPABILITY_AVX512
           if (!in_registers || !with_chunks(value_chunks, [&](auto C) {
@@ -1848,9 +1864,10 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 
 // q (B, Hkv, R, 2d) fp32 contiguous, the Cartesian query rows; mu (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one dtype
 // (fp32 or bf16), rows contiguous; angles (P, L, 2d) fp32 contiguous, P = 1 or B; pad (B, L) bool (True: a real
-// key) or empty. Returns (B, Hkv, R, Dv) fp32.
+// key) or empty; q_pos (P', Tq) and k_pos (P', L) int64 contiguous, P' = 1 or B, for a mask causal by position
+// (row r is step r % Tq of its query head), or both empty. Returns (B, Hkv, R, Dv) fp32.
 at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& v, const at::Tensor& angles,
-                            const at::Tensor& pad) {
+                            const at::Tensor& pad, const at::Tensor& q_pos, const at::Tensor& k_pos) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.is_contiguous() && q.size(3) % 2 == 0,
               "cpu_flash: magnitude_decode takes the query as a contiguous fp32 (B, Hkv, R, 2d) tensor");
   const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), d = q.size(3) / 2;
@@ -1870,18 +1887,28 @@ at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at:
                           pad.scalar_type() == at::kBool),
               "cpu_flash: magnitude_decode takes the key padding mask as a contiguous bool (B, L) tensor, or an "
               "empty one");
+  const bool causal = q_pos.numel() > 0;
+  TORCH_CHECK(causal == (k_pos.numel() > 0) &&
+                  (!causal || (q_pos.dim() == 2 && k_pos.dim() == 2 && q_pos.size(0) == k_pos.size(0) &&
+                               (q_pos.size(0) == 1 || q_pos.size(0) == B) && k_pos.size(1) == L &&
+                               R % q_pos.size(1) == 0 && q_pos.scalar_type() == at::kLong &&
+                               k_pos.scalar_type() == at::kLong && q_pos.is_contiguous() && k_pos.is_contiguous())),
+              "cpu_flash: magnitude_decode takes positions as contiguous int64 (1 or B, Tq) and (1 or B, L) tensors "
+              "with R a multiple of Tq, or two empty ones");
   const int64_t Dv = v.size(3);
   auto out = at::empty({B, Hkv, R, Dv}, q.options());
   if (out.numel() == 0) return out;
-  const DecodeShape p{B, Hkv, R, L, d, Dv, angles.size(0), mu.stride(0), mu.stride(1), v.stride(0), v.stride(1)};
-  const bool* pp = padded ? pad.data_ptr<bool>() : nullptr;
+  const DecodeShape p{B, Hkv, R, L, d, Dv, angles.size(0), mu.stride(0), mu.stride(1), v.stride(0), v.stride(1),
+                      padded ? pad.data_ptr<bool>() : nullptr, causal ? q_pos.data_ptr<int64_t>() : nullptr,
+                      causal ? k_pos.data_ptr<int64_t>() : nullptr, causal ? q_pos.size(0) : 1,
+                      causal ? q_pos.size(1) : 1};
   if (mu.scalar_type() == at::kFloat) {
     magnitude_decode_kernel<float>(p, q.data_ptr<float>(), mu.data_ptr<float>(), v.data_ptr<float>(),
-                                   angles.data_ptr<float>(), pp, out.data_ptr<float>());
+                                   angles.data_ptr<float>(), out.data_ptr<float>());
   } else {
     using B16 = at::BFloat16;
     magnitude_decode_kernel<B16>(p, q.data_ptr<float>(), mu.data_ptr<B16>(), v.data_ptr<B16>(),
-                                 angles.data_ptr<float>(), pp, out.data_ptr<float>());
+                                 angles.data_ptr<float>(), out.data_ptr<float>());
   }
   return out;
 }
@@ -1909,5 +1936,6 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
         &polar_forward);
   m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "
         "bool softplus, bool need_rotation) -> Tensor[]", &polar_backward);
-  m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad) -> Tensor", &magnitude_decode);
+  m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad, Tensor q_pos, Tensor k_pos) -> "
+        "Tensor", &magnitude_decode);
 }

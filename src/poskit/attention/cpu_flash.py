@@ -439,22 +439,29 @@ def cpu_flash_contextual_attention(q, k, v, *, scale: float, p_max: int, pos_emb
 def serves_magnitude_decode(mu_k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the kernel serves PoPE's attention against cached key magnitudes (attention/pope_decode.py): the
     switch on, CPU tensors of one DTYPES dtype, not while torch.compile traces, a kernel that builds. The caller
-    checks the rest (no gradient wanted, no causal mask inside the cached keys)."""
+    checks the rest (no gradient wanted; a causal mask, if any, by positions of shape (1|B, T))."""
     return (mu_k.device.type == "cpu" and mu_k.dtype in DTYPES and v.dtype == mu_k.dtype and enabled()
             and not torch.compiler.is_compiling() and available())
 
 
 def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, k_angles: torch.Tensor,
-                     key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     key_padding_mask: torch.Tensor | None = None, q_positions: torch.Tensor | None = None,
+                     k_positions: torch.Tensor | None = None) -> torch.Tensor:
     """softmax over the keys of sum_c mu_k[s, c] (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)), times v:
-    PoPE's attention against a KV cache of key magnitudes, every key visible but padding, one fused pass that
-    reads the cache once (cpu_flash.cpp, "PoPE's attention against a KV cache of key magnitudes").
+    PoPE's attention against a KV cache of key magnitudes, one fused pass that reads the cache once (cpu_flash.cpp,
+    "PoPE's attention against a KV cache of key magnitudes").
 
     q_rows (B, Hkv, R, 2d) = [a | b], the Cartesian query rows of each kv head (scale and phase bias folded in;
-    taken in fp32); mu_k (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one DTYPES dtype (a KV cache's views are read
-    where they lie); k_angles (1|B, L, 2d) = [cos | sin] of the key positions; key_padding_mask (B, L) bool, True =
-    real key. A row that sees no key outputs zeros. Returns (B, Hkv, R, Dv) fp32. Callers check
-    `serves_magnitude_decode` first; no gradient flows through it."""
+    taken in fp32), R = groups * Tq with row r step r % Tq of its query head (q.reshape(B, Hkv, -1, 2d) of a
+    (B, H, Tq, 2d) query); mu_k (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one DTYPES dtype (a KV cache's views are
+    read where they lie); k_angles (1|B, L, 2d) = [cos | sin] of the key positions; key_padding_mask (B, L) bool,
+    True = real key; q_positions (1|B, Tq) and k_positions (1|B, L): causal by position (a key later than the
+    query is hidden), or None (every key visible). A row that sees no key outputs zeros. Returns (B, Hkv, R, Dv)
+    fp32. Callers check `serves_magnitude_decode` first; no gradient flows through it."""
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
+    if q_positions is None:
+        qp = kp = torch.empty(0, 0, dtype=torch.int64)
+    else:
+        qp, kp = _positions(AttentionInputs(q_rows, mu_k, v, q_positions, k_positions, 1.0, True, None), True)
     return kernel().magnitude_decode(q_rows.float().contiguous(), rows_contiguous(mu_k), rows_contiguous(v),
-                                     k_angles.float().contiguous(), pad)
+                                     k_angles.float().contiguous(), pad, qp, kp)

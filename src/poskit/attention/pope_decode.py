@@ -189,6 +189,24 @@ def _no_grad_no_mask(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) 
             and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")
 
 
+# Up to this many new tokens per step (a chunk of draft tokens, a short prompt after the cache) the kernel's decode
+# takes the step with a causal mask by position; more (a prefill) take the blocked path on Cartesian keys rebuilt
+# from the magnitudes, which multiplies by tiles. B=8, H=8, 8192 cached keys, 2 threads on the AMD EPYC, ms per
+# step, kernel against rebuilt (fp32; bf16): 4 new tokens 21.5 / 218 (16.8 / 118), 16: 51 / 181 (45 / 142), 64:
+# 199 / 282 (163 / 172), 128: 408 / 608 (322 / 442); larger counts not measured.
+KERNEL_MAX_NEW_TOKENS = 128
+
+
+def _kernel_serves(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The compiled CPU kernel's decode: a step of at most KERNEL_MAX_NEW_TOKENS against keys cached before it (a
+    prefill takes the full-sequence path, as training does), no gradient wanted, and a causal mask, if any, by
+    scalar positions."""
+    return (q.device.type == "cpu" and q.shape[2] <= KERNEL_MAX_NEW_TOKENS and mu_k.shape[2] > q.shape[2]
+            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and inp.q_positions.dim() == 2 and inp.k_positions.dim() == 2
+            and cpu_flash.serves_magnitude_decode(mu_k, v))
+
+
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
     return q.dtype in _FUSED_DTYPES and fused_decode_enabled() and _no_grad_no_mask(inp, q, mu_k)
 
@@ -223,10 +241,12 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
                                   scale=scale, causal=True, softplus=False, key_padding_mask=key_mask,
                                   angles=(q_angles, k_angles))
     d = mu_k.shape[-1]
-    if _no_grad_no_mask(inp, q, mu_k) and cpu_flash.serves_magnitude_decode(mu_k, v):
+    if _kernel_serves(inp, q, mu_k, v):
         rows = enc.encode_q(q.float(), q_positions, scale=scale)  # (B, H, Tq, 2d): the phase bias and scale in
+        # several new tokens: keys later than some query inside the cache, masked by position in the kernel
+        causal = mask_plan(dataclasses.replace(inp, key_padding_mask=None)) != "none"
         out = cpu_flash.magnitude_decode(rows.reshape(mu_k.shape[0], mu_k.shape[1], -1, rows.shape[-1]), mu_k, v,
-                                         k_angles, key_mask)
+                                         k_angles, key_mask, *((q_positions, k_positions) if causal else ()))
         return out.to(v.dtype).reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     if _can_fuse(inp, q, mu_k):
         logits = _fused_logits(q, q_angles.float(), enc.clamped_delta_fp32(q.device), mu_k, k_angles.float(),
