@@ -191,9 +191,10 @@ def _no_grad_no_mask(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) 
 
 # Up to this many new tokens per step (a chunk of draft tokens, a short prompt after the cache) the kernel's decode
 # takes the step with a causal mask by position; more take the blocked path on Cartesian keys rebuilt from the
-# magnitudes, which multiplies by tiles. Up to 16 new tokens the kernel was 2-13x faster than the rebuilt keys on the
-# 2-core AMD EPYC (B=8, H=8, 8192 cached keys), at 64 and 128 about as fast or faster (docs/benchmarks.md, "Several
-# new tokens in one step"); 128 is the largest count measured, not a measured crossover.
+# magnitudes, which multiplies by tiles. Up to 16 new tokens the kernel was 2.5-11x faster than the rebuilt keys on
+# the 2-core AMD EPYC (B=8, H=8, 8192 cached keys); at 64 in bf16 either was ahead by 5-15 % in two runs, elsewhere
+# at 64 and 128 the kernel (docs/benchmarks.md, "Several new tokens in one step"); 128 is the largest count
+# measured, not a measured crossover.
 KERNEL_MAX_NEW_TOKENS = 128
 
 
