@@ -101,7 +101,7 @@ gpu_tests() {  # compiling the kernels for the GPU takes seconds per test: sprea
 
 cpu_tests() {  # the kernel against the float64 reference, built for this CPU's instruction set
     pinned 14,15 timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cpu_flash.py \
-        > "$LOGS/cpu-kernel-tests.log" 2>&1
+        tests/test_pope_decode.py -k "not triton" > "$LOGS/cpu-kernel-tests.log" 2>&1
     stamp "cpu kernel tests rc=$?"
 }
 
