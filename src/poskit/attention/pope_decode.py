@@ -14,8 +14,8 @@ CPU, for fp32 and bf16, the compiled CPU kernel's decode (cpu_flash.magnitude_de
 weighted values in one pass over the cache); for float16, or where that kernel is switched off
 (POSKIT_CPU_KERNEL=0) or cannot be built, two `torch.compile`d loops (compiled once per process, shapes dynamic;
 POSKIT_FUSED_DECODE=0 turns them off); on CUDA the fused Triton PoPE kernel (fed magnitudes with its softplus
-off). Where none applies (float64, gradients, a causal mask inside the cached block, no compiler), the Cartesian
-keys are rebuilt from the magnitudes: exact, slower.
+off). Where none applies (float64, gradients, a prefill, more than KERNEL_MAX_NEW_TOKENS new tokens with a
+causal mask inside the cache, no compiler), the Cartesian keys are rebuilt from the magnitudes: exact, slower.
 """
 from __future__ import annotations
 
@@ -183,12 +183,6 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return bmm_in_place(weights.to(v.dtype).reshape(B * Hkv, R, L), v.flatten(0, 1)).view(B, Hkv, R, v.shape[-1])
 
 
-def _no_grad_no_mask(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
-    """No gradient wanted and every cached key visible to every query but padding (applied by the fused forms)."""
-    return (q.device.type == "cpu" and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
-            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")
-
-
 # Up to this many new tokens per step (a chunk of draft tokens, a short prompt after the cache) the kernel's decode
 # takes the step with a causal mask by position; more take the blocked path on Cartesian keys rebuilt from the
 # magnitudes, which multiplies by tiles. Up to 16 new tokens the kernel was 2.5-11x faster than the rebuilt keys on
@@ -209,7 +203,9 @@ def _kernel_serves(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor, v:
 
 
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
-    return q.dtype in _FUSED_DTYPES and fused_decode_enabled() and _no_grad_no_mask(inp, q, mu_k)
+    return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
+            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
 
 
 def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
