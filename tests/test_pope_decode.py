@@ -375,3 +375,9 @@ def test_kernel_decode_splits_the_keys_of_one_head_among_threads(kernel, threads
     with _threads(threads):
         out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, None)
     torch.testing.assert_close(out.double(), _magnitude_formula(q_rows, mu, v, angles, None), atol=2e-5, rtol=1e-4)
+
+
+def test_kernel_decode_takes_both_positions_or_neither(kernel):
+    args = (torch.randn(1, 2, 1, 16), torch.rand(1, 2, 8, 8), torch.randn(1, 2, 8, 4), torch.rand(1, 8, 16))
+    with pytest.raises(ValueError, match="both q_positions and k_positions"):
+        cpu_flash.magnitude_decode(*args, None, torch.tensor([[8]]), None)

@@ -1769,19 +1769,20 @@ void weighted_values_avx512(const DecodeShape& p, const float* w, int64_t n, con
   }
 }
 
-// f(std::integral_constant<int, C>) for C = chunks in 1..8; false (f not called) for any other count.
+constexpr int64_t kRegisterChunks = 8;  // rows up to 128 wide take the register forms
+
+// f(std::integral_constant<int, C>) for C = chunks in 1..kRegisterChunks.
 template <typename F>
-bool with_chunks(int64_t chunks, F f) {
+void with_chunks(int64_t chunks, F f) {
   switch (chunks) {
-    case 1: f(std::integral_constant<int, 1>{}); return true;
-    case 2: f(std::integral_constant<int, 2>{}); return true;
-    case 3: f(std::integral_constant<int, 3>{}); return true;
-    case 4: f(std::integral_constant<int, 4>{}); return true;
-    case 5: f(std::integral_constant<int, 5>{}); return true;
-    case 6: f(std::integral_constant<int, 6>{}); return true;
-    case 7: f(std::integral_constant<int, 7>{}); return true;
-    case 8: f(std::integral_constant<int, 8>{}); return true;
-    default: return false;
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
   }
 }
 #endif
@@ -1796,12 +1797,18 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
   const int64_t tasks = pairs * splits;  // task = split * pairs + pair: a thread's run of tasks shares key splits
   std::vector<float> m(tasks * p.R, kNegInf), l(tasks * p.R, 0.f), acc(tasks * p.R * p.Dv, 0.f);
   const int64_t logit_chunks = (p.d + 15) / 16, value_chunks = (p.Dv + 15) / 16;
-  // bf16 caches take the AVX-512 forms (6.2-6.4 against 11.0-11.3 ms through the widening scratch, B = 8, Hkv = 8,
-  // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there (9.7-12.1 against
-  // 11.9-13.0 ms; why is not known)
-  constexpr bool in_registers = !std::is_same<T, float>::value;
+  // bf16 caches take the AVX-512 forms where a row fits their registers (6.2-6.4 against 11.0-11.3 ms through the
+  // widening scratch, B = 8, Hkv = 8, 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which
+  // measured faster there (9.7-12.1 against 11.9-13.0 ms; why is not known). Scratch only for what is widened.
+#ifdef CPU_CAPABILITY_AVX512
+  const bool logits_in_registers = wide && logit_chunks <= kRegisterChunks,
+             values_in_registers = wide && value_chunks <= kRegisterChunks;
+#else
+  const bool logits_in_registers = false, values_in_registers = false;
+#endif
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(p.R * kDecodeBlock), mbuf(wide ? kDecodeBlock * p.d : 0), vbuf(wide ? kDecodeBlock * p.Dv : 0);
+    std::vector<float> s(p.R * kDecodeBlock), mbuf(wide && !logits_in_registers ? kDecodeBlock * p.d : 0),
+        vbuf(wide && !values_in_registers ? kDecodeBlock * p.Dv : 0);
     for (int64_t first = begin; first < end;) {
       const int64_t split = first / pairs, last = std::min(end, (split + 1) * pairs);
       const int64_t k_begin = split * blocks / splits * kDecodeBlock,
@@ -1816,19 +1823,23 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
           const T* mu_t = mu + b * p.mu_batch + h * p.mu_head + k0 * p.d;
           const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
 #ifdef CPU_CAPABILITY_AVX512
-          if (!in_registers || !with_chunks(logit_chunks, [&](auto C) {
-                if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s.data(), n);
-                else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s.data(), n);
-              }))
+          if (logits_in_registers)
+            with_chunks(logit_chunks, [&](auto C) {
+              if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s.data(), n);
+              else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s.data(), n);
+            });
+          else
 #endif
             magnitude_logits(p, q_t, widen(mu_t, n * p.d, mbuf.data()), tables, s.data(), n);
           hide_keys(p, b, k0, s.data(), n);
           softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
 #ifdef CPU_CAPABILITY_AVX512
-          if (!in_registers || !with_chunks(value_chunks, [&](auto C) {
-                if (p.Dv % 16 == 0) weighted_values_avx512<C(), true>(p, s.data(), n, v_t, acc_t);
-                else weighted_values_avx512<C(), false>(p, s.data(), n, v_t, acc_t);
-              }))
+          if (values_in_registers)
+            with_chunks(value_chunks, [&](auto C) {
+              if (p.Dv % 16 == 0) weighted_values_avx512<C(), true>(p, s.data(), n, v_t, acc_t);
+              else weighted_values_avx512<C(), false>(p, s.data(), n, v_t, acc_t);
+            });
+          else
 #endif
             weighted_values(p, s.data(), n, widen(v_t, n * p.Dv, vbuf.data()), acc_t);
         }

@@ -282,7 +282,11 @@ def _positions(inp: AttentionInputs, needed: bool):
     if not needed:
         empty = torch.empty(0, 0, dtype=torch.int64)
         return empty, empty
-    qp, kp = inp.q_positions, inp.k_positions
+    return _position_rows(inp.q_positions, inp.k_positions)
+
+
+def _position_rows(qp: torch.Tensor, kp: torch.Tensor):
+    """(1|B, Tq) and (1|B, Tk) positions with one row count, contiguous int64, as the kernel reads them."""
     rows = max(qp.shape[0], kp.shape[0])
     return (qp.expand(rows, -1).to(torch.int64).contiguous(), kp.expand(rows, -1).to(torch.int64).contiguous())
 
@@ -458,10 +462,12 @@ def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, 
     True = real key; q_positions (1|B, Tq) and k_positions (1|B, L): causal by position (a key later than the
     query is hidden), or None (every key visible). A row that sees no key outputs zeros. Returns (B, Hkv, R, Dv)
     fp32. Callers check `serves_magnitude_decode` first; no gradient flows through it."""
+    if (q_positions is None) != (k_positions is None):
+        raise ValueError("magnitude_decode: pass both q_positions and k_positions (a causal mask) or neither")
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     if q_positions is None:
         qp = kp = torch.empty(0, 0, dtype=torch.int64)
     else:
-        qp, kp = _positions(AttentionInputs(q_rows, mu_k, v, q_positions, k_positions, 1.0, True, None), True)
+        qp, kp = _position_rows(q_positions, k_positions)
     return kernel().magnitude_decode(q_rows.float().contiguous(), rows_contiguous(mu_k), rows_contiguous(v),
                                      k_angles.float().contiguous(), pad, qp, kp)
