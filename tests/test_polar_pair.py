@@ -162,6 +162,48 @@ def test_the_compiled_ops_in_bf16_round_once_from_the_float64_formula(B, H, T, d
         torch.testing.assert_close(a.double(), b, rtol=2 ** -7, atol=2 ** -8 * scale_b)
 
 
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of the fp32 spacing at want (float64 want); below the smallest normal float (where
+    the compiled exponential gives 0) in units of that number."""
+    tiny = torch.finfo(torch.float32).tiny
+    w = want.float().abs().clamp_min(tiny)
+    spacing = (torch.nextafter(w, torch.tensor(float("inf"))) - w).double()
+    return ((got.double() - want).abs() / spacing).where(want.abs() >= tiny, (got.double() - want).abs() / tiny)
+
+
+def test_the_compiled_softplus_and_sigmoid_stay_within_a_few_ulp_everywhere():
+    # the ops' own softplus (forward) and sigmoid (dx) against float64 on a dense grid over [-100, 100] (both sides
+    # of the threshold 20, of 0, and the exponential's clamp near -87.3), each vector lane and the scalar tail: tables
+    # cos a = 1, sin a = 0 make out[..., :d] = softplus(x) and, with the gradient (1, 0), dx = sigmoid(x)
+    require_kernel()
+    d = 19
+    x = torch.cat((torch.linspace(-100, 100, 200_003), torch.linspace(-1, 1, 20_001), torch.linspace(19, 21, 2001),
+                   torch.linspace(-88, -86, 2001), torch.tensor([0.0, -0.0, 20.0, -87.33654, 1e-30, -1e-30])))
+    x = torch.cat((x, torch.zeros(-x.numel() % d))).reshape(1, 1, -1, d).contiguous()
+    ones, zeros = torch.ones(1, 1, x.shape[2], d), torch.zeros(1, 1, x.shape[2], d)
+    ops = polar_pair_module._fused_ops(x, ones, zeros, None, None, (True, False, False, False, False))
+    assert ops is not None
+    empty = torch.empty(0)
+    x64 = x.double()
+    softplus64 = torch.where(x64 > 20, x64, torch.log1p(torch.exp(x64)))
+    out = ops.polar_forward(x, ones, zeros, empty, empty, 1.0, True)
+    assert _ulps(out[..., :d], softplus64).max() <= 4
+    assert torch.equal(out[..., d:], torch.zeros_like(x))
+    dx, _ = ops.polar_backward(torch.cat((torch.ones_like(x), torch.zeros_like(x)), -1), x, ones, zeros, empty,
+                               empty, 1.0, True, False)
+    assert _ulps(dx, torch.sigmoid(x64)).max() <= 3
+    # torch's threshold: softplus is x itself above 20 and its derivative 1
+    above = x > 20
+    assert torch.equal(out[..., :d][above], x[above]) and torch.equal(dx[above], torch.ones_like(x[above]))
+    # infinities and NaN as torch's softplus and sigmoid give them (the gradient's rotation part off)
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")]).repeat(d)[:d].reshape(1, 1, 1, d)
+    one, zero = torch.ones(1, 1, 1, d), torch.zeros(1, 1, 1, d)
+    got = ops.polar_forward(special, one, zero, empty, empty, 1.0, True)[..., :d]
+    torch.testing.assert_close(got, F.softplus(special), equal_nan=True, rtol=0, atol=0)
+    got_dx, _ = ops.polar_backward(torch.cat((one, zero), -1), special, one, zero, empty, empty, 1.0, True, False)
+    torch.testing.assert_close(got_dx, torch.sigmoid(special), equal_nan=True, rtol=0, atol=0)
+
+
 def test_the_compiled_ops_serve_only_their_case(monkeypatch):
     # fp32 on the CPU, tables of one position row per batch row or one for all, the rotation per head
     require_kernel()
@@ -176,3 +218,51 @@ def test_the_compiled_ops_serve_only_their_case(monkeypatch):
     # switched off (POSKIT_CPU_KERNEL=0) it serves nothing, as attention's kernel
     kernel_off(monkeypatch)
     assert not _served(x, ca, sa, cd, sd)
+
+
+def _polar_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "polar_transform.py"
+    spec = importlib.util.spec_from_file_location("bench_polar_transform", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_transform_benchmark_times_the_kernel_against_torch_s_path(monkeypatch, capsys, tmp_path):
+    # each path is the one its row names: the kernel's ops only in the one-pass rows, torch's elementwise path
+    # (the kernel switched off) in the others; every row's ratio is against torch's path, whose own is 1
+    require_kernel()
+    bench = _polar_bench()
+    real, calls = polar_pair_module._fused_ops, []
+
+    def spy(*args):
+        ops = real(*args)
+        calls.append(ops is not None)
+        return ops
+
+    monkeypatch.setattr(polar_pair_module, "_fused_ops", spy)
+    out = tmp_path / "bench.json"
+    bench.main(["--shapes", "2x2x8x4", "--dtypes", "fp32", "--rounds", "2", "--calls", "1", "--threads", "1",
+                "--json", str(out)])
+    # per mode: warm-up + 2 rounds of each transform path, one call each
+    assert calls.count(True) == calls.count(False) == 6
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 2x2x8x4")]
+    assert [(r[2].strip(), r[3].strip()) for r in rows] == [(m, p) for m in ("fwd", "fwdbwd") for p in bench.PATHS]
+    assert all(r[5].strip() == "1.00" for r in rows if r[3].strip() == bench.PATHS[1])
+    import json
+    doc = json.loads(out.read_text())
+    assert len(doc["parts"]["polar_transform"]["rows"]) == 6
+
+
+def test_the_transform_benchmark_refuses_an_unknown_dtype_before_measuring(capsys):
+    bench = _polar_bench()
+    try:
+        bench.main(["--dtypes", "fp16"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("fp16 was accepted")
+    assert "--dtypes must be among fp32,bf16, got fp16" in capsys.readouterr().err
