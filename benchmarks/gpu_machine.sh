@@ -6,7 +6,7 @@
 #   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
 #   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
 #      CPU paths at the speed goals' shapes, decode at 8k keys (with 8 and with 2 kv heads, and the steps without
-#      the kernel) and the demo LM's training step.
+#      the kernel), the demo LM's training step and PoPE's q/k transform at its shape.
 # The GPU table and tests run one after the other (the tests would disturb the timings); the CPU runs go beside
 # them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
 #
@@ -80,6 +80,10 @@ cpu_train_step() {
     pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
         --threads 2 --rounds 7 --json "$OUT/cpu-train-step/benchmark.json" > "$LOGS/cpu-train-step.log" 2>&1
     stamp "cpu train step rc=$?"
+    # PoPE's q/k transform at the step's query shape (the log only: the returned files are at their limit of eight)
+    pinned 12,13 timeout 120 "$PY" benchmarks/polar_transform.py --shapes 32x4x64x32 --dtypes fp32,bf16 --rounds 9 \
+        > "$LOGS/cpu-polar-transform.log" 2>&1
+    stamp "cpu polar transform rc=$?"
 }
 gpu() {
     pinned 0-7 timeout 240 "$PY" benchmarks/attention.py --device cuda --shapes 1x4096,8x1024,1x16384 \
@@ -101,7 +105,7 @@ gpu_tests() {  # compiling the kernels for the GPU takes seconds per test: sprea
 
 cpu_tests() {  # the kernel against the float64 reference, built for this CPU's instruction set
     pinned 14,15 timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cpu_flash.py \
-        tests/test_pope_decode.py -k "not triton" > "$LOGS/cpu-kernel-tests.log" 2>&1
+        tests/test_pope_decode.py tests/test_polar_pair.py -k "not triton" > "$LOGS/cpu-kernel-tests.log" 2>&1
     stamp "cpu kernel tests rc=$?"
 }
 
