@@ -1,4 +1,4 @@
-"""A refused decode step leaves the KV cache exactly as it was.
+"""A refused decode step, and one that fails after appending, leave the KV cache exactly as it was.
 
 `cached_attention` validates everything (shapes, dtypes and widths against the cached ones, positions,
 gate keys, the positions the encoding accepts over the whole cache) before it appends. The property test
@@ -32,15 +32,16 @@ def snapshot(cache: KVCache):
     def clone(t):
         return None if t is None else t.detach().clone()
 
-    return [(layer.length, layer.encoded, clone(layer.keys), clone(layer.values), clone(layer.positions),
-             clone(layer.gate_keys), clone(layer.angles)) for layer in cache.layers]
+    return [(layer.length, layer.encoded, layer.keys_finite, clone(layer.keys), clone(layer.values),
+             clone(layer.positions), clone(layer.gate_keys), clone(layer.angles), clone(layer.key_mask))
+            for layer in cache.layers]
 
 
 def assert_same(before, after):
     assert len(before) == len(after)
     for old, new in zip(before, after):
-        assert old[:2] == new[:2]  # length, encoded
-        for a, b in zip(old[2:], new[2:]):
+        assert old[:3] == new[:3]  # length, encoded, keys_finite
+        for a, b in zip(old[3:], new[3:]):
             assert (a is None) == (b is None)
             if a is not None:
                 assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -194,3 +195,82 @@ def test_a_cache_cropped_to_zero_takes_new_widths():
     wide = torch.randn(1, 2, 2, 6, dtype=torch.float64)
     cache.append(0, wide, wide, torch.arange(2))
     assert torch.equal(cache.layer(0).keys, wide) and torch.equal(cache.layer(0).values, wide)
+
+
+def _failing_after_running(monkeypatch):
+    """Every attention the engine plans runs, then raises: a step that fails once its tokens are appended."""
+    from types import SimpleNamespace
+
+    from poskit.attention import engine
+
+    real = engine.plan_inputs
+
+    def plan_inputs(*args, **kwargs):
+        plan = real(*args, **kwargs)
+
+        def runner(*run_args):
+            plan.runner(*run_args)
+            raise RuntimeError("injected after the attention ran")
+        return SimpleNamespace(runner=runner)
+
+    monkeypatch.setattr(engine, "plan_inputs", plan_inputs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(label=st.sampled_from(sorted(ENCODINGS)), prefill=st.integers(2, T - 3), groups=st.sampled_from([1, 2]),
+       padded=st.booleans(), per_batch=st.booleans(), grad=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_step_that_fails_after_appending_leaves_the_cache_exactly_as_it_was(label, prefill, groups, padded,
+                                                                               per_batch, grad, seed):
+    # the failing step may be the first padded one (the layer's key mask is created there), the first with
+    # per-sequence positions (the cached positions are widened to the batch there), or one appended out of place
+    # (keys that require grad): every change is undone, and the decode then continues exactly
+    name, options = ENCODINGS[label]
+    enc = build(name, **options)
+    q, k, v = make_qkv(H=4, Hkv=4 // groups, Tq=T, Tk=T, gen_seed=seed)
+    gk = k.flip(-1) if enc.needs_gate_keys else None
+    cache = KVCache(num_layers=1)
+    cached_attention(**dict(step_args(enc, q, k, v, gk, 0, prefill), cache=cache))
+    before = snapshot(cache)
+    args = step_args(enc, q, k, v, gk, prefill, prefill + 2)
+    if padded:  # the second new token of sequence 0 is a pad
+        args["attention_mask"] = torch.ones(q.shape[0], 2, dtype=torch.bool)
+        args["attention_mask"][0, 1] = False
+    if per_batch:
+        args["q_positions"] = args["q_positions"].expand(q.shape[0], -1)
+    if grad:
+        args = dict(args, k=args["k"].detach().requires_grad_())
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _failing_after_running(monkeypatch)
+        with pytest.raises(RuntimeError, match="injected after the attention ran"):
+            cached_attention(**dict(args, cache=cache))
+    assert_same(before, snapshot(cache))
+    out = cached_attention(**dict(step_args(enc, q, k, v, gk, prefill, prefill + 1), cache=cache))
+    fresh = KVCache(num_layers=1)
+    cached_attention(**dict(step_args(enc, q, k, v, gk, 0, prefill), cache=fresh))
+    torch.testing.assert_close(out, cached_attention(**dict(step_args(enc, q, k, v, gk, prefill, prefill + 1),
+                                                              cache=fresh)), atol=0, rtol=0)
+    assert_same(snapshot(fresh), snapshot(cache))
+
+
+@pytest.mark.parametrize("encoding", ["rope", "pope", "cope", "alibi"])
+def test_a_model_step_that_fails_in_a_later_layer_leaves_every_layer_as_it_was(encoding, monkeypatch):
+    # the first layer appended and attended before the second one's feed-forward failed: the model's step is
+    # undone as a whole, and generation then continues as if it had never run
+    from poskit.models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=17, d_model=16, n_layers=2, n_heads=2, encoding=encoding)).eval()
+    tokens = torch.randint(0, 17, (2, 9))
+    cache = KVCache(num_layers=2)
+    with torch.no_grad():
+        model(tokens[:, :6], cache=cache)
+        before = snapshot(cache)
+        with monkeypatch.context() as m:
+            m.setattr(model.blocks[1].mlp, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("injected")))
+            with pytest.raises(RuntimeError, match="injected"):
+                model(tokens[:, 6:8], cache=cache)
+        assert_same(before, snapshot(cache))
+        resumed = model(tokens[:, 6:9], cache=cache)
+        fresh = KVCache(num_layers=2)
+        model(tokens[:, :6], cache=fresh)
+        torch.testing.assert_close(resumed, model(tokens[:, 6:9], cache=fresh), atol=0, rtol=0)

@@ -337,7 +337,8 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
     every other encoding caches raw keys (CoPE recomputes its gates per query, dynamic NTK re-rotates).
 
     Everything is validated before the cache is touched (shapes, dtypes and widths against the cached ones,
-    gate keys, the positions the encoding accepts over the whole cache): a refused step leaves it unchanged.
+    gate keys, the positions the encoding accepts over the whole cache): a refused step leaves it unchanged, and
+    a step that fails once its tokens are appended (in the attention itself) takes them back out.
     """
     refuse_renamed("cached_attention", removed)
     if v is None:
@@ -353,6 +354,11 @@ def cached_attention(q, k, v, enc, cache, layer_idx: int, q_positions, *, attent
         return plan_inputs(inp, enc, backend).runner(inp, enc, gate_keys)
     layer = cache.layer(layer_idx)
     enc.gate_source(inp.k, inp.v, gate_keys)  # refuses gate keys the encoding does not take, or lacks
+    with layer.undone_on_error():  # an attention that fails after the append takes the new tokens back out
+        return _append_and_attend(q, k, v, enc, inp, layer, form, real, gate_keys, backend)
+
+
+def _append_and_attend(q, k, v, enc, inp: AttentionInputs, layer, form: str, real, gate_keys, backend: str):
     if form == "magnitude":
         _check_positions_over_cache(enc, inp, layer)
         warn_if_untrained(enc)

@@ -15,8 +15,14 @@ Padded batches: each append may carry a (B, T) bool `key_mask` (True = real toke
 beside the keys (grown, cropped and validated with them) so that later steps never attend to the pads. A
 layer that never received one has `key_mask` None (every key real). Tensors that require grad are appended out of place instead, so backpropagating through
 several decode steps stays correct.
+
+A step is all or nothing: inside `undone_on_error()` (the engine's cached attention and the models' forward
+passes run in it) an exception restores every layer as it was before the block, so a step that fails after
+appending (a later layer, the attention itself) leaves no half-appended tokens behind.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -264,6 +270,27 @@ class LayerCache:
         self._key_mask.length = min(self._key_mask.length, length)
         self._recheck_keys()
 
+    def _state(self) -> tuple:
+        # the buffers' tensors and lengths, and the flags: an append writes past the old length, into a new
+        # allocation when it grows or widens, so the old tensors and lengths restore the layer exactly
+        buffers = (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles)
+        return [(buf, buf.data, buf.length) for buf in buffers], self.encoded, self._keys_finite
+
+    def _restore(self, state: tuple) -> None:
+        buffers, self.encoded, self._keys_finite = state
+        for buf, data, length in buffers:
+            buf.data, buf.length = data, length
+
+    @contextlib.contextmanager
+    def undone_on_error(self):
+        """Inside the block, an exception restores the layer as it was before it (and propagates)."""
+        state = self._state()
+        try:
+            yield self
+        except BaseException:
+            self._restore(state)
+            raise
+
     def _recheck_keys(self) -> None:
         # keys were dropped: those that were not finite may be gone (a finite cache stays finite)
         if not self._keys_finite:
@@ -314,6 +341,18 @@ class KVCache:
         for layer in self.layers:
             layer.crop(min(length, layer.length))
 
+    @contextlib.contextmanager
+    def undone_on_error(self):
+        """Inside the block, an exception restores every layer as it was before it (and propagates): a forward
+        pass that fails after some layers appended leaves the cache as it found it."""
+        states = [(layer, layer._state()) for layer in self.layers]
+        try:
+            yield self
+        except BaseException:
+            for layer, state in states:
+                layer._restore(state)
+            raise
+
     def select_batch(self, index) -> None:
         """Keep the batch rows `index` of every layer (beam search: the hypotheses that survive a step)."""
         index = torch.as_tensor(index)
@@ -328,3 +367,9 @@ class KVCache:
 
     def reset(self) -> None:
         self.layers = [LayerCache(self.max_length or _MIN_CAPACITY) for _ in range(self.num_layers)]
+
+
+def undone_on_error(cache: KVCache | None):
+    """`cache.undone_on_error()`, or a context that does nothing without a cache: what a model runs its layers
+    in, so that one forward pass appends to every layer or to none."""
+    return contextlib.nullcontext() if cache is None else cache.undone_on_error()

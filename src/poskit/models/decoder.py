@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from poskit.attention.kv_cache import KVCache
+from poskit.attention.kv_cache import KVCache, undone_on_error
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 from poskit.encodings import DEFAULT_ENCODING, build_encoding
 from poskit.encodings.base import as_position_tensor, encoding_class
@@ -336,8 +336,9 @@ class Transformer(nn.Module):
         # coordinates (M-RoPE): each token's offsets from its text position, rotated into q and k by the layers
         extra = {} if not _are_coordinates(positions) else {
             "offsets": torch.as_tensor(positions, device=x.device).long() - batch.positions.unsqueeze(-1)}
-        for block in self.blocks:
-            x = run_block(self, block, x, batch.positions, cache=cache, real=batch.real, backend=backend, **extra)
+        with undone_on_error(cache):  # a later layer failing takes the earlier layers' new tokens back out of the cache
+            for block in self.blocks:
+                x = run_block(self, block, x, batch.positions, cache=cache, real=batch.real, backend=backend, **extra)
         return self.norm(x)  # (B, T, d_model)
 
     def batch(self, tokens: torch.Tensor | None, positions: torch.Tensor | None = None,

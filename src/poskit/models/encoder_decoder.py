@@ -33,7 +33,7 @@ from torch import nn
 from poskit.encodings.base import encoding_class
 from poskit.encodings import build_encoding
 from poskit.encodings.spec import EncodingSpec
-from poskit.attention.kv_cache import KVCache
+from poskit.attention.kv_cache import KVCache, undone_on_error
 from poskit.util.config_check import ConfigError, check_field_types, from_known_fields
 
 from .attention import Attention
@@ -296,9 +296,10 @@ class EncoderDecoder(nn.Module):
             positions = positions_for(T, tgt.device, real=keep, cache=cache)
         batch = ModelBatch(tgt, as_batch_positions(positions, B, T, tgt.device), keep)
         y = self._embed(self.tgt_embed, self.tgt_abs, tgt, batch.positions)
-        for i, block in enumerate(self.decoder):
-            context = Context(memory.kv[i], memory.positions, memory.keep)
-            y = run_block(self, block, y, batch.positions, cache=cache, real=batch.real, context=context)
+        with undone_on_error(cache):  # a later layer failing takes the earlier layers' new tokens back out
+            for i, block in enumerate(self.decoder):
+                context = Context(memory.kv[i], memory.positions, memory.keep)
+                y = run_block(self, block, y, batch.positions, cache=cache, real=batch.real, context=context)
         return self.out_proj(self.dec_norm(y))
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None) -> torch.Tensor:
