@@ -364,3 +364,14 @@ def test_alibi_bias_is_fp32_from_integer_distances(dtype):
         * (qp[0, :, None] - kp[0]).double()
     assert bias.dtype == torch.float32
     assert torch.allclose(bias.double(), expected, rtol=1e-7, atol=0)
+
+
+@pytest.mark.parametrize("name", ["rope", "pope", "alibi"])
+def test_vmap_over_attention_is_refused_by_name(name):
+    # torch.func.vmap cannot run poskit's value checks; the refusal names the argument and the way around it
+    enc = build(name)
+    q, k, v = make_qkv()
+    with pytest.raises(ValueError, match=r"^q is batched by torch\.func\.vmap.*fold the mapped dimension into the batch"):
+        torch.func.vmap(lambda x: poskit.attention(x, k, v, enc, is_causal=True))(q.unsqueeze(0).expand(3, -1, -1, -1, -1))
+    with pytest.raises(ValueError, match=r"^k is batched by torch\.func\.vmap"):
+        torch.func.vmap(lambda x: poskit.attention(q, x, v, enc, is_causal=True))(k.unsqueeze(0).expand(2, -1, -1, -1, -1))

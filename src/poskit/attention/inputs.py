@@ -80,6 +80,11 @@ def _check4d(x, name: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a 4-d tensor (batch, heads, length, head_dim), got {shape}")
+    if torch._C._functorch.is_batchedtensor(x):
+        # torch's own error comes later, from a check that branches on a tensor's value, and names neither
+        raise ValueError(f"{name} is batched by torch.func.vmap, which poskit's attention does not run under (it "
+                         "checks positions and finite keys by their values): fold the mapped dimension into the "
+                         "batch instead, (V * B, heads, length, head_dim)")
     check_device(x, name)
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be a floating-point tensor ({', '.join(str(d)[6:] for d in FLOAT_DTYPES)}), "
