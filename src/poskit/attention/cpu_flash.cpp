@@ -315,33 +315,38 @@ BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, floa
   if (m == 0 || n == 0) return;
   PackScratch& scratch = pack_scratch();
   const int64_t pairs = (k + 1) / 2;
-  if ((int64_t)scratch.a.size() < m * pairs) scratch.a.resize(m * pairs);
-  if (ta) {  // A stored (k x m): its columns in pairs ([pair][row]), then transposed to rows of pairs
+  const uint32_t* packed_a;
+  int64_t a_pairs;  // A's packed rows are this many pairs apart (brgemm's leading dimension, in pairs)
+  if (ta) {  // A stored (k x m): its columns in pairs ([pair][row]), then transposed to rows of pairs16, read as
+    // they lie (the pairs past `pairs` are zeros brgemm does not read)
     const int64_t m16 = (m + 15) / 16 * 16, pairs16 = (pairs + 15) / 16 * 16;
     if ((int64_t)scratch.a_down.size() < pairs16 * m16) scratch.a_down.resize(pairs16 * m16);
     pack_pairs_down(a, lda, k, m, m16, scratch.a_down.data());
     std::fill(scratch.a_down.begin() + pairs * m16, scratch.a_down.begin() + pairs16 * m16, 0u);
     if ((int64_t)scratch.rows.size() < m16 * pairs16) scratch.rows.resize(m16 * pairs16);
     transpose_words(scratch.a_down.data(), m16, pairs16, m16, scratch.rows.data(), pairs16);
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(scratch.a.data() + r * pairs, scratch.rows.data() + r * pairs16, pairs * sizeof(uint32_t));
+    packed_a = scratch.rows.data();
+    a_pairs = pairs16;
   } else {
+    if ((int64_t)scratch.a.size() < m * pairs) scratch.a.resize(m * pairs);
     pack_pairs_along(a, lda, m, k, scratch.a.data());
+    packed_a = scratch.a.data();
+    a_pairs = pairs;
   }
-  const auto* A = reinterpret_cast<const at::BFloat16*>(scratch.a.data());
+  const auto* A = reinterpret_cast<const at::BFloat16*>(packed_a);
   const bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f);
   for (int64_t c0 = 0; c0 < n; c0 += kBlockColumns) {
     const int64_t cols = std::min(kBlockColumns, n - c0);
     const auto* B = reinterpret_cast<const at::BFloat16*>(b.data + c0 / kBlockColumns * b.block);
     if (direct && cols == kBlockColumns) {
-      at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * pairs, kBlockColumns, ldc, beta == 1.f, A, B,
+      at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * a_pairs, kBlockColumns, ldc, beta == 1.f, A, B,
                                   c + c0, true);
       continue;
     }
     if ((int64_t)scratch.c.size() < m * kBlockColumns) scratch.c.resize(m * kBlockColumns);
     float* t = scratch.c.data();
-    at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * pairs, kBlockColumns, kBlockColumns, false, A, B, t,
-                                true);
+    at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * a_pairs, kBlockColumns, kBlockColumns, false, A, B,
+                                t, true);
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < cols; j += 16) {
