@@ -266,17 +266,20 @@ def _threads(count):
        keys=st.sampled_from([1, 2, 17, 511, 512, 513, 1100]), d=st.sampled_from([4, 16, 20, 64, 144]),
        dv=st.sampled_from([3, 16, 64, 136]), per_sequence=st.booleans(), padded=st.booleans(),
        room=st.integers(0, 3), dtype=st.sampled_from([torch.float32, torch.bfloat16]), threads=st.sampled_from([1, 2]),
-       steps=st.sampled_from([None, 1, 2, 3]), seed=st.integers(0, 2**16))
+       steps=st.sampled_from([None, 1, 2, 3]), tiled=st.booleans(), seed=st.integers(0, 2**16))
 def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, keys, d, dv, per_sequence, padded, room,
-                                                   dtype, threads, steps, seed):
+                                                   dtype, threads, steps, tiled, seed):
     # across key blocks (512) and thread splits (fewer (batch, kv head) pairs than threads), chunked rows of any
     # width (d, Dv up to 128 in registers, wider through the portable loops), a cache with room to grow (heads
     # apart), per-sequence angle tables, padding (row 0 sees no key at all when padded), and with `steps` new
-    # tokens per query head, a mask causal by position (any positions: some rows see few keys or none)
+    # tokens per query head, a mask causal by position (any positions: some rows see few keys or none); `tiled`:
+    # enough rows for the products form (the block's Cartesian keys times the rows)
     g = torch.Generator().manual_seed(seed)
+    if tiled:
+        rows += cpu_flash.kernel().decode_tiled_rows()
     q_positions = k_positions = None
     if steps is not None:
-        rows = steps * (1 + rows % 3)
+        rows = steps * (1 + rows % 3 + (cpu_flash.kernel().decode_tiled_rows() // steps if tiled else 0))
         k_positions = torch.randint(0, keys + 3, (B if per_sequence else 1, keys), generator=g)
         q_positions = torch.randint(0, keys + 3, (k_positions.shape[0], steps), generator=g)
     q_rows = torch.randn(B, kv_heads, rows, 2 * d, generator=g) / d**0.5
@@ -294,6 +297,35 @@ def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, key
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     if padded:
         assert not out[0].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ["fused", "tiled"])
+def test_a_hidden_key_s_value_reaches_no_row_even_when_it_is_not_finite(kernel, dtype, rows):
+    # a padded key, and a new token later than some rows' queries, hold NaN values: the rows that cannot see them
+    # stay finite (a zero weight times NaN would not), the rows that see the token get NaN; for the fused loops and
+    # for the products form alike
+    steps = 4
+    R = steps * (1 if rows == "fused" else -(-cpu_flash.kernel().decode_tiled_rows() // steps))
+    g = torch.Generator().manual_seed(0)
+    L = 600  # two key blocks: the NaNs in the second
+    q_rows = torch.randn(2, 1, R, 16, generator=g) / 4
+    mu = torch.rand(2, 1, L, 8, generator=g).to(dtype)
+    v = torch.randn(2, 1, L, 8, generator=g).to(dtype)
+    angles = torch.rand(1, L, 16, generator=g)
+    pad = torch.ones(2, L, dtype=torch.bool)
+    pad[0, 550] = False
+    v[0, 0, 550] = float("nan")  # padded: hidden from every row
+    v[1, 0, L - 1] = float("nan")  # the last new token: seen by the last step's rows only
+    k_positions = torch.arange(L)[None]
+    q_positions = torch.arange(L - steps, L)[None]
+    out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions)
+    assert out[0].isfinite().all()
+    last_step = torch.arange(R) % steps == steps - 1
+    assert out[1, 0, last_step].isnan().all() and out[1, 0, ~last_step].isfinite().all()
+    torch.testing.assert_close(out[0].double(), _magnitude_formula(q_rows[:1], mu[:1], v[:1].nan_to_num(0.0), angles,
+                                                                   pad[:1], q_positions, k_positions)[0],
+                               atol=2e-5, rtol=1e-4)
 
 
 def test_kernel_decode_propagates_a_nan_key(kernel):
