@@ -3,6 +3,7 @@ inside the step) against the path it replaced for such steps (Cartesian keys reb
 then the blocked path), with RoPE's step beside them; one process, each step rolled back after (cache.crop).
 
     python docs/results/pope-multi-token-decode-amd-epyc/multi_token_decode.py > output.md
+    python docs/results/pope-multi-token-decode-amd-epyc/multi_token_decode.py 256,512   # other counts
 
 B=8, H=8 (8 kv heads), d=64, 8192 cached keys with room for 1024 more, 2 threads; medians of 7 steps after 2.
 The paths are chosen by setting pope_decode.KERNEL_MAX_NEW_TOKENS around each step (0: the rebuilt keys).
@@ -28,7 +29,7 @@ print(f"commit {commit}, torch {torch.__version__}, {platform.processor() or pla
       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
 print("| dtype | new tokens | rope ms | pope, kernel ms | pope, rebuilt keys ms |")
 print("|---|---|---|---|---|")
-for n in (1, 4, 16, 64, 128):
+for n in (tuple(int(c) for c in sys.argv[1].split(",")) if len(sys.argv) > 1 else (1, 4, 16, 64, 128)):
     for dt, dname in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         q, k, v = A.inputs(B, H, L, D, dt, False, "cpu")
         ms = {}

@@ -183,13 +183,12 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return bmm_in_place(weights.to(v.dtype).reshape(B * Hkv, R, L), v.flatten(0, 1)).view(B, Hkv, R, v.shape[-1])
 
 
-# Up to this many new tokens per step (a chunk of draft tokens, a short prompt after the cache) the kernel's decode
-# takes the step with a causal mask by position; more take the blocked path on Cartesian keys rebuilt from the
-# magnitudes, which multiplies by tiles. Up to 16 new tokens the kernel was 2.5-11x faster than the rebuilt keys on
-# the 2-core AMD EPYC (B=8, H=8, 8192 cached keys); at 64 in bf16 either was ahead by 5-15 % in two runs, elsewhere
-# at 64 and 128 the kernel (docs/benchmarks.md, "Several new tokens in one step"); 128 is the largest count
-# measured, not a measured crossover.
-KERNEL_MAX_NEW_TOKENS = 128
+# Up to this many new tokens per step (a chunk of draft tokens, a prompt continuing the cache) the kernel's decode
+# takes the step with a causal mask by position (from 16 rows per kv head by products of tiles inside it); more take
+# the blocked path on Cartesian keys rebuilt from the magnitudes. On the 2-core AMD EPYC (B=8, H=8, 8192 cached keys)
+# the kernel was 1.6-12x faster than the rebuilt keys from 4 to 512 new tokens (docs/benchmarks.md, "Several new
+# tokens in one step"); 512 is the largest count measured, not a measured crossover.
+KERNEL_MAX_NEW_TOKENS = 512
 
 
 def _kernel_serves(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor) -> bool:
