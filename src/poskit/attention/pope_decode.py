@@ -186,7 +186,7 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 # Up to this many new tokens per step (a chunk of draft tokens, a prompt continuing the cache) the kernel's decode
 # takes the step with a causal mask by position (from 16 rows per kv head by products of tiles inside it); more take
 # the blocked path on Cartesian keys rebuilt from the magnitudes. On the 2-core AMD EPYC (B=8, H=8, 8192 cached keys)
-# the kernel was 1.6-12x faster than the rebuilt keys from 4 to 512 new tokens (docs/benchmarks.md, "Several new
+# the kernel was 1.2-12x faster than the rebuilt keys from 4 to 512 new tokens (docs/benchmarks.md, "Several new
 # tokens in one step"); 512 is the largest count measured, not a measured crossover.
 KERNEL_MAX_NEW_TOKENS = 512
 
