@@ -245,6 +245,23 @@ def _magnitude_formula(rows, mu, v, angles, pad, q_positions=None, k_positions=N
     return weights @ v.double()
 
 
+def _bf16_products_formula(rows, mu, v, angles, pad, q_positions=None, k_positions=None):
+    """_magnitude_formula with the query rows and the Cartesian keys [mu cos | mu sin] rounded to bf16 first, as
+    the products form multiplies them."""
+    d = mu.shape[-1]
+    cos, sin = angles.float()[:, None, :, :d], angles.float()[:, None, :, d:]
+    keys = torch.cat((mu.float() * cos, mu.float() * sin), -1).bfloat16().double()  # (B, Hkv, L, 2d)
+    logits = torch.einsum("bhsc,bhrc->bhrs", keys, rows.bfloat16().double())
+    if pad is not None:
+        logits = logits.masked_fill(~pad[:, None, None, :], float("-inf"))
+    if q_positions is not None:
+        steps = q_positions.shape[-1]
+        for r in range(rows.shape[2]):
+            later = k_positions > q_positions[:, r % steps, None]
+            logits[:, :, r] = logits[:, :, r].masked_fill(later[:, None, :], float("-inf"))
+    return torch.softmax(logits, -1).nan_to_num(0.0) @ v.double()
+
+
 @pytest.fixture(scope="module")
 def kernel():
     require_kernel()
@@ -291,12 +308,21 @@ def test_kernel_decode_equals_the_float64_formula(kernel, B, kv_heads, rows, key
         pad = torch.rand(B, keys, generator=g) > 0.3
         pad[0] = False
     with _threads(threads):
-        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions)
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions, bf16_products=False)
     assert out.dtype == torch.float32 and out.shape == (B, kv_heads, rows, dv)
     want = _magnitude_formula(q_rows, mu, v, angles, pad, q_positions, k_positions)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
     if padded:
         assert not out[0].any()
+    if tiled and dtype == torch.bfloat16 and cpu_flash.bf16_products_available():
+        # the products form in bf16: the query rows, the block's Cartesian keys and the weights rounded to bf16
+        # once each before their products (fp32 sums), so within a few bf16 roundings of the formula on the query
+        # and keys so rounded
+        with _threads(threads):
+            got = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions, bf16_products=True)
+        want = _bf16_products_formula(q_rows, mu, v, angles, pad, q_positions, k_positions)
+        scale = 1 + v.double().abs().max().item()
+        torch.testing.assert_close(got.double(), want, atol=2 ** -7 * scale, rtol=2 ** -7)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -319,13 +345,37 @@ def test_a_hidden_key_s_value_reaches_no_row_even_when_it_is_not_finite(kernel, 
     v[1, 0, L - 1] = float("nan")  # the last new token: seen by the last step's rows only
     k_positions = torch.arange(L)[None]
     q_positions = torch.arange(L - steps, L)[None]
-    out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions)
-    assert out[0].isfinite().all()
     last_step = torch.arange(R) % steps == steps - 1
-    assert out[1, 0, last_step].isnan().all() and out[1, 0, ~last_step].isfinite().all()
+    products = [False] + ([True] if dtype == torch.bfloat16 and cpu_flash.bf16_products_available() else [])
+    for bf16_products in products:  # the products form multiplying in fp32, and in bf16 where it can
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions, bf16_products)
+        assert out[0].isfinite().all()
+        assert out[1, 0, last_step].isnan().all() and out[1, 0, ~last_step].isfinite().all()
+    out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, q_positions, k_positions, bf16_products=False)
     torch.testing.assert_close(out[0].double(), _magnitude_formula(q_rows[:1], mu[:1], v[:1].nan_to_num(0.0), angles,
                                                                    pad[:1], q_positions, k_positions)[0],
                                atol=2e-5, rtol=1e-4)
+
+
+def test_the_products_form_multiplies_in_bf16_when_asked(kernel):
+    # a bf16 cache with enough rows: bf16_products=True rounds the operands (the result moves, within a few bf16
+    # roundings), False keeps fp32 products (within fp32 rounding of the formula); True is refused for fp32 caches
+    if not cpu_flash.bf16_products_available():
+        pytest.skip("bf16 products need a CPU with AVX512_BF16 and an AVX-512 build of the kernel")
+    g = torch.Generator().manual_seed(1)
+    R = 2 * cpu_flash.kernel().decode_tiled_rows()
+    q_rows = torch.randn(2, 2, R, 64, generator=g) / 4
+    mu = torch.rand(2, 2, 700, 32, generator=g).bfloat16()
+    v = torch.randn(2, 2, 700, 16, generator=g).bfloat16()
+    angles = torch.rand(1, 700, 64, generator=g) * 2 - 1
+    exact = cpu_flash.magnitude_decode(q_rows, mu, v, angles, bf16_products=False)
+    rounded = cpu_flash.magnitude_decode(q_rows, mu, v, angles, bf16_products=True)
+    torch.testing.assert_close(exact.double(), _magnitude_formula(q_rows, mu, v, angles, None), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(rounded.double(), _bf16_products_formula(q_rows, mu, v, angles, None),
+                               atol=2 ** -7, rtol=2 ** -7)
+    assert (rounded - exact).abs().max() > 1e-5
+    with pytest.raises(ValueError, match="bf16_products=True needs bf16 inputs"):
+        cpu_flash.magnitude_decode(q_rows, mu.float(), v.float(), angles, bf16_products=True)
 
 
 def test_kernel_decode_propagates_a_nan_key(kernel):

@@ -1673,6 +1673,7 @@ struct DecodeShape {
   // causal by position, or null: qpos (pos_rows, steps) for the rows r (step r % steps), kpos (pos_rows, L)
   const int64_t *qpos, *kpos;
   int64_t pos_rows, steps;
+  bool products;  // the products form multiplies bf16 operands (bf16 caches, where the CPU has AVX512_BF16)
 };
 
 // The hidden keys' logits of s (R x n), the keys [k0, k0 + n) of batch row b, set to -inf: padding, and keys later
@@ -1870,6 +1871,12 @@ void with_chunks(int64_t chunks, F f) {
 }
 #endif
 
+// One thread's share of a decode: hands brgemm's tile registers back when it ends (even by an exception).
+struct DecodeProducts {
+  bool used;
+  ~DecodeProducts() { release_products(used); }
+};
+
 template <typename T>
 void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu, const T* v, const float* angles,
                              float* out) {
@@ -1891,6 +1898,7 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 #endif
   const bool tiled = p.R >= kTiledRows;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    const DecodeProducts session{tiled && p.products};
     std::vector<float> s(p.R * kDecodeBlock),
         mbuf(wide && (tiled || !logits_in_registers) ? kDecodeBlock * p.d : 0),
         vbuf(wide && (tiled || !values_in_registers) ? kDecodeBlock * p.Dv : 0),
@@ -1910,12 +1918,14 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
           const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
           if (tiled) {
             cartesian_keys(p.d, widen(mu_t, n * p.d, mbuf.data()), tables, n, keys.data());
-            gemm(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d, 0.f, s.data(), n);
+            (p.products ? gemm_bf16 : gemm)(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d,
+                                            0.f, s.data(), n);
             hide_keys(p, b, k0, s.data(), n);
             softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
             const float* v_block = widen(v_t, n * p.Dv, vbuf.data());
             if (block_visible(p, b, k0, n))
-              gemm(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f, acc_t, p.Dv);
+              (p.products ? gemm_bf16 : gemm)(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f,
+                                              acc_t, p.Dv);
             else
               weighted_values(p, s.data(), n, v_block, acc_t);
             continue;
@@ -1976,7 +1986,7 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 // key) or empty; q_pos (P', Tq) and k_pos (P', L) int64 contiguous, P' = 1 or B, for a mask causal by position
 // (row r is step r % Tq of its query head), or both empty. Returns (B, Hkv, R, Dv) fp32.
 at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& v, const at::Tensor& angles,
-                            const at::Tensor& pad, const at::Tensor& q_pos, const at::Tensor& k_pos) {
+                            const at::Tensor& pad, const at::Tensor& q_pos, const at::Tensor& k_pos, bool bf16_products) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.is_contiguous() && q.size(3) % 2 == 0,
               "cpu_flash: magnitude_decode takes the query as a contiguous fp32 (B, Hkv, R, 2d) tensor");
   const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), d = q.size(3) / 2;
@@ -2004,13 +2014,15 @@ at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at:
                                k_pos.scalar_type() == at::kLong && q_pos.is_contiguous() && k_pos.is_contiguous())),
               "cpu_flash: magnitude_decode takes positions as contiguous int64 (1 or B, Tq) and (1 or B, L) tensors "
               "with R a multiple of Tq, or two empty ones");
+  TORCH_CHECK(!bf16_products || (mu.scalar_type() == at::kBFloat16 && cpu_has_bf16_products()),
+              "cpu_flash: magnitude_decode takes bf16 products for a bf16 cache on a CPU with AVX512_BF16 only");
   const int64_t Dv = v.size(3);
   auto out = at::empty({B, Hkv, R, Dv}, q.options());
   if (out.numel() == 0) return out;
   const DecodeShape p{B, Hkv, R, L, d, Dv, angles.size(0), mu.stride(0), mu.stride(1), v.stride(0), v.stride(1),
                       padded ? pad.data_ptr<bool>() : nullptr, causal ? q_pos.data_ptr<int64_t>() : nullptr,
                       causal ? k_pos.data_ptr<int64_t>() : nullptr, causal ? q_pos.size(0) : 1,
-                      causal ? q_pos.size(1) : 1};
+                      causal ? q_pos.size(1) : 1, bf16_products};
   if (mu.scalar_type() == at::kFloat) {
     magnitude_decode_kernel<float>(p, q.data_ptr<float>(), mu.data_ptr<float>(), v.data_ptr<float>(),
                                    angles.data_ptr<float>(), out.data_ptr<float>());
@@ -2046,6 +2058,6 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
         &polar_forward);
   m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "
         "bool softplus, bool need_rotation) -> Tensor[]", &polar_backward);
-  m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad, Tensor q_pos, Tensor k_pos) -> "
-        "Tensor", &magnitude_decode);
+  m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad, Tensor q_pos, Tensor k_pos, "
+        "bool bf16_products) -> Tensor", &magnitude_decode);
 }
