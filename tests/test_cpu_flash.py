@@ -830,11 +830,12 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     monkeypatch.setattr(kc, "SHAPE", {"B": 1, "H": 2, "T": 64, "D": 16})  # small: this checks the mechanics
     monkeypatch.setattr(kc, "TILE_SHAPE", {"B": 1, "H": 2, "T": 256, "E": 32, "Dv": 16})
     monkeypatch.setattr(kc, "DECODE_SHAPE", {"B": 2, "H": 2, "T": 300, "D": 16})
+    monkeypatch.setattr(kc, "DECODE_ROWS_SHAPE", {"B": 1, "Hkv": 2, "T": 600, "D": 16})
     lines = []
     doc = calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
-    # a line per form and dtype, the tile's and the bf16 products'
+    # a line per form and dtype, the tile's, the bf16 products' and PoPE's decode rows per dtype
     assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES}
-    assert len(lines) == 2 * len(kc.FORMS) + 2
+    assert len(lines) == len(kc.FORMS) * len(kc.DTYPES) + 2 + len(kc.DTYPES)
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
     for key, entry in doc["results"].items():
@@ -860,9 +861,17 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
             k: entry[k] for k in ("kernel_ms", "fallback_ms", "kernel")}
         by_queries[dtype] = tuple((int(n), timed["kernel"]) for n, timed in sorted(
             entry["queries"].items(), key=lambda item: int(item[0])))
+    # PoPE's decode through the loops and the products at each count of rows, the threshold chosen from them
+    rows = doc["pope_decode_rows"]
+    for dtype in kc.DTYPES:
+        timed = rows["ms"][dtype]
+        assert set(timed) == {str(n) for n in kc.DECODE_ROW_COUNTS}
+        assert all(t["loops_ms"] > 0 and t["products_ms"] > 0 for t in timed.values())
+        assert rows["tiled_rows"][dtype] == kc.choose_tiled_rows(
+            {int(n): (t["loops_ms"], t["products_ms"]) for n, t in timed.items()})
     assert kc.read(tmp_path / kc.FILE_NAME) == kc.Calibration(
         {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}, tile["block_q"],
-        products["use"] if products else None, by_queries)
+        products["use"] if products else None, by_queries, rows["tiled_rows"])
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 
@@ -1232,4 +1241,11 @@ def test_kernel_info_names_the_query_counts_that_stay_on_sdpa(kernel, tmp_path, 
     (tmp_path / kernel_build.LIBRARY_NAME).write_bytes(b"")  # (the line reads a calibration beside a library)
     line = _calibration_line(tmp_path / kernel_build.LIBRARY_NAME)
     assert line.endswith("without the kernel for qk_equal_decode/float32 at 1, 4 new queries; backward tile not "
-                         "measured"), line
+                         "measured; PoPE's decode rows not measured"), line
+    from poskit.attention import kernel_calibration as kc
+
+    doc = __import__("json").loads(kc.path_for(tmp_path / kernel_build.LIBRARY_NAME).read_text())
+    kc.write(tmp_path / kernel_build.LIBRARY_NAME,
+             {**doc, "pope_decode_rows": {"tiled_rows": {"float32": 8, "bfloat16": 32}}})
+    line = _calibration_line(tmp_path / kernel_build.LIBRARY_NAME)
+    assert line.endswith("; PoPE's decode multiplies tiles from 32 (bfloat16), 8 (float32) rows per kv head"), line

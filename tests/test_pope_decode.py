@@ -463,3 +463,49 @@ def test_kernel_decode_takes_both_positions_or_neither(kernel):
     args = (torch.randn(1, 2, 1, 16), torch.rand(1, 2, 8, 8), torch.randn(1, 2, 8, 4), torch.rand(1, 8, 16))
     with pytest.raises(ValueError, match="both q_positions and k_positions"):
         cpu_flash.magnitude_decode(*args, None, torch.tensor([[8]]), None)
+
+
+def test_the_rows_from_which_the_decode_multiplies_tiles_follow_the_machine_s_calibration(kernel, tmp_path,
+                                                                                          monkeypatch):
+    # the calibration's threshold per dtype decides the form (seen in the rounding: products and loops sum in other
+    # orders); without one, the library's default; an explicit tiled_rows overrides both
+    from poskit.attention import kernel_build
+    from poskit.attention import kernel_calibration as kc
+
+    library = tmp_path / kernel_build.LIBRARY_NAME
+    monkeypatch.setattr(cpu_flash, "_library", library)
+    monkeypatch.delenv(kc.ENV_SWITCH)  # the suite reads no calibration unless a test turns it on, as here
+    g = torch.Generator().manual_seed(3)
+    q_rows = torch.randn(2, 2, 6, 64, generator=g) / 4
+    mu, v = torch.rand(2, 2, 700, 32, generator=g), torch.randn(2, 2, 700, 16, generator=g)
+    angles = torch.rand(1, 700, 64, generator=g) * 2 - 1
+    loops = cpu_flash.magnitude_decode(q_rows, mu, v, angles, tiled_rows=7)
+    products = cpu_flash.magnitude_decode(q_rows, mu, v, angles, tiled_rows=6)
+    assert not torch.equal(loops, products)
+    torch.testing.assert_close(loops, products, atol=1e-5, rtol=1e-5)
+    assert torch.equal(cpu_flash.magnitude_decode(q_rows, mu, v, angles), loops)  # the default: 16 rows
+    kc.write(library, {"results": {}, "pope_decode_rows": {"tiled_rows": {"float32": 4, "bfloat16": 64}}})
+    assert kc.decode_tiled_rows(library, torch.float32) == 4 and kc.decode_tiled_rows(library, torch.bfloat16) == 64
+    assert torch.equal(cpu_flash.magnitude_decode(q_rows, mu, v, angles), products)
+    assert torch.equal(cpu_flash.magnitude_decode(q_rows, mu, v, angles, tiled_rows=100), loops)
+    with pytest.raises(ValueError, match="tiled_rows must be a positive int or None"):
+        cpu_flash.magnitude_decode(q_rows, mu, v, angles, tiled_rows=0)
+
+
+def test_the_calibration_takes_the_products_from_where_they_stay_faster():
+    from poskit.attention import kernel_calibration as kc
+
+    assert kc.choose_tiled_rows({4: (1.0, 2.0), 8: (2.0, 1.9), 16: (3.0, 2.0)}) == 8
+    assert kc.choose_tiled_rows({4: (1.0, 0.9), 8: (2.0, 2.5), 16: (3.0, 2.0)}) == 16  # faster at 4 alone: noise
+    assert kc.choose_tiled_rows({4: (1.0, 0.5), 8: (1.0, 0.5)}) == 4
+    assert kc.choose_tiled_rows({4: (1.0, 2.0), 8: (1.0, 2.0)}) == 16  # never faster: loops past the largest
+
+
+@pytest.mark.parametrize("rows", [{"float32": 0}, {"float32": "16"}, {"float16": 16}, {"float32": True}])
+def test_a_malformed_decode_threshold_is_named(tmp_path, rows):
+    from poskit.attention import kernel_calibration as kc
+
+    path = tmp_path / kc.FILE_NAME
+    path.write_text(__import__("json").dumps({"results": {}, "pope_decode_rows": {"tiled_rows": rows}}))
+    with pytest.raises(kc.CalibrationError, match=r"pope_decode_rows\.tiled_rows.*not a positive integer"):
+        kc.read(path)

@@ -1662,8 +1662,9 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
 constexpr int64_t kDecodeBlock = 512;  // keys per block (128: 6.2-6.3, 512: 5.5-6.0 ms in the same setting)
 // From this many rows per (batch, kv head) (several new tokens, or many query heads to a kv head) a block's logits
 // and weighted values are matrix products: the block's Cartesian keys [mu cos | mu sin] (n x 2d) built once, then
-// sgemm. Below it the fused loops, which build nothing. Measured on the 2-core AMD EPYC (B = 8, Hkv = 8, 8192 keys,
-// 2026-11-27): products over loops 1.2x the time at 8 rows, 0.93-0.96x at 12, 0.7-0.9x at 16, 0.5-0.6x at 64.
+// sgemm. Below it the fused loops, which build nothing. The caller passes the threshold (a machine's calibration
+// measures it); this is the default, measured on the 2-core AMD EPYC (B = 8, Hkv = 8, 8192 keys, 2026-11-27):
+// products over loops 1.2x the time at 8 rows, 0.93-0.96x at 12, 0.7-0.9x at 16, 0.5-0.6x at 64.
 constexpr int64_t kTiledRows = 16;
 
 struct DecodeShape {
@@ -1674,6 +1675,7 @@ struct DecodeShape {
   const int64_t *qpos, *kpos;
   int64_t pos_rows, steps;
   bool products;  // the products form multiplies bf16 operands (bf16 caches, where the CPU has AVX512_BF16)
+  int64_t tiled_rows;  // from this many rows the products form (kTiledRows says why)
 };
 
 // The hidden keys' logits of s (R x n), the keys [k0, k0 + n) of batch row b, set to -inf: padding, and keys later
@@ -1896,7 +1898,7 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 #else
   const bool logits_in_registers = false, values_in_registers = false;
 #endif
-  const bool tiled = p.R >= kTiledRows;
+  const bool tiled = p.R >= p.tiled_rows;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     const DecodeProducts session{tiled && p.products};
     std::vector<float> s(p.R * kDecodeBlock),
@@ -1984,9 +1986,11 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 // q (B, Hkv, R, 2d) fp32 contiguous, the Cartesian query rows; mu (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one dtype
 // (fp32 or bf16), rows contiguous; angles (P, L, 2d) fp32 contiguous, P = 1 or B; pad (B, L) bool (True: a real
 // key) or empty; q_pos (P', Tq) and k_pos (P', L) int64 contiguous, P' = 1 or B, for a mask causal by position
-// (row r is step r % Tq of its query head), or both empty. Returns (B, Hkv, R, Dv) fp32.
+// (row r is step r % Tq of its query head), or both empty; bf16_products: the products form multiplies a bf16 cache
+// in bf16; tiled_rows: from this many rows R the products form. Returns (B, Hkv, R, Dv) fp32.
 at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at::Tensor& v, const at::Tensor& angles,
-                            const at::Tensor& pad, const at::Tensor& q_pos, const at::Tensor& k_pos, bool bf16_products) {
+                            const at::Tensor& pad, const at::Tensor& q_pos, const at::Tensor& k_pos, bool bf16_products,
+                            int64_t tiled_rows) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.is_contiguous() && q.size(3) % 2 == 0,
               "cpu_flash: magnitude_decode takes the query as a contiguous fp32 (B, Hkv, R, 2d) tensor");
   const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), d = q.size(3) / 2;
@@ -2014,6 +2018,7 @@ at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at:
                                k_pos.scalar_type() == at::kLong && q_pos.is_contiguous() && k_pos.is_contiguous())),
               "cpu_flash: magnitude_decode takes positions as contiguous int64 (1 or B, Tq) and (1 or B, L) tensors "
               "with R a multiple of Tq, or two empty ones");
+  TORCH_CHECK(tiled_rows >= 1, "cpu_flash: magnitude_decode takes tiled_rows >= 1, got ", tiled_rows);
   TORCH_CHECK(!bf16_products || (mu.scalar_type() == at::kBFloat16 && cpu_has_bf16_products()),
               "cpu_flash: magnitude_decode takes bf16 products for a bf16 cache on a CPU with AVX512_BF16 only");
   const int64_t Dv = v.size(3);
@@ -2022,7 +2027,7 @@ at::Tensor magnitude_decode(const at::Tensor& q, const at::Tensor& mu, const at:
   const DecodeShape p{B, Hkv, R, L, d, Dv, angles.size(0), mu.stride(0), mu.stride(1), v.stride(0), v.stride(1),
                       padded ? pad.data_ptr<bool>() : nullptr, causal ? q_pos.data_ptr<int64_t>() : nullptr,
                       causal ? k_pos.data_ptr<int64_t>() : nullptr, causal ? q_pos.size(0) : 1,
-                      causal ? q_pos.size(1) : 1, bf16_products};
+                      causal ? q_pos.size(1) : 1, bf16_products, tiled_rows};
   if (mu.scalar_type() == at::kFloat) {
     magnitude_decode_kernel<float>(p, q.data_ptr<float>(), mu.data_ptr<float>(), v.data_ptr<float>(),
                                    angles.data_ptr<float>(), out.data_ptr<float>());
@@ -2059,5 +2064,5 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
   m.def("polar_backward(Tensor grad, Tensor x, Tensor ca, Tensor sa, Tensor cd, Tensor sd, float scale, "
         "bool softplus, bool need_rotation) -> Tensor[]", &polar_backward);
   m.def("magnitude_decode(Tensor q, Tensor mu, Tensor v, Tensor angles, Tensor pad, Tensor q_pos, Tensor k_pos, "
-        "bool bf16_products) -> Tensor", &magnitude_decode);
+        "bool bf16_products, int tiled_rows) -> Tensor", &magnitude_decode);
 }

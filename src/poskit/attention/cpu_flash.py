@@ -450,7 +450,8 @@ def serves_magnitude_decode(mu_k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, k_angles: torch.Tensor,
                      key_padding_mask: torch.Tensor | None = None, q_positions: torch.Tensor | None = None,
-                     k_positions: torch.Tensor | None = None, bf16_products: bool | None = None) -> torch.Tensor:
+                     k_positions: torch.Tensor | None = None, bf16_products: bool | None = None,
+                     tiled_rows: int | None = None) -> torch.Tensor:
     """softmax over the keys of sum_c mu_k[s, c] (a[r, c] cos(s theta_c) + b[r, c] sin(s theta_c)), times v:
     PoPE's attention against a KV cache of key magnitudes, one fused pass that reads the cache once (cpu_flash.cpp,
     "PoPE's attention against a KV cache of key magnitudes").
@@ -462,8 +463,9 @@ def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, 
     True = real key; q_positions (1|B, Tq) and k_positions (1|B, L): causal by position (a key later than the
     query is hidden), or None (every key visible). A row that sees no key outputs zeros. bf16_products: whether
     the products form (from the library's decode_tiled_rows() rows per kv head) multiplies a bf16 cache's blocks
-    in bf16, as `uses_bf16_products` (None: this machine's default). Returns (B, Hkv, R, Dv) fp32. Callers check
-    `serves_magnitude_decode` first; no gradient flows through it."""
+    in bf16, as `uses_bf16_products` (None: this machine's default). tiled_rows: from this many rows R the products
+    form (None: this machine's calibration, else the library's default). Returns (B, Hkv, R, Dv) fp32. Callers
+    check `serves_magnitude_decode` first; no gradient flows through it."""
     if (q_positions is None) != (k_positions is None):
         raise ValueError("magnitude_decode: pass both q_positions and k_positions (a causal mask) or neither")
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
@@ -472,5 +474,9 @@ def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, 
     else:
         qp, kp = _position_rows(q_positions, k_positions)
     products = uses_bf16_products(mu_k.dtype, bf16_products)
+    if tiled_rows is None:
+        tiled_rows = kernel_calibration.decode_tiled_rows(_library, mu_k.dtype) or kernel().decode_tiled_rows()
+    elif isinstance(tiled_rows, bool) or not isinstance(tiled_rows, int) or tiled_rows < 1:
+        raise ValueError(f"tiled_rows must be a positive int or None (this machine's), got {tiled_rows!r}")
     return kernel().magnitude_decode(q_rows.float().contiguous(), rows_contiguous(mu_k), rows_contiguous(v),
-                                     k_angles.float().contiguous(), pad, qp, kp, products)
+                                     k_angles.float().contiguous(), pad, qp, kp, products, tiled_rows)

@@ -25,6 +25,11 @@ On a CPU with AVX512_BF16 it also keeps whether bf16 calls take the kernel's bf1
 widen bf16 to fp32: PoPE's widths at SHAPE, forward + backward, the products kept unless widening was faster by
 MARGIN; without a measurement they are taken wherever the CPU has them.
 
+PoPE's decode against cached magnitudes (cpu_flash.magnitude_decode) takes products of tiles from some number of
+query rows per kv head and fused loops below it; the calibration keeps that number per dtype (DECODE_ROWS_SHAPE,
+the smallest of DECODE_ROW_COUNTS from which the products were faster at it and every larger count); without it
+the library's default (decode_tiled_rows(), measured on an AMD EPYC).
+
 POSKIT_KERNEL_CALIBRATION=off (read at every call) routes by the defaults as if nothing were measured: the same
 paths on every machine, for runs whose numbers should not depend on where they ran (unset or "on": read it).
 
@@ -72,6 +77,10 @@ DECODE_QUERIES = 16
 # values and their gradients stay in cache at that length depends on the CPU's caches.
 TILE_SHAPE = {"B": 1, "H": 8, "T": 4096, "E": 128, "Dv": 64}
 TILE_CHOICES = (64, 128)
+# PoPE's decode: rows per kv head (new tokens x query heads per kv head) timed through the fused loops and the
+# products of tiles, against this many cached keys
+DECODE_ROWS_SHAPE = {"B": 8, "Hkv": 8, "T": 4096, "D": 64}
+DECODE_ROW_COUNTS = (4, 8, 16, 32, 64)
 
 _measuring = False  # while True, serves() ignores the calibration (a calibration measures the kernel itself)
 
@@ -88,6 +97,8 @@ class Calibration:
     bf16_products: bool | None = None  # whether bf16 calls take the kernel's bf16 products
     # {dtype name: ((new queries, whether the kernel serves), ...) ascending}: qk_equal_decode by query count
     decode_queries: dict = field(default_factory=dict)
+    # {dtype name: rows per kv head from which PoPE's decode takes products of tiles}
+    decode_tiled_rows: dict = field(default_factory=dict)
 
 
 NOTHING_MEASURED = Calibration()
@@ -137,7 +148,13 @@ def parse(doc: dict) -> Calibration:
         tile = doc["backward_tile"]["block_q"]
         if type(tile) is not int or tile not in TILE_CHOICES:
             raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
-    return Calibration(kernel, tile, products, decode_queries)
+    tiled_rows = {}
+    if "pope_decode_rows" in doc:  # absent in a calibration written before the threshold was measured
+        for dtype, rows in doc["pope_decode_rows"]["tiled_rows"].items():
+            if dtype not in DTYPES or type(rows) is not int or rows < 1:
+                raise ValueError(f"pope_decode_rows.tiled_rows: {dtype!r}: {rows!r} is not a positive integer")
+            tiled_rows[dtype] = rows
+    return Calibration(kernel, tile, products, decode_queries, tiled_rows)
 
 
 def _read_query_counts(key: str, queries: dict) -> tuple:
@@ -209,6 +226,25 @@ def cached_keys_kernel_wins(library: Path | None, queries: int, dtype: torch.dty
 def bf16_products_win(library: Path | None) -> bool:
     """Whether bf16 calls should take the kernel's bf16 products on this machine (True unless measured slower)."""
     return decisions(library).bf16_products is not False
+
+
+def decode_tiled_rows(library: Path | None, dtype: torch.dtype) -> int | None:
+    """The rows per kv head from which PoPE's decode takes products of tiles on this machine (None: not measured)."""
+    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    return decisions(library).decode_tiled_rows.get(name)
+
+
+def choose_tiled_rows(ms: dict[int, tuple[float, float]]) -> int:
+    """From {rows: (fused loops ms, products ms)}: the smallest count from which the products were faster at it
+    and at every larger count; none such: twice the largest count (the loops up to there and beyond)."""
+    counts = sorted(ms)
+    chosen = 2 * counts[-1]
+    for count in reversed(counts):
+        loops, products = ms[count]
+        if products >= loops:
+            break
+        chosen = count
+    return chosen
 
 
 def long_backward_block_q(library: Path | None) -> int | None:

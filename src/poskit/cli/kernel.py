@@ -171,8 +171,10 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
                             + ")"))
         backward_tile = _measured_tile(rounds, progress)
         products = _measured_products(rounds, progress)
+        decode_rows = _measured_decode_rows(rounds, progress)
     doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
-           "rounds": rounds, "margin": kc.MARGIN, "results": results, "backward_tile": backward_tile}
+           "rounds": rounds, "margin": kc.MARGIN, "results": results, "backward_tile": backward_tile,
+           "pope_decode_rows": decode_rows}
     if products is not None:
         doc["bf16_products"] = products
     kc.write(library, doc)
@@ -225,17 +227,67 @@ def _measured_products(rounds: int, progress) -> dict | None:
             "widened_ms": ms[False], "use": use}
 
 
+def _measured_decode_rows(rounds: int, progress) -> dict:
+    """PoPE's decode against cached magnitudes at each of kernel_calibration.DECODE_ROW_COUNTS rows per kv head,
+    through the fused loops and through the products of tiles, per dtype; the threshold chosen from them."""
+    import torch
+
+    from poskit.attention import cpu_flash
+    from poskit.attention import kernel_calibration as kc
+    from poskit.attention import kernel_timing
+
+    shape = kc.DECODE_ROWS_SHAPE
+    B, Hkv, T, D = shape["B"], shape["Hkv"], shape["T"], shape["D"]
+    g = torch.Generator().manual_seed(0)
+    angles = torch.rand(1, T, 2 * D, generator=g) * 2 - 1
+    timed, chosen = {}, {}
+    for name, dtype in kc.DTYPES.items():
+        mu, v = torch.rand(B, Hkv, T, D, generator=g).to(dtype), torch.randn(B, Hkv, T, D, generator=g).to(dtype)
+        ms = {}
+        for rows in kc.DECODE_ROW_COUNTS:
+            q = torch.randn(B, Hkv, rows, 2 * D, generator=g) / D
+            run = _decode_rows_timer(q, mu, v, angles, rows)
+            got = kernel_timing.medians_ms(kernel_timing.interleaved(run, ["loops", "products"], rounds))
+            ms[rows] = (round(got["loops"], 2), round(got["products"], 2))
+        chosen[name] = kc.choose_tiled_rows(ms)
+        timed[name] = {str(rows): {"loops_ms": a, "products_ms": b} for rows, (a, b) in ms.items()}
+        progress(f"  pope decode rows {name:8s} " + "   ".join(f"{rows}: {a:.1f} / {b:.1f} ms"
+                                                         for rows, (a, b) in ms.items())
+                 + f"   (loops / products) -> products from {chosen[name]} rows")
+    return {"shape": shape, "ms": timed, "tiled_rows": chosen}
+
+
+def _decode_rows_timer(q, mu, v, angles, rows: int):
+    """run(path) -> seconds of one magnitude_decode by "loops" or "products" (the threshold above or at `rows`)."""
+    import time
+
+    from poskit.attention import cpu_flash
+
+    def run(path: str) -> float:
+        started = time.perf_counter()
+        cpu_flash.magnitude_decode(q, mu, v, angles, tiled_rows=rows + 1 if path == "loops" else rows)
+        return time.perf_counter() - started
+    return run
+
+
 def _calibrate(library) -> None:
     from poskit.attention import kernel_calibration
 
     print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
     found = kernel_calibration.parse(calibrate(library))
     off, tile, products = _without_kernel(found), found.long_block_q, found.bf16_products
+    rows = _decode_rows_text(found)
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
           + ("every form and dtype" if not off else f"all but {', '.join(off)}")
           + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else "")
+          + (f"; PoPE's decode multiplies tiles from {rows} rows per kv head" if rows else "")
           + ({True: "; bf16 calls take bf16 products", False: "; bf16 is widened to fp32 (products measured slower)",
               None: ""}[products]))
+
+
+def _decode_rows_text(found) -> str:
+    """The calibrated rows from which PoPE's decode multiplies tiles, per dtype ("16 (bfloat16), 8 (float32)")."""
+    return ", ".join(f"{n} ({dtype})" for dtype, n in sorted(found.decode_tiled_rows.items()))
 
 
 def _without_kernel(found) -> list[str]:
@@ -269,8 +321,11 @@ def _calibration_line(library) -> str:
     except kernel_calibration.CalibrationError as err:
         return str(err)
     tile, products, off = found.long_block_q, found.bf16_products, _without_kernel(found)
+    rows = _decode_rows_text(found)
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
             + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
+            + (f"; PoPE's decode multiplies tiles from {rows} rows per kv head" if rows
+               else "; PoPE's decode rows not measured")
             + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
                None: ""}[products])
 
