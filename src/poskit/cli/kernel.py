@@ -232,7 +232,6 @@ def _measured_decode_rows(rounds: int, progress) -> dict:
     through the fused loops and through the products of tiles, per dtype; the threshold chosen from them."""
     import torch
 
-    from poskit.attention import cpu_flash
     from poskit.attention import kernel_calibration as kc
     from poskit.attention import kernel_timing
 
