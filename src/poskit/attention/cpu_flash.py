@@ -462,8 +462,9 @@ def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, 
     read where they lie); k_angles (1|B, L, 2d) = [cos | sin] of the key positions; key_padding_mask (B, L) bool,
     True = real key; q_positions (1|B, Tq) and k_positions (1|B, L): causal by position (a key later than the
     query is hidden), or None (every key visible). A row that sees no key outputs zeros. bf16_products: whether
-    the products form (from `tiled_rows` rows per kv head) multiplies a bf16 cache's blocks in bf16, as `uses_bf16_products` (None: this machine's default). tiled_rows: from this many rows R the products
-    form (None: this machine's calibration, else the library's default). Returns (B, Hkv, R, Dv) fp32. Callers
+    the products form (from `tiled_rows` rows per kv head) multiplies a bf16 cache's blocks in bf16, as
+    `uses_bf16_products` (None: this machine's default). tiled_rows: from this many rows R the products form
+    (None: this machine's calibration, else the library's default). Returns (B, Hkv, R, Dv) fp32. Callers
     check `serves_magnitude_decode` first; no gradient flows through it."""
     if (q_positions is None) != (k_positions is None):
         raise ValueError("magnitude_decode: pass both q_positions and k_positions (a causal mask) or neither")
