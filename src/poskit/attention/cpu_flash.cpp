@@ -505,7 +505,7 @@ void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k
 
 // One thread's share of a call's products: hands brgemm's tile registers back when it ends (even by an exception).
 struct ProductsSession {
-  explicit ProductsSession(const Problem& p) : used(p.bf16_products) {}
+  explicit ProductsSession(bool bf16_products) : used(bf16_products) {}
   ~ProductsSession() { release_products(used); }
   bool used;
 };
@@ -737,7 +737,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
   constexpr bool wide = !std::is_same<T, float>::value;
   const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H * p.tiles, 1, [&](int64_t begin, int64_t end) {
-    const ProductsSession session(p);
+    const ProductsSession session(p.bf16_products);
     auto state = make_state();
     std::vector<float> s(p.bq * p.bk), acc(p.bq * p.Dv), m(p.bq), l(p.bq);
     std::vector<float> qbuf(wide ? p.bq * p.E : 0), kbuf(wide && !packed ? p.bk * p.E : 0),
@@ -828,7 +828,7 @@ void backward_frame(const Problem& p, const T* q, const T* k, const T* v, const 
   constexpr bool in_place = std::is_same<O, float>::value;
   const bool packed = packs_heads(p);
   at::parallel_for(0, p.B * p.H, 1, [&](int64_t begin, int64_t end) {
-    const ProductsSession session(p);
+    const ProductsSession session(p.bf16_products);
     auto state = make_state();
     Packed keys_across, values_across, keys_down;
     int64_t packed_kvh = -1;
@@ -1873,12 +1873,6 @@ void with_chunks(int64_t chunks, F f) {
 }
 #endif
 
-// One thread's share of a decode: hands brgemm's tile registers back when it ends (even by an exception).
-struct DecodeProducts {
-  bool used;
-  ~DecodeProducts() { release_products(used); }
-};
-
 template <typename T>
 void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu, const T* v, const float* angles,
                              float* out) {
@@ -1900,7 +1894,7 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 #endif
   const bool tiled = p.R >= p.tiled_rows;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    const DecodeProducts session{tiled && p.products};
+    const ProductsSession session(tiled && p.products);
     std::vector<float> s(p.R * kDecodeBlock),
         mbuf(wide && (tiled || !logits_in_registers) ? kDecodeBlock * p.d : 0),
         vbuf(wide && (tiled || !values_in_registers) ? kDecodeBlock * p.Dv : 0),

@@ -205,7 +205,7 @@ def kernel_wins(library: Path | None, form: str, dtype: torch.dtype) -> bool:
     yes except for the MEASURED_ONLY forms; always while a calibration measures the kernel."""
     if _measuring:
         return True
-    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    name = _dtype_name(dtype)
     return decisions(library).kernel.get((form, name), form not in MEASURED_ONLY)
 
 
@@ -216,7 +216,7 @@ def cached_keys_kernel_wins(library: Path | None, queries: int, dtype: torch.dty
     qk_equal_decode's one decision up to DECODE_QUERIES queries and qk_equal's beyond."""
     if _measuring:
         return True
-    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    name = _dtype_name(dtype)
     counts = decisions(library).decode_queries.get(name)
     if counts:
         return next((use for count, use in counts if queries <= count), kernel_wins(library, "qk_equal", dtype))
@@ -228,9 +228,14 @@ def bf16_products_win(library: Path | None) -> bool:
     return decisions(library).bf16_products is not False
 
 
+def _dtype_name(dtype: torch.dtype) -> str | None:
+    """The DTYPES name of `dtype` (None for one the calibration does not measure)."""
+    return next((n for n, d in DTYPES.items() if d == dtype), None)
+
+
 def decode_tiled_rows(library: Path | None, dtype: torch.dtype) -> int | None:
     """The rows per kv head from which PoPE's decode takes products of tiles on this machine (None: not measured)."""
-    name = next((n for n, d in DTYPES.items() if d == dtype), None)
+    name = _dtype_name(dtype)
     return decisions(library).decode_tiled_rows.get(name)
 
 

@@ -98,6 +98,9 @@ class LayerCache:
         self.encoded = False
         self._keys_finite = True  # no cached key (or gate key) is NaN or infinite: checked per append
 
+    def _buffers(self) -> tuple:
+        return self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles
+
     @property
     def keys_finite(self) -> bool:
         """Whether every cached key (and gate key) is finite: checked on each append (the new keys only), so
@@ -254,7 +257,7 @@ class LayerCache:
         batch = self._keys.data.shape[0]
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= batch):
             raise ValueError(f"index must hold batch rows in [0, {batch - 1}], got {index.tolist()}")
-        for buf in (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles):
+        for buf in self._buffers():
             if buf.data is not None and buf.length and buf.data.shape[0] == batch:
                 buf.data = buf.data.index_select(0, index.to(buf.data.device))
         self._recheck_keys()
@@ -273,8 +276,7 @@ class LayerCache:
     def _state(self) -> tuple:
         # the buffers' tensors and lengths, and the flags: an append writes past the old length, into a new
         # allocation when it grows or widens, so the old tensors and lengths restore the layer exactly
-        buffers = (self._keys, self._values, self._gate_keys, self._key_mask, self._positions, self._angles)
-        return [(buf, buf.data, buf.length) for buf in buffers], self.encoded, self._keys_finite
+        return [(buf, buf.data, buf.length) for buf in self._buffers()], self.encoded, self._keys_finite
 
     def _restore(self, state: tuple) -> None:
         buffers, self.encoded, self._keys_finite = state

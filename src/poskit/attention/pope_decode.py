@@ -191,19 +191,23 @@ def _weights_times_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 KERNEL_MAX_NEW_TOKENS = 512
 
 
+def _no_gradient_wanted(q: torch.Tensor, mu_k: torch.Tensor) -> bool:
+    return not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+
+
 def _kernel_serves(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor) -> bool:
     """The compiled CPU kernel's decode: a step of at most KERNEL_MAX_NEW_TOKENS against keys cached before it (a
     prefill takes the full-sequence path, as training does), no gradient wanted, and a causal mask, if any, by
     scalar positions."""
     return (q.device.type == "cpu" and q.shape[2] <= KERNEL_MAX_NEW_TOKENS and mu_k.shape[2] > q.shape[2]
-            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and _no_gradient_wanted(q, mu_k)
             and inp.q_positions.dim() == 2 and inp.k_positions.dim() == 2
             and cpu_flash.serves_magnitude_decode(mu_k, v))
 
 
 def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype in _FUSED_DTYPES and fused_decode_enabled()
-            and not (torch.is_grad_enabled() and (q.requires_grad or mu_k.requires_grad))
+            and _no_gradient_wanted(q, mu_k)
             and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
 
 
