@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from _harness import keep_freed_memory, start_run, table, write_results  # noqa: E402
 from poskit.attention import cpu_flash  # noqa: E402
+from poskit.attention.kernel_timing import interleaved  # noqa: E402
 from poskit.encodings.polar_pair import polar_pair  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -65,12 +66,6 @@ def _runs(x, ca, sa, rotation, grad) -> dict:
             PATHS[2]: (softplus_sigmoid(False), softplus_sigmoid(True))}
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="32x4x64x32,1x8x4096x64,8x8x1024x64",
@@ -97,13 +92,13 @@ def main(argv=None) -> None:
             runs = _runs(*_inputs(B, H, T, d, DTYPES[name]))
             for mode, which in (("fwd", 0), ("fwdbwd", 1)):
                 fns = {path: pair[which] for path, pair in runs.items()}
-                batch = {path: (lambda fn=fn: [fn() for _ in range(args.calls)]) for path, fn in fns.items()}
-                for fn in batch.values():
-                    fn()  # warm-up
-                times = {path: [] for path in fns}
-                for r in range(args.rounds):
-                    for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
-                        times[path].append(_timed(batch[path]) / args.calls)
+
+                def run(path: str) -> float:  # seconds per call, over args.calls calls
+                    started = time.perf_counter()
+                    for _ in range(args.calls):
+                        fns[path]()
+                    return (time.perf_counter() - started) / args.calls
+                times = interleaved(run, list(PATHS), args.rounds)
                 for path in PATHS:
                     ratio = statistics.median(a / b for a, b in zip(times[path], times[PATHS[1]]))
                     rows.append({"shape": shape, "dtype": name, "mode": mode, "path": path,
