@@ -77,6 +77,18 @@ def _no_calibration_from_the_kernel_cache():
         yield
 
 
+def load_benchmark(script: str):
+    """benchmarks/<script>.py as a module (the scripts are not a package), run afresh."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_qkv(B=2, H=4, Hkv=2, Tq=7, Tk=7, D=16, Dv=None, dtype=torch.float64, requires_grad=False, gen_seed=0):
     g = torch.Generator().manual_seed(gen_seed)
     q = torch.randn(B, H, Tq, D, generator=g, dtype=dtype)

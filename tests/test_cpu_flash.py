@@ -917,12 +917,9 @@ def test_cope_beyond_the_kernels_key_limit_keeps_its_blocked_path(kernel, monkey
 def test_the_tile_benchmark_times_the_backward_tile_it_names(kernel, monkeypatch, capsys):
     # the backward's tile is fixed when the forward runs: a benchmark that switched it later would time the
     # default tile under every name
-    import importlib.util
+    from conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_tiles.py"
-    spec = importlib.util.spec_from_file_location("bench_kernel_tiles", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("kernel_tiles")
     ops, used = cpu_flash.kernel(), []
 
     class Spy:

@@ -12,6 +12,7 @@ import poskit
 from poskit.encodings import polar_pair as polar_pair_module
 from poskit.encodings.polar_pair import polar_pair
 
+from conftest import load_benchmark
 from cpu_kernel_helpers import kernel_off, require_kernel
 
 
@@ -220,22 +221,11 @@ def test_the_compiled_ops_serve_only_their_case(monkeypatch):
     assert not _served(x, ca, sa, cd, sd)
 
 
-def _polar_bench():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "polar_transform.py"
-    spec = importlib.util.spec_from_file_location("bench_polar_transform", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_the_transform_benchmark_times_the_kernel_against_torch_s_path(monkeypatch, capsys, tmp_path):
     # each path is the one its row names: the kernel's ops only in the one-pass rows, torch's elementwise path
     # (the kernel switched off) in the others; every row's ratio is against torch's path, whose own is 1
     require_kernel()
-    bench = _polar_bench()
+    bench = load_benchmark("polar_transform")
     real, calls = polar_pair_module._fused_ops, []
 
     def spy(*args):
@@ -258,7 +248,7 @@ def test_the_transform_benchmark_times_the_kernel_against_torch_s_path(monkeypat
 
 
 def test_the_transform_benchmark_refuses_an_unknown_dtype_before_measuring(capsys):
-    bench = _polar_bench()
+    bench = load_benchmark("polar_transform")
     try:
         bench.main(["--dtypes", "fp16"])
     except SystemExit as e:

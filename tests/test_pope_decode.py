@@ -234,11 +234,17 @@ def _magnitude_formula(rows, mu, v, angles, pad, q_positions=None, k_positions=N
     cos, sin = angles.double()[:, None, :, :d], angles.double()[:, None, :, d:]  # (1|B, 1, L, d)
     logits = torch.einsum("bhsc,bhrc->bhrs", mu.double() * cos, a) + torch.einsum("bhsc,bhrc->bhrs",
                                                                                    mu.double() * sin, b)
+    return _visible_softmax_times_v(logits, v, pad, q_positions, k_positions)
+
+
+def _visible_softmax_times_v(logits, v, pad, q_positions, k_positions):
+    """softmax over the keys each row sees (padded keys and, with positions, keys later than row r's query, step
+    r % Tq, hidden) times v, in float64; a row with none visible zero."""
     if pad is not None:
         logits = logits.masked_fill(~pad[:, None, None, :], float("-inf"))
     if q_positions is not None:
         steps = q_positions.shape[-1]
-        for r in range(rows.shape[2]):
+        for r in range(logits.shape[2]):
             later = k_positions > q_positions[:, r % steps, None]  # (1|B, L)
             logits[:, :, r] = logits[:, :, r].masked_fill(later[:, None, :], float("-inf"))
     weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no visible key: softmax of -inf is NaN, the kernel 0
@@ -252,14 +258,7 @@ def _bf16_products_formula(rows, mu, v, angles, pad, q_positions=None, k_positio
     cos, sin = angles.float()[:, None, :, :d], angles.float()[:, None, :, d:]
     keys = torch.cat((mu.float() * cos, mu.float() * sin), -1).bfloat16().double()  # (B, Hkv, L, 2d)
     logits = torch.einsum("bhsc,bhrc->bhrs", keys, rows.bfloat16().double())
-    if pad is not None:
-        logits = logits.masked_fill(~pad[:, None, None, :], float("-inf"))
-    if q_positions is not None:
-        steps = q_positions.shape[-1]
-        for r in range(rows.shape[2]):
-            later = k_positions > q_positions[:, r % steps, None]
-            logits[:, :, r] = logits[:, :, r].masked_fill(later[:, None, :], float("-inf"))
-    return torch.softmax(logits, -1).nan_to_num(0.0) @ v.double()
+    return _visible_softmax_times_v(logits, v, pad, q_positions, k_positions)
 
 
 @pytest.fixture(scope="module")

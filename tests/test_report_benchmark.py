@@ -1,6 +1,5 @@
 """Benchmark results as evidence: benchmarks/attention.py --json writes a benchmark document, and `poskit report`
 renders its tables where a docs page has a table=benchmark marker (report/benchmark.py)."""
-import importlib.util
 import json
 import re
 import tarfile
@@ -11,20 +10,14 @@ import pytest
 from poskit.experiments.evidence import resolve_today
 from poskit.report import markers
 from poskit.report.benchmark import BenchmarkFileError, read_document
+from conftest import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
 QUICK = ["--quick", "--encodings", "rope,none", "--skip-peers", "--skip-decode", "--threads", "1"]
 
 
-def _benchmark(script: str = "attention"):
-    """benchmarks/<script>.py as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{script}", BENCH.parent / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_attention_benchmark = _benchmark
+def _attention_benchmark():
+    return load_benchmark("attention")
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +225,7 @@ def test_with_triton_adds_the_fused_kernel_beside_each_encoding_that_has_one(tmp
 
 
 def test_call_overhead_writes_each_encodings_calls_beside_bare_sdpa(tmp_path):
-    module = _benchmark("call_overhead")
+    module = load_benchmark("call_overhead")
     path = tmp_path / "docs" / "results" / "bench-o" / "benchmark.json"
     module.main(["--quick", "--encodings", "rope,alibi,sinusoidal", "--json", str(path)])
     rows = read_document(path)["parts"]["call_overhead"]["rows"]
@@ -261,7 +254,7 @@ def test_calls_per_sample_divide_the_sample(monkeypatch):
 
 
 def test_train_step_writes_a_benchmark_document(tmp_path):
-    module = _benchmark("train_step")
+    module = load_benchmark("train_step")
     path = tmp_path / "docs" / "results" / "bench-t" / "benchmark.json"
     module.main(["--quick", "--encodings", "rope,alibi", "--json", str(path)])
     doc = read_document(path)

@@ -388,14 +388,10 @@ def test_time_budget_stops_training_even_before_max_steps(tmp_path):
 
 
 def test_benchmark_times_the_trainers_own_step(monkeypatch, capsys):
-    import importlib.util
-
     import poskit.training
+    from conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
-    spec = importlib.util.spec_from_file_location("bench_train_step", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("train_step")
     assert bench.optimizer_step is poskit.training.optimizer_step
     seen = []
 

@@ -351,17 +351,14 @@ def test_causal_keyword_is_is_causal_and_the_old_spelling_still_works_with_a_war
 
 def test_the_kernel_benchmark_runs_and_prints_both_implementations(monkeypatch, capsys):
     # benchmarks/triton_cope.py's smoke shape (the interpreter where there is no GPU): a row per implementation
-    import importlib.util
     import sys
-    from pathlib import Path
+
+    from conftest import load_benchmark
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the benchmark times its full grid; this checks the smoke shape")
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "triton_cope.py"
-    spec = importlib.util.spec_from_file_location("bench_triton_cope", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setattr(sys, "argv", ["triton_cope.py", "--smoke"])
-    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["triton_cope.py", "--smoke"])  # read as the module loads
+    bench = load_benchmark("triton_cope")
     bench.main()
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["64"]]
     assert [r[1] for r in rows] == ["triton", "torch"]
