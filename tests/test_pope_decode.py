@@ -508,3 +508,55 @@ def test_a_malformed_decode_threshold_is_named(tmp_path, rows):
     path.write_text(__import__("json").dumps({"results": {}, "pope_decode_rows": {"tiled_rows": rows}}))
     with pytest.raises(kc.CalibrationError, match=r"pope_decode_rows\.tiled_rows.*not a positive integer"):
         kc.read(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_calibration_that_measured_the_loops_faster_routes_one_token_steps_to_them(kernel, tmp_path, monkeypatch,
+                                                                                     dtype):
+    # one-token steps, which the torch.compile'd loops can take too, follow this machine's "magnitude_decode"
+    # decision for their dtype; a step of several new tokens keeps the kernel (without it the Cartesian keys of
+    # the whole cache are rebuilt), as does every step where the loops are switched off
+    from poskit.attention import kernel_build
+    from poskit.attention import kernel_calibration as kc
+
+    monkeypatch.delenv(kc.ENV_SWITCH)  # the suite reads no calibration unless a test turns it on, as here
+    library = tmp_path / kernel_build.LIBRARY_NAME
+    monkeypatch.setattr(cpu_flash, "_library", library)
+    other = "bfloat16" if dtype == torch.float32 else "float32"
+    kc.write(library, {"results": {f"magnitude_decode/{kc._dtype_name(dtype)}": {"kernel": False},
+                                   f"magnitude_decode/{other}": {"kernel": True}}})
+    enc = build("pope", num_heads=4, dtype=torch.float32, delta_init="uniform")
+    q, k, v = make_qkv(B=2, H=4, Hkv=2, Tq=12, Tk=12, dtype=torch.float32)
+    positions = torch.arange(12)
+    ref = _reference(enc, q, k, v, positions)
+    kernel_calls, loop_calls = [], []
+    original = cpu_flash.magnitude_decode
+    monkeypatch.setattr(cpu_flash, "magnitude_decode", lambda *a: kernel_calls.append(1) or original(*a))
+    logits = pope_decode._fused_logits
+    monkeypatch.setattr(pope_decode, "_fused_logits", lambda *a: loop_calls.append(1) or logits(*a))
+    monkeypatch.setattr(pope_decode, "_fused_failed", False)
+
+    def decode(step: int):
+        kernel_calls.clear(), loop_calls.clear()
+        cache = KVCache(num_layers=1, max_length=16)
+        qs, ks, vs = (t.to(dtype) for t in (q, k, v))
+        with torch.no_grad():
+            outs = [cached_attention(qs[:, :, :4], ks[:, :, :4], vs[:, :, :4], enc.to(dtype), cache, 0,
+                                     positions[:4])]
+            for t in range(4, 12, step):
+                outs.append(cached_attention(qs[:, :, t:t + step], ks[:, :, t:t + step], vs[:, :, t:t + step],
+                                             enc.to(dtype), cache, 0, positions[t:t + step]))
+        tol = dict(atol=2e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(torch.cat(outs, 2).double(), ref, **tol)
+        return len(kernel_calls), len(loop_calls)
+
+    assert decode(1) == (0, 8)  # measured slower here: the loops take every one-token step
+    assert decode(4) == (2, 0)  # several new tokens: the kernel
+    monkeypatch.setenv("POSKIT_FUSED_DECODE", "0")
+    assert decode(1) == (8, 0)  # no loops to give way to
+    monkeypatch.delenv("POSKIT_FUSED_DECODE")
+    kc.write(library, {"results": {f"magnitude_decode/{kc._dtype_name(dtype)}": {"kernel": True}}})
+    assert decode(1) == (8, 0)
+    monkeypatch.setenv(kc.ENV_SWITCH, "off")  # routing by the defaults: the kernel
+    kc.write(library, {"results": {f"magnitude_decode/{kc._dtype_name(dtype)}": {"kernel": False}}})
+    assert decode(1) == (8, 0)

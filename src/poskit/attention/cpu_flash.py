@@ -448,6 +448,15 @@ def serves_magnitude_decode(mu_k: torch.Tensor, v: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and available())
 
 
+MAGNITUDE_DECODE = "magnitude_decode"  # the calibration's name for PoPE's decode against cached magnitudes
+
+
+def magnitude_decode_kernel_wins(dtype: torch.dtype) -> bool:
+    """Whether PoPE's one-token decode step takes the kernel rather than the torch.compile'd loops on this machine
+    (kernel_calibration: the kernel unless measured slower by its margin)."""
+    return kernel_calibration.kernel_wins(_library, MAGNITUDE_DECODE, dtype)
+
+
 def magnitude_decode(q_rows: torch.Tensor, mu_k: torch.Tensor, v: torch.Tensor, k_angles: torch.Tensor,
                      key_padding_mask: torch.Tensor | None = None, q_positions: torch.Tensor | None = None,
                      k_positions: torch.Tensor | None = None, bf16_products: bool | None = None,

@@ -8,7 +8,10 @@ dtype: "qk" (q/k wider than v: PoPE), "distance_table" (a bias of positions: ALi
 rope family, xPos), which SDPA's own flash kernel serves too: "qk_equal" for full sequences and
 "qk_equal_decode" for new queries against cached keys (DECODE_SHAPE, forward only, at each of
 DECODE_QUERY_COUNTS new queries: a call takes the decision of the smallest count at or above its own, and past
-the largest, qk_equal's), each in fp32 and bf16.
+the largest, qk_equal's), each in fp32 and bf16. "magnitude_decode" (PoPE's one new token against a cache of key
+magnitudes, timed at DECODE_SHAPE with one query head per kv head) weighs the kernel's decode against the
+torch.compile'd loops that take the step without it (attention/pope_decode.py); steps of several new tokens, whose
+path without the kernel rebuilds the Cartesian keys of the whole cache (measured 1.2-12x slower), keep the kernel.
 `poskit kernel calibrate` measures it (cli/kernel.py; and `poskit kernel build` after building): forward +
 backward of one causal call per form and dtype at B=2, H=8, T=1024, d=64 with the threads torch has, medians of
 interleaved rounds. A form keeps the kernel unless its median exceeds the fallback's by MARGIN (a MEASURED_ONLY
@@ -55,13 +58,14 @@ from .env_switch import switched_on
 
 FILE_NAME = "calibration.json"
 ENV_SWITCH = "POSKIT_KERNEL_CALIBRATION"
-FORMS = ("qk", "distance_table", "offset_embeddings", "contextual", "qk_equal", "qk_equal_decode")
+FORMS = ("qk", "distance_table", "offset_embeddings", "contextual", "qk_equal", "qk_equal_decode",
+         "magnitude_decode")
 MEASURED_ONLY = frozenset({"qk_equal", "qk_equal_decode"})  # the kernel takes these only where measured faster
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # the encoding measured for each form (the kernel serves every encoding of a form by the same code)
 ENCODINGS = {"qk": ("pope", {}), "distance_table": ("alibi", {}),
               "offset_embeddings": ("relative-capped", {"max_distance": 256}), "contextual": ("cope", {}),
-              "qk_equal": ("rope", {}), "qk_equal_decode": ("rope", {})}
+              "qk_equal": ("rope", {}), "qk_equal_decode": ("rope", {}), "magnitude_decode": ("pope", {})}
 MARGIN = 1.10  # the fallback must be this much faster before it replaces the kernel
 SHAPE = {"B": 2, "H": 8, "T": 1024, "D": 64}
 # "qk_equal_decode": new queries per sequence against T cached keys, the step timed alone (memory-bound for one

@@ -11,8 +11,9 @@ cache. The logits need them multiplied in per element,
 
 which no GEMM expresses: eager PyTorch would write a (rows, L, d) temporary. So the sum is one fused loop. On
 CPU, for fp32 and bf16, the compiled CPU kernel's decode (cpu_flash.magnitude_decode: logits, online softmax and
-weighted values in one pass over the cache); for float16, or where that kernel is switched off
-(POSKIT_CPU_KERNEL=0) or cannot be built, two `torch.compile`d loops (compiled once per process, shapes dynamic;
+weighted values in one pass over the cache); for float16, where that kernel is switched off (POSKIT_CPU_KERNEL=0)
+or cannot be built, or for a one-token step where this machine's calibration measured them faster than the
+kernel, two `torch.compile`d loops (compiled once per process, shapes dynamic;
 POSKIT_FUSED_DECODE=0 turns them off); on CUDA the fused Triton PoPE kernel (fed magnitudes with its softplus
 off). Where none applies (float64, gradients, a prefill, more than KERNEL_MAX_NEW_TOKENS new tokens with a
 causal mask inside the cache, no compiler), the Cartesian keys are rebuilt from the magnitudes: exact, slower.
@@ -211,13 +212,20 @@ def _can_fuse(inp: AttentionInputs, q: torch.Tensor, mu_k: torch.Tensor) -> bool
             and mask_plan(dataclasses.replace(inp, key_padding_mask=None)) == "none")  # padding: applied below
 
 
+def cache_entry(enc, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a magnitude cache holds for keys k (B, Hkv, T, d) at positions (1|B, T): the magnitudes
+    enc.magnitude(k) and the angle table [cos | sin] of positions * theta, (1|B, T, 2d), looked up once per token
+    and kept (fp32; float64 for float64 keys)."""
+    table_dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+    kcos, ksin = enc.cos_sin(positions, table_dtype)
+    return enc.magnitude(k), torch.cat((kcos, ksin), -1)
+
+
 def cached_pope_attention(enc, inp: AttentionInputs, layer, use_triton: bool) -> torch.Tensor:
     """Append the new tokens of `inp` (k = v positions = q positions) to `layer` as magnitudes, with the
     cos/sin of their positions, then attend the new queries to the whole layer. Returns (B, H, Tn, Dv)."""
-    table_dtype = torch.float64 if inp.q.dtype == torch.float64 else torch.float32
-    kcos, ksin = enc.cos_sin(inp.k_positions, table_dtype)  # (1|B, Tn, d): looked up once per token, kept
-    angles = torch.cat((kcos, ksin), -1)
-    layer = layer.append(enc.magnitude(inp.k), inp.v, inp.k_positions, encoded=True, angles=angles,
+    magnitudes, angles = cache_entry(enc, inp.k, inp.k_positions)
+    layer = layer.append(magnitudes, inp.v, inp.k_positions, encoded=True, angles=angles,
                          key_mask=inp.key_padding_mask)
     return attend_magnitudes(enc, inp.q, angles, layer.keys, layer.values, inp.q_positions, layer.positions,
                              layer.angles, inp.scale, use_triton, key_mask=layer.key_mask)
@@ -241,7 +249,10 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
                                   scale=scale, causal=True, softplus=False, key_padding_mask=key_mask,
                                   angles=(q_angles, k_angles))
     d = mu_k.shape[-1]
-    if _kernel_serves(inp, q, mu_k, v):
+    # where the compiled loops could take the step too (one new token), this machine's calibration may have
+    # measured them faster than the kernel (kernel_calibration, "magnitude_decode")
+    if _kernel_serves(inp, q, mu_k, v) and (not _can_fuse(inp, q, mu_k)
+                                            or cpu_flash.magnitude_decode_kernel_wins(mu_k.dtype)):
         rows = enc.encode_q(q.float(), q_positions, scale=scale)  # (B, H, Tq, 2d): the phase bias and scale in
         # several new tokens: keys later than some query inside the cache, masked by position in the kernel
         causal = mask_plan(dataclasses.replace(inp, key_padding_mask=None)) != "none"

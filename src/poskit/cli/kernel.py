@@ -106,14 +106,14 @@ def _timed_pair(enc, dtype, rounds: int) -> tuple[float, float]:
 
 
 def _timed_decode_pair(enc, dtype, rounds: int, queries: int = 1) -> tuple[float, float]:
-    """(kernel ms, ms without it) of one step against cached encoded keys at kernel_calibration.DECODE_SHAPE:
-    `queries` new tokens per sequence, appended and attended, the cache rolled back (its room as generation
-    leaves it)."""
+    """(kernel ms, ms without it) of one step against cached keys at kernel_calibration.DECODE_SHAPE (encoded, or
+    for PoPE magnitudes): `queries` new tokens per sequence, appended and attended, the cache rolled back (its room
+    as generation leaves it)."""
     import time
 
     import torch
 
-    from poskit.attention import KVCache, cached_attention, cpu_flash, kernel_calibration, kernel_timing
+    from poskit.attention import KVCache, cached_attention, cpu_flash, kernel_calibration, kernel_timing, pope_decode
 
     shape = kernel_calibration.DECODE_SHAPE
     B, H, T, D = shape["B"], shape["H"], shape["T"], shape["D"]
@@ -123,7 +123,11 @@ def _timed_decode_pair(enc, dtype, rounds: int, queries: int = 1) -> tuple[float
     positions, new = torch.arange(T)[None], torch.arange(T, T + queries)
     cache = KVCache(num_layers=1, max_length=T + max(kernel_calibration.DECODE_QUERY_COUNTS))
     with torch.no_grad():
-        cache.append(0, enc.encode_k(k, positions), v, positions, encoded=True)
+        if enc.cache_form == "magnitude":  # PoPE: the magnitudes and their angle table, as its decode caches them
+            magnitudes, angles = pope_decode.cache_entry(enc, k, positions)
+            cache.append(0, magnitudes, v, positions, encoded=True, angles=angles)
+        else:
+            cache.append(0, enc.encode_k(k, positions), v, positions, encoded=True)
 
     def run(switch: str) -> float:
         started = time.perf_counter()
@@ -161,6 +165,8 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
                     queries = {n: _decided(form, _timed_decode_pair(enc, dtype, rounds, n))
                                for n in kc.DECODE_QUERY_COUNTS}
                     entry = {"encoding": name, **queries[1], "queries": {str(n): t for n, t in queries.items()}}
+                elif form == "magnitude_decode":
+                    entry = {"encoding": name, **_decided(form, _timed_decode_pair(enc, dtype, rounds))}
                 else:
                     entry = {"encoding": name, **_decided(form, _timed_pair(enc, dtype, rounds))}
                 results[f"{form}/{dtype_name}"] = entry
