@@ -123,6 +123,22 @@ def test_the_cache_key_follows_source_torch_compiler_and_instruction_set(monkeyp
     assert not any("native" in flag for flag in key["flags"])
 
 
+def test_the_cache_key_does_not_depend_on_where_the_source_or_torch_lies(monkeypatch, tmp_path):
+    # two checkouts of one commit (a clone, a worktree, an installed copy) or two environments with one torch
+    # build the same binary: they share its cache directory and its calibration
+    monkeypatch.setattr(kernel_build, "compiler_version", lambda compiler: "c++ 1.0")
+    here = kernel_build.key_directory(kernel_build.build_key("c++"))
+    copy = tmp_path / "elsewhere" / kernel_build.SOURCE.name
+    copy.parent.mkdir()
+    copy.write_bytes(kernel_build.SOURCE.read_bytes())
+    monkeypatch.setattr(kernel_build, "SOURCE", copy)
+    torch_root = tmp_path / "other-env" / "torch"
+    monkeypatch.setattr(kernel_build, "_torch_dirs", lambda: (torch_root / "include", torch_root / "lib"))
+    assert kernel_build.key_directory(kernel_build.build_key("c++")) == here
+    copy.write_bytes(kernel_build.SOURCE.read_bytes() + b"\n// changed\n")
+    assert kernel_build.key_directory(kernel_build.build_key("c++")) != here  # the source's bytes do count
+
+
 def test_the_cache_directory_follows_its_variable(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_build.CACHE_ENV, str(tmp_path / "k"))
     assert kernel_build.cache_root() == tmp_path / "k"

@@ -117,8 +117,22 @@ def build_key(compiler: str) -> dict:
         "cxx11_abi": int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1)),
         "compiler": compiler_version(compiler),
         "isa": isa_level(),
-        "flags": compile_command("CXX", Path("OUT"))[1:],  # (paths inside torch are covered by its version)
+        "flags": _flags_without_paths(),
     }
+
+
+def _flags_without_paths() -> list[str]:
+    """The compiler's flags with the source's and torch's directories written as placeholders: where a checkout
+    or an environment lies changes nothing in the binary (the source's bytes and torch's version are keyed
+    apart), so two checkouts of one commit share one build and its calibration."""
+    include, lib = (str(path) for path in _torch_dirs())
+    placeholders = ((str(SOURCE), "<source>"), (include, "<torch-include>"), (lib, "<torch-lib>"))
+    flags = []
+    for flag in compile_command("CXX", Path("OUT"))[1:]:
+        for path, placeholder in placeholders:
+            flag = flag.replace(path, placeholder)
+        flags.append(flag)
+    return flags
 
 
 def key_directory(key: dict) -> Path:
