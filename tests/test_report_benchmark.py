@@ -215,9 +215,10 @@ def test_with_triton_adds_the_fused_kernel_beside_each_encoding_that_has_one(tmp
     # fused kernel too, for the encodings that declare one, so a GPU run measures the kernels whatever auto picks
     pytest.importorskip("triton")
     path = tmp_path / "docs" / "results" / "bench-t" / "benchmark.json"
-    _attention_benchmark().main(["--quick", "--T", "64", "--D", "32", "--H", "2", "--encodings", "pope,alibi",
-                                 "--skip-peers", "--skip-decode", "--threads", "1", "--with-triton",
-                                 "--json", str(path)])
+    # (not --quick, whose T=256 under the Triton interpreter took a minute)
+    _attention_benchmark().main(["--B", "1", "--T", "64", "--D", "32", "--H", "2", "--dtypes", "fp32", "--repeats",
+                                 "1", "--warmup", "0", "--encodings", "pope,alibi", "--skip-peers", "--skip-decode",
+                                 "--threads", "1", "--with-triton", "--json", str(path)])
     labels = [r["path"] for r in read_document(path)["parts"]["attention"]["rows"]]
     assert "pope, backend=triton [triton]" in labels
     assert not any(label.startswith("alibi, backend=triton") for label in labels)
