@@ -98,6 +98,34 @@ def encodings_through_attention(tiles):
     return calls
 
 
+def magnitude_decodes(rng, count):
+    """PoPE's decode against cached magnitudes (cpu_flash.magnitude_decode): fused loops and products of tiles,
+    key counts across and inside the 512-key blocks, odd widths, padding, several new tokens by position."""
+    calls = 0
+    for _ in range(count):
+        B, Hkv, R = rng.choice([(1, 1, 1), (2, 2, 3), (1, 1, 16), (2, 1, 20)])
+        L, d, Dv = rng.choice([1, 17, 64, 65, 511, 513, 1100]), rng.choice([4, 20, 64]), rng.choice([3, 16, 64])
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        g = torch.Generator().manual_seed(rng.randrange(10**6))
+        q_rows = torch.randn(B, Hkv, R, 2 * d, generator=g) / d
+        mu = torch.rand(B, Hkv, L, d, generator=g).to(dtype)
+        v = torch.randn(B, Hkv, L, Dv, generator=g).to(dtype)
+        angles = torch.rand(1, L, 2 * d, generator=g) * 2 - 1
+        pad = None
+        if rng.random() < 0.3:
+            pad = torch.ones(B, L, dtype=torch.bool)
+            pad[0, : rng.randrange(L)] = False
+        positions = {}
+        if rng.random() < 0.3 and L > R:  # several new tokens (R of them), causal among the cached keys
+            positions = dict(q_positions=torch.arange(L - R, L)[None], k_positions=torch.arange(L)[None])
+        products = rng.choice(products_choices(dtype))
+        out = cpu_flash.magnitude_decode(q_rows, mu, v, angles, pad, **positions, bf16_products=products,
+                                         tiled_rows=rng.choice([1, 4, 100]))
+        finite(f"magnitude decode {dict(B=B, Hkv=Hkv, R=R, L=L, d=d, Dv=Dv, dtype=dtype)}", out)
+        calls += 1
+    return calls
+
+
 def long_sequence(dtype):
     """A causal call past cpu_flash.LONG_KEYS keys (the backward's taller query tile), PoPE-wide q/k."""
     T = cpu_flash.LONG_KEYS + 37
@@ -122,7 +150,9 @@ def main():
     encoded = sum(encodings_through_attention(tiles) for tiles in ((8, 16), (16, 40), (7, 9)))
     print(f"through attention: {encoded}", flush=True)
     long = sum(long_sequence(dtype) for dtype in (torch.float32, torch.bfloat16))
-    print(f"calls: {direct + encoded + long}, bf16 products: {cpu_flash.bf16_products_available()}", flush=True)
+    decodes = magnitude_decodes(rng, max(1, count // 4))
+    print(f"calls: {direct + encoded + long + decodes}, bf16 products: {cpu_flash.bf16_products_available()}",
+          flush=True)
 
 
 if __name__ == "__main__":

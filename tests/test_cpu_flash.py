@@ -839,6 +839,40 @@ def test_bf16_products_asked_for_where_they_cannot_be_had_are_refused_by_name(ke
                                    0.0, 64, 512, True)
 
 
+def test_a_growing_decode_gives_brgemm_a_bounded_set_of_shapes(kernel):
+    # oneDNN generates code for each new shape brgemm meets and torch keeps it: a decode step's last key tile grows
+    # by one key per step, which made a new shape at nearly every step (hundreds of MB over 512 steps of a bf16
+    # decode); 150 steps of the attention and of PoPE's decode in the products form now meet a handful, and equal
+    # the float64 formula at every length
+    if not cpu_flash.bf16_products_available():
+        pytest.skip("bf16 products need a CPU with AVX512_BF16 and an AVX-512 build of the kernel")
+    ops = cpu_flash.kernel()
+    g = torch.Generator().manual_seed(0)
+    start, steps = 1000, 150
+    q = torch.randn(1, 2, 1, 64, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, start + steps, 64, generator=g).bfloat16() for _ in range(2))
+    q_rows = (torch.randn(1, 1, 16, 128, generator=g) / 8)
+    mu = torch.rand(1, 1, start + steps, 64, generator=g).bfloat16()
+    angles = torch.rand(1, start + steps, 128, generator=g) * 2 - 1
+    ops.brgemm_shapes(True)
+    for L in range(start, start + steps):
+        out = cpu_flash.cpu_flash_attention(q, k[:, :, :L], v[:, :, :L], scale=0.125, bf16_products=True)
+        if L % 37 == 0:
+            want = torch.softmax(0.125 * q.double() @ k[:, :, :L].double().transpose(-1, -2), -1) @ v[:, :, :L].double()
+            torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    attention_shapes = ops.brgemm_shapes(True)
+    for L in range(start, start + steps):
+        out = cpu_flash.magnitude_decode(q_rows, mu[:, :, :L], v[:, :1, :L], angles[:, :L], bf16_products=True,
+                                         tiled_rows=1)
+        if L % 37 == 0:
+            cos, sin = angles[:, None, :L, :64].double(), angles[:, None, :L, 64:].double()
+            keys = torch.cat((mu[:, :, :L].double() * cos, mu[:, :, :L].double() * sin), -1)
+            want = torch.softmax(q_rows.double() @ keys.transpose(-1, -2), -1) @ v[:, :1, :L].double()
+            torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    decode_shapes = ops.brgemm_shapes(False)
+    assert 1 <= attention_shapes <= 10 and 1 <= decode_shapes <= 20, (attention_shapes, decode_shapes)
+
+
 def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, tmp_path, monkeypatch):
     from poskit.attention import kernel_calibration as kc
     from poskit.cli.kernel import calibrate

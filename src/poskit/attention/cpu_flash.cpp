@@ -50,9 +50,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <type_traits>
 #include <vector>
 
@@ -150,10 +154,36 @@ inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row 
 // functions alone (AVX512_BF16 is not part of x86-64-v4), and used only where the CPU reports it.
 //
 // oneDNN generates one micro-kernel per shape (rows, columns, inner size, strides) and torch keeps them per
-// thread for the process's life; here the columns are always kBlockColumns and the rest follow the tiles, so a
-// process holds at most a few hundred (tile rows x tile keys), as torch's own flash kernel does.
+// thread for the process's life; here the columns are always kBlockColumns, a tile's keys as an inner size are
+// taken in whole groups of kInnerPairs pairs and C's stride directly only when a multiple of 16
+// (gemm_bf16_packed), so their number stays bounded by the tiles even where a tile's size changes at every call
+// (a decode step's last key tile).
+// The distinct shapes the products pass to brgemm, recorded while asked (brgemm_shapes; tests count them).
+std::atomic<bool> g_recording_shapes{false};
+std::mutex g_shapes_mutex;
+std::set<std::array<int64_t, 7>> g_shapes;
+
+// The count of distinct shapes recorded since the last call, then recording on or off.
+int64_t brgemm_shapes(bool record) {
+  std::lock_guard<std::mutex> lock(g_shapes_mutex);
+  const int64_t count = g_shapes.size();
+  g_shapes.clear();
+  g_recording_shapes = record;
+  return count;
+}
+
 #ifdef CPU_CAPABILITY_AVX512
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// at::native::cpublas::brgemm on bf16 pairs ("VNNI") B, the shape recorded while brgemm_shapes asks.
+void brgemm_bf16(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool add,
+                 const at::BFloat16* a, const at::BFloat16* b, float* c) {
+  if (g_recording_shapes.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_shapes_mutex);
+    g_shapes.insert({m, n, k, lda, ldb, ldc, add});
+  }
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
+}
 
 // Whether torch's brgemm takes bf16 here: its oneDNN was built with the micro-kernels and accepts this CPU. Tried
 // once on a 2 x 2 product (torch refuses with an error where it cannot).
@@ -212,18 +242,20 @@ BF16_TARGET void pack_pairs_down(const S* x, int64_t ld, int64_t k, int64_t n, i
   }
 }
 
-// out[r * (k + 1) / 2 + j] = (x[r][2j], x[r][2j + 1]) for rows of k values with stride ld (each row's values in
-// pairs as they lie; a zero after an odd k).
+// out[r * ldo + j] = (x[r][2j], x[r][2j + 1]) for rows of k values with stride ld (each row's values in pairs as
+// they lie; a zero after an odd k, and zero pairs from (k + 1) / 2 to ldo; ldo 0: (k + 1) / 2).
 template <typename S>
-BF16_TARGET void pack_pairs_along(const S* x, int64_t ld, int64_t rows, int64_t k, uint32_t* out) {
+BF16_TARGET void pack_pairs_along(const S* x, int64_t ld, int64_t rows, int64_t k, uint32_t* out, int64_t ldo = 0) {
   const int64_t pairs = (k + 1) / 2;
+  if (ldo == 0) ldo = pairs;
   for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* o = reinterpret_cast<uint16_t*>(out + r * pairs);
+    uint16_t* o = reinterpret_cast<uint16_t*>(out + r * ldo);
     for (int64_t c = 0; c < k; c += 16) {
       const __mmask16 mask = lanes_mask(k - c);
       _mm256_mask_storeu_epi16(o + c, mask, bf16_bits(x + r * ld + c, mask));
     }
     if (k & 1) o[k] = 0;
+    std::fill(out + r * ldo + pairs, out + (r + 1) * ldo, 0u);
   }
 }
 
@@ -262,7 +294,7 @@ BF16_TARGET void transpose_words(const uint32_t* x, int64_t ldx, int64_t rows, i
 }
 
 struct PackScratch {
-  std::vector<uint32_t> a, a_down, rows;
+  std::vector<uint32_t> a, a_down, rows, tail;
   std::vector<float> c;
   Packed b;
 };
@@ -309,44 +341,79 @@ BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64
 }
 
 // The product with op(B) packed (pack_operand, or a view of one): brgemm per block of columns, straight into C when
-// it takes the whole block as it is (alpha 1, beta 0 or 1), else into scratch and then C = alpha . + beta C.
+// it takes the whole block as it is (alpha 1, beta 0 or 1, a leading dimension that is a multiple of 16), else into
+// scratch and then C = alpha . + beta C.
+//
+// oneDNN generates code for every new shape brgemm is called with (inner size, leading dimensions, rows), and torch
+// keeps it for the process's life. A decode step's last key tile grows by one key per step, so taken as it is, the
+// weighted values' inner size (and the logits' leading dimension, where they go straight into C) were a new shape at
+// nearly every step: over the first 512 steps of a bf16 decode the process grew by hundreds of MB, most of it heap
+// that the code generation had used and freed and glibc kept (docs/benchmarks.md, "bf16 products through oneDNN's
+// brgemm"). So C's leading dimension is taken directly only when it is a multiple of 16, and a product whose inner
+// size varies from call to call (`varying_inner`: a tile's keys) takes it as whole groups of kInnerPairs pairs and
+// one more group from a zero-padded copy of B's last pair rows (A's packed rows zero-padded to match): at most
+// (tile's keys / 64) + 1 shapes. Finer groups left more behind (the same decode, 512 steps: groups of 8 pairs
+// 94 MB, of 32 pairs 25 MB), and constant inner sizes (head widths) are taken whole, as they are, unpadded.
+constexpr int64_t kInnerPairs = 32;
 BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                                  PackedView b, float beta, float* c, int64_t ldc) {
+                                  PackedView b, float beta, float* c, int64_t ldc, bool varying_inner = false) {
   if (m == 0 || n == 0) return;
   PackScratch& scratch = pack_scratch();
   const int64_t pairs = (k + 1) / 2;
+  // the pairs taken straight from B, and those from the zero-padded copy of its last pair rows (its padded size)
+  const int64_t whole = varying_inner ? pairs / kInnerPairs * kInnerPairs : pairs, rest = pairs - whole;
+  const int64_t rest_padded = rest ? kInnerPairs : 0;
   const uint32_t* packed_a;
   int64_t a_pairs;  // A's packed rows are this many pairs apart (brgemm's leading dimension, in pairs)
-  if (ta) {  // A stored (k x m): its columns in pairs ([pair][row]), then transposed to rows of pairs16, read as
-    // they lie (the pairs past `pairs` are zeros brgemm does not read)
-    const int64_t m16 = (m + 15) / 16 * 16, pairs16 = (pairs + 15) / 16 * 16;
-    if ((int64_t)scratch.a_down.size() < pairs16 * m16) scratch.a_down.resize(pairs16 * m16);
+  if (ta) {  // A stored (k x m): its columns in pairs ([pair][row]), then transposed to rows of a_pairs, read as
+    // they lie (the pairs past `pairs` are zeros)
+    const int64_t m16 = (m + 15) / 16 * 16;
+    a_pairs = std::max((pairs + 15) / 16 * 16, whole + rest_padded);
+    if ((int64_t)scratch.a_down.size() < a_pairs * m16) scratch.a_down.resize(a_pairs * m16);
     pack_pairs_down(a, lda, k, m, m16, scratch.a_down.data());
-    std::fill(scratch.a_down.begin() + pairs * m16, scratch.a_down.begin() + pairs16 * m16, 0u);
-    if ((int64_t)scratch.rows.size() < m16 * pairs16) scratch.rows.resize(m16 * pairs16);
-    transpose_words(scratch.a_down.data(), m16, pairs16, m16, scratch.rows.data(), pairs16);
+    std::fill(scratch.a_down.begin() + pairs * m16, scratch.a_down.begin() + a_pairs * m16, 0u);
+    if ((int64_t)scratch.rows.size() < m16 * a_pairs) scratch.rows.resize(m16 * a_pairs);
+    transpose_words(scratch.a_down.data(), m16, a_pairs, m16, scratch.rows.data(), a_pairs);
     packed_a = scratch.rows.data();
-    a_pairs = pairs16;
-  } else {
-    if ((int64_t)scratch.a.size() < m * pairs) scratch.a.resize(m * pairs);
-    pack_pairs_along(a, lda, m, k, scratch.a.data());
+  } else {  // rows of pairs, zeros up to the padded rest
+    a_pairs = whole + rest_padded;
+    if ((int64_t)scratch.a.size() < m * a_pairs) scratch.a.resize(m * a_pairs);
+    pack_pairs_along(a, lda, m, k, scratch.a.data(), a_pairs);
     packed_a = scratch.a.data();
-    a_pairs = pairs;
   }
   const auto* A = reinterpret_cast<const at::BFloat16*>(packed_a);
-  const bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f);
+  if ((int64_t)scratch.tail.size() < rest_padded * kBlockColumns) scratch.tail.resize(rest_padded * kBlockColumns);
+  const bool direct = alpha == 1.f && (beta == 0.f || beta == 1.f) && ldc % 16 == 0;
+  // C (m x kBlockColumns, stride ldo) = or += A B for one block of B's columns: the pairs straight from B, then the
+  // rest from the zero-padded copy of its last pair rows
+  auto block_product = [&](const uint32_t* block, float* out, int64_t ldo, bool add) {
+    if (!whole && !rest && !add) {  // an empty inner size: A B = 0
+      for (int64_t r = 0; r < m; ++r) std::fill(out + r * ldo, out + r * ldo + kBlockColumns, 0.f);
+      return;
+    }
+    if (whole) {
+      brgemm_bf16(m, kBlockColumns, 2 * whole, 2 * a_pairs, kBlockColumns, ldo, add, A,
+                  reinterpret_cast<const at::BFloat16*>(block), out);
+      add = true;
+    }
+    if (rest) {
+      uint32_t* t = scratch.tail.data();
+      std::memcpy(t, block + whole * kBlockColumns, rest * kBlockColumns * sizeof(uint32_t));
+      std::fill(t + rest * kBlockColumns, t + rest_padded * kBlockColumns, 0u);
+      brgemm_bf16(m, kBlockColumns, 2 * rest_padded, 2 * a_pairs, kBlockColumns, ldo, add, A + 2 * whole,
+                  reinterpret_cast<const at::BFloat16*>(t), out);
+    }
+  };
   for (int64_t c0 = 0; c0 < n; c0 += kBlockColumns) {
     const int64_t cols = std::min(kBlockColumns, n - c0);
-    const auto* B = reinterpret_cast<const at::BFloat16*>(b.data + c0 / kBlockColumns * b.block);
+    const uint32_t* block = b.data + c0 / kBlockColumns * b.block;
     if (direct && cols == kBlockColumns) {
-      at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * a_pairs, kBlockColumns, ldc, beta == 1.f, A, B,
-                                  c + c0, true);
+      block_product(block, c + c0, ldc, beta == 1.f);
       continue;
     }
     if ((int64_t)scratch.c.size() < m * kBlockColumns) scratch.c.resize(m * kBlockColumns);
     float* t = scratch.c.data();
-    at::native::cpublas::brgemm(m, kBlockColumns, 2 * pairs, 2 * a_pairs, kBlockColumns, kBlockColumns, false, A, B,
-                                t, true);
+    block_product(block, t, kBlockColumns, false);
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < cols; j += 16) {
@@ -361,11 +428,12 @@ BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, floa
 
 // The same with op(B) packed for this product alone.
 BF16_TARGET void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                           bool varying_inner = false) {
   if (m == 0 || n == 0) return;
   Packed& packed = pack_scratch().b;
   pack_operand(tb, b, ldb, k, n, &packed);
-  gemm_bf16_packed(ta, m, n, k, alpha, a, lda, at_column(packed, 0), beta, c, ldc);
+  gemm_bf16_packed(ta, m, n, k, alpha, a, lda, at_column(packed, 0), beta, c, ldc, varying_inner);
 }
 
 // The tile registers brgemm may have configured (AMX) handed back, at the end of a thread's share of a call.
@@ -375,7 +443,7 @@ void release_products(bool used) {
 #else
 bool cpu_has_bf16_products() { return false; }
 void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
-               float*, int64_t) {
+               float*, int64_t, bool = false) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
 template <typename S>
@@ -383,7 +451,7 @@ void pack_operand(bool, const S*, int64_t, int64_t, int64_t, Packed*) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
 void gemm_bf16_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, PackedView, float, float*,
-                      int64_t) {
+                      int64_t, bool = false) {
   TORCH_CHECK(false, "cpu_flash: bf16 products need a library built for AVX-512");
 }
 void release_products(bool) {}
@@ -494,12 +562,14 @@ struct Problem {
 
 // The attention's own products (q k^T, P v and the backward's four), with bf16 operands where the call asks for it;
 // products with the bias parameters call gemm (fp32) directly.
-// packed: op(B) packed already for the bf16 products (b is then not read; may be null).
+// packed: op(B) packed already for the bf16 products (b is then not read; may be null). varying_inner: k is a
+// tile's keys, which may change from call to call (gemm_bf16_packed says why that matters).
 void product(const Problem& p, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, PackedView packed = {}) {
+             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, PackedView packed = {},
+             bool varying_inner = false) {
   if (p.bf16_products && packed.data)
-    gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed, beta, c, ldc);
-  else if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_bf16_packed(ta, m, n, k, alpha, a, lda, packed, beta, c, ldc, varying_inner);
+  else if (p.bf16_products) gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, varying_inner);
   else gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -771,7 +841,7 @@ void forward_frame(const Problem& p, const T* q, const T* k, const T* v, T* out,
         softmax_step(p.Dv, s.data(), rows, n, m.data(), l.data(), acc.data());
         const float* vt = packed ? nullptr : widen(v + p.v_at(b, h) + k0 * p.Dv, n * p.Dv, vbuf.data());
         product(p, false, false, rows, p.Dv, n, 1.f, s.data(), n, vt, p.Dv, 1.f, acc.data(), p.Dv,
-                at_row(values, k0));
+                at_row(values, k0), true);
       }
       finish_rows(p, out + (bh * p.Tq + q0) * p.Dv, lse + bh * p.Tq + q0, rows, m.data(), l.data(), acc.data());
       done(state, t);
@@ -1914,14 +1984,17 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
           const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
           if (tiled) {
             cartesian_keys(p.d, widen(mu_t, n * p.d, mbuf.data()), tables, n, keys.data());
-            (p.products ? gemm_bf16 : gemm)(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d,
-                                            0.f, s.data(), n);
+            if (p.products)
+              gemm_bf16(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d, 0.f, s.data(), n);
+            else
+              gemm(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d, 0.f, s.data(), n);
             hide_keys(p, b, k0, s.data(), n);
             softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
             const float* v_block = widen(v_t, n * p.Dv, vbuf.data());
-            if (block_visible(p, b, k0, n))
-              (p.products ? gemm_bf16 : gemm)(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f,
-                                              acc_t, p.Dv);
+            if (block_visible(p, b, k0, n) && p.products)
+              gemm_bf16(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f, acc_t, p.Dv, true);
+            else if (block_visible(p, b, k0, n))
+              gemm(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f, acc_t, p.Dv);
             else
               weighted_values(p, s.data(), n, v_block, acc_t);
             continue;
@@ -2039,6 +2112,7 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
   m.def("row_dot(Tensor a, Tensor b) -> Tensor", &row_dot);
   m.def("bf16_products_available() -> bool", [] { return cpu_has_bf16_products(); });
   m.def("decode_tiled_rows() -> int", [] { return kTiledRows; });
+  m.def("brgemm_shapes(bool record) -> int", &brgemm_shapes);
   m.def("forward(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, "
         "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk, "
         "bool bf16_products) -> Tensor[]",
