@@ -6,7 +6,8 @@
 #   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
 #   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
 #      CPU paths at the speed goals' shapes, decode at 8k keys (with 8 and with 2 kv heads, and the steps without
-#      the kernel), the demo LM's training step and PoPE's q/k transform at its shape.
+#      the kernel, and a generation's growing cache), the demo LM's training step and PoPE's q/k transform at its
+#      shape.
 # The GPU table and tests run one after the other (the tests would disturb the timings); the CPU runs go beside
 # them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
 #
@@ -75,6 +76,14 @@ cpu_decode() {  # with the kernel-off rows (a machine without a compiler); then 
         --decode-kv-heads 2 --without-kernel --threads 2 --repeats 3 --json "$OUT/cpu-decode-gqa/benchmark.json" \
         > "$LOGS/cpu-decode-gqa.log" 2>&1
     stamp "cpu decode with grouped kv heads rc=$?"
+    # a generation's growing cache: the process's growth and the first steps' cost with the brgemm code generated
+    # per shape (AMX configures tiles per shape too; the log only)
+    for args in "8 8 1024 rope" "16 1 1024 pope"; do
+        # shellcheck disable=SC2086
+        pinned 10,11 timeout 120 "$PY" docs/results/brgemm-kernel-memory-amd-epyc/growth.py $args \
+            >> "$LOGS/cpu-decode-growth.log" 2>&1
+    done
+    stamp "cpu decode growth rc=$?"
 }
 cpu_train_step() {
     pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
