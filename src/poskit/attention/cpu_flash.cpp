@@ -348,12 +348,12 @@ BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64
 // keeps it for the process's life. A decode step's last key tile grows by one key per step, so taken as it is, the
 // weighted values' inner size (and the logits' leading dimension, where they go straight into C) were a new shape at
 // nearly every step: over the first 512 steps of a bf16 decode the process grew by hundreds of MB, most of it heap
-// that the code generation had used and freed and glibc kept (docs/benchmarks.md, "bf16 products through oneDNN's
-// brgemm"). So C's leading dimension is taken directly only when it is a multiple of 16, and a product whose inner
+// freed but kept by glibc, less the fewer new shapes (docs/benchmarks.md, "bf16 products through oneDNN's brgemm"). So C's leading dimension is taken directly only when it is a multiple of 16, and a product whose inner
 // size varies from call to call (`varying_inner`: a tile's keys) takes it as whole groups of kInnerPairs pairs and
 // one more group from a zero-padded copy of B's last pair rows (A's packed rows zero-padded to match): at most
-// (tile's keys / 64) + 1 shapes. Finer groups left more behind (the same decode, 512 steps: groups of 8 pairs
-// 94 MB, of 32 pairs 25 MB), and constant inner sizes (head widths) are taken whole, as they are, unpadded.
+// (tile's keys / 64) + 1 shapes. Finer groups left more behind (512 bf16 attention calls at growing key counts, a
+// scratch comparison: groups of 8 pairs 94 MB, of 32 pairs 25 MB), and constant inner sizes (head widths) are
+// taken whole, as they are, unpadded.
 constexpr int64_t kInnerPairs = 32;
 BF16_TARGET void gemm_bf16_packed(bool ta, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                                   PackedView b, float beta, float* c, int64_t ldc, bool varying_inner = false) {
