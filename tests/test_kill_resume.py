@@ -31,7 +31,7 @@ ARGS = ["--task", "flip-flop", "--encoding", "rope", "--steps", "300", "--batch-
         "task_options.length=16", "task_options.eval_size=64", "task_options.eval_batch_size=64",
         "checkpoint_every=10", "eval_every=50", "log_every=10", "warmup_steps=10"]
 # one thread, as in this process, so that every invocation does the same arithmetic
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 # tiny matrices: one thread is faster and does the same arithmetic in every process (conftest.py)
@@ -39,7 +39,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _start(run: Path, first: bool, kill_before_rename: str | None = None) -> subprocess.Popen:
-    env = dict(ENV)
+    # the environment as the test runs, not as it was imported: the suite's session fixtures set variables the
+    # processes must share with this one (POSKIT_KERNEL_CALIBRATION=off, or a machine's calibration would route
+    # their attention elsewhere than this process's)
+    env = {**os.environ, **THREADS}
     if kill_before_rename:
         env[KILL_BEFORE_RENAME_ENV] = kill_before_rename
     argv = ARGS if first else ["--resume", "--quiet"]
