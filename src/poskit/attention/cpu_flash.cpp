@@ -158,6 +158,7 @@ inline PackedView at_row(const Packed& x, int64_t r0) {  // r0 even: a pair row 
 // taken in whole groups of kInnerPairs pairs and C's stride directly only when a multiple of 16
 // (gemm_bf16_packed), so their number stays bounded by the tiles even where a tile's size changes at every call
 // (a decode step's last key tile).
+
 // The distinct shapes the products pass to brgemm, recorded while asked (brgemm_shapes; tests count them).
 std::atomic<bool> g_recording_shapes{false};
 std::mutex g_shapes_mutex;
@@ -348,7 +349,8 @@ BF16_TARGET void pack_operand(bool tb, const S* b, int64_t ldb, int64_t k, int64
 // keeps it for the process's life. A decode step's last key tile grows by one key per step, so taken as it is, the
 // weighted values' inner size (and the logits' leading dimension, where they go straight into C) were a new shape at
 // nearly every step: over the first 512 steps of a bf16 decode the process grew by hundreds of MB, most of it heap
-// freed but kept by glibc, less the fewer new shapes (docs/benchmarks.md, "bf16 products through oneDNN's brgemm"). So C's leading dimension is taken directly only when it is a multiple of 16, and a product whose inner
+// freed but kept by glibc, less the fewer new shapes (docs/benchmarks.md, "bf16 products through oneDNN's
+// brgemm"). So C's leading dimension is taken directly only when it is a multiple of 16, and a product whose inner
 // size varies from call to call (`varying_inner`: a tile's keys) takes it as whole groups of kInnerPairs pairs and
 // one more group from a zero-padded copy of B's last pair rows (A's packed rows zero-padded to match): at most
 // (tile's keys / 64) + 1 shapes. Finer groups left more behind (512 bf16 attention calls at growing key counts, a
@@ -1963,6 +1965,16 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
   const bool logits_in_registers = false, values_in_registers = false;
 #endif
   const bool tiled = p.R >= p.tiled_rows;
+  // the products form's C (R x cols) = A (R x inner) op(B) + beta C, A and B row-major with their own widths as
+  // strides: bf16 products where the call takes them, else sgemm
+  auto multiply = [&](bool tb, int64_t cols, int64_t inner, const float* a, const float* b, float beta, float* c,
+                      int64_t ldc, bool varying_inner) {
+    const int64_t ldb = tb ? inner : cols;
+    if (p.products)
+      gemm_bf16(false, tb, p.R, cols, inner, 1.f, a, inner, b, ldb, beta, c, ldc, varying_inner);
+    else
+      gemm(false, tb, p.R, cols, inner, 1.f, a, inner, b, ldb, beta, c, ldc);
+  };
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     const ProductsSession session(tiled && p.products);
     std::vector<float> s(p.R * kDecodeBlock),
@@ -1984,17 +1996,12 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
           const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
           if (tiled) {
             cartesian_keys(p.d, widen(mu_t, n * p.d, mbuf.data()), tables, n, keys.data());
-            if (p.products)
-              gemm_bf16(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d, 0.f, s.data(), n);
-            else
-              gemm(false, true, p.R, n, 2 * p.d, 1.f, q_t, 2 * p.d, keys.data(), 2 * p.d, 0.f, s.data(), n);
+            multiply(true, n, 2 * p.d, q_t, keys.data(), 0.f, s.data(), n, false);
             hide_keys(p, b, k0, s.data(), n);
             softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
             const float* v_block = widen(v_t, n * p.Dv, vbuf.data());
-            if (block_visible(p, b, k0, n) && p.products)
-              gemm_bf16(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f, acc_t, p.Dv, true);
-            else if (block_visible(p, b, k0, n))
-              gemm(false, false, p.R, p.Dv, n, 1.f, s.data(), n, v_block, p.Dv, 1.f, acc_t, p.Dv);
+            if (block_visible(p, b, k0, n))
+              multiply(false, p.Dv, n, s.data(), v_block, 1.f, acc_t, p.Dv, true);  // (n: the block's keys)
             else
               weighted_values(p, s.data(), n, v_block, acc_t);
             continue;

@@ -251,8 +251,9 @@ def attend_magnitudes(enc, q: torch.Tensor, q_angles: torch.Tensor, mu_k: torch.
     d = mu_k.shape[-1]
     # where the compiled loops could take the step too (one new token), this machine's calibration may have
     # measured them faster than the kernel (kernel_calibration, "magnitude_decode")
-    if _kernel_serves(inp, q, mu_k, v) and (not _can_fuse(inp, q, mu_k)
-                                            or cpu_flash.magnitude_decode_kernel_wins(mu_k.dtype)):
+    # (the calibration's answer first: a lookup, where _can_fuse plans the mask)
+    if _kernel_serves(inp, q, mu_k, v) and (cpu_flash.magnitude_decode_kernel_wins(mu_k.dtype)
+                                            or not _can_fuse(inp, q, mu_k)):
         rows = enc.encode_q(q.float(), q_positions, scale=scale)  # (B, H, Tq, 2d): the phase bias and scale in
         # several new tokens: keys later than some query inside the cache, masked by position in the kernel
         causal = mask_plan(dataclasses.replace(inp, key_padding_mask=None)) != "none"

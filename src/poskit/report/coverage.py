@@ -414,8 +414,8 @@ ROWS = (
         "not reproduced (3 seeds)", "poskit reproduce flip-flop", "flip-flop",
         "Test accuracy every 100 of 1000 steps: the mean reaches 99 % first with PoPE (step 300), then ALiBi "
         "(600) and RoPE (700; 600 when rerun through the compiled CPU kernel on code f5253df); CoPE's levels "
-        "off near 96 % from step 500 (one seed of three stalls near 9 % error). Same order on the sparse OOD split. 2 layers d 64, length 64, 1000 steps (paper: 4 layers d 256, "
-        "length 512, 10k steps, every 500)."),
+        "off near 96 % from step 500 (one seed of three stalls near 9 % error). Same order on the sparse OOD "
+        "split. 2 layers d 64, length 64, 1000 steps (paper: 4 layers d 256, length 512, 10k steps, every 500)."),
     Row("004", "Table 8", "CoPE_ALiBi", "Wikitext ablations: CoPE_ALiBi 25.09, worse than CoPE's 23.46",
         "reproduced in direction (2 seeds)",
         "poskit reproduce text-cope --encodings cope:p_max=64,cope:p_max=64:gates=values,"
