@@ -3,8 +3,8 @@
 odd widths (a bf16 product's last pair half empty), keys and values with gaps between heads (a KV cache's
 views), tiles that do and do not start on a 16-column boundary (the packed heads' column views), even and odd key
 tiles (packed heads or packs per product), grouped kv heads, key padding, causal and not, decode (one query
-against many keys), the long-sequence backward tile, both bias forms, CoPE's contextual pass and PoPE's polar
-features, in fp32 and bf16 with and without the bf16 products.
+against many keys) through the tiles and through the decode form, the long-sequence backward tile, both bias
+forms, CoPE's contextual pass and PoPE's polar features, in fp32 and bf16 with and without the bf16 products.
 
 The sanitizers check memory and arithmetic, not the numbers (test_cpu_flash.py compares them with the float64
 formula); this file only requires every output and gradient to be finite. It prints one line per group and the
@@ -19,6 +19,7 @@ import torch
 import poskit
 from poskit.attention import cpu_flash
 from poskit.attention.engine import route
+from poskit.encodings.kernel_bias import KernelBias, distance_span
 from poskit.encodings.registration import UntrainedEncodingWarning
 
 
@@ -63,9 +64,45 @@ def direct_calls(rng, count):
             pad[0, : rng.randrange(Tk)] = False  # (row 0's first queries may see no key)
         out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=pos_q, k_positions=pos_k,
                                             causal=causal, key_padding_mask=pad, block_q=bq, block_k=bk,
-                                            bf16_products=products)
+                                            bf16_products=products, tiled_rows=1)
         grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         finite(f"direct {dict(T=(Tq, Tk), E=E, Dv=Dv, tiles=(bq, bk), dtype=dtype, products=products)}", out, *grads)
+        calls += 1
+    return calls
+
+
+def decode_form_calls(rng, count):
+    """cpu_flash_attention's decode form (few query rows per kv head): key counts across and inside its 512-key
+    blocks and the threads' splits, widths in and past its register forms (odd ones too), grouped kv heads, a KV
+    cache's layout, padding, causal by position, both bias forms; forward and backward (the tiles')."""
+    calls = 0
+    for _ in range(count):
+        B, H, Hkv = rng.choice([(1, 1, 1), (2, 4, 2), (1, 4, 1), (2, 2, 2)])
+        Tq, Tk = rng.choice([1, 2, 3]), rng.choice([1, 17, 511, 513, 1100])
+        E, Dv = rng.choice([(1, 1), (7, 5), (16, 16), (64, 64), (128, 64), (129, 17), (144, 136)])
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        g = torch.Generator().manual_seed(rng.randrange(10**6))
+        room = rng.choice([0, 7])  # a KV cache's layout: views of buffers with room after the Tk rows
+        q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
+        k = torch.randn(B, Hkv, Tk + room, E, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
+        v = torch.randn(B, Hkv, Tk + room, Dv, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
+        pos_q, pos_k = torch.arange(Tk - Tq, Tk)[None], torch.arange(Tk)[None]
+        pad = None
+        if rng.random() < 0.4:
+            pad = torch.ones(B, Tk, dtype=torch.bool)
+            pad[0, : rng.randrange(Tk)] = False
+        bias = rng.choice([None, "distance_table", "offset_embeddings"])
+        if bias == "distance_table":
+            lo, hi = distance_span(pos_q, pos_k)
+            bias = KernelBias(bias, torch.randn(H, hi - lo + 1, generator=g).requires_grad_(), lo)
+        elif bias == "offset_embeddings":
+            bias = KernelBias(bias, torch.randn(2 * 5 + 1, E, generator=g).requires_grad_(), 5)
+        out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=pos_q, k_positions=pos_k,
+                                            causal=rng.random() < 0.7, key_padding_mask=pad, bias=bias,
+                                            tiled_rows=10**9)
+        leaves = (q, k, v) + (() if bias is None else (bias.values,))
+        grads = torch.autograd.grad(out, leaves, torch.randn_like(out))
+        finite(f"decode form {dict(T=(Tq, Tk), E=E, Dv=Dv, heads=(H, Hkv), dtype=dtype)}", out, *grads)
         calls += 1
     return calls
 
@@ -150,7 +187,7 @@ def main():
     encoded = sum(encodings_through_attention(tiles) for tiles in ((8, 16), (16, 40), (7, 9)))
     print(f"through attention: {encoded}", flush=True)
     long = sum(long_sequence(dtype) for dtype in (torch.float32, torch.bfloat16))
-    decodes = magnitude_decodes(rng, max(1, count // 4))
+    decodes = magnitude_decodes(rng, max(1, count // 4)) + decode_form_calls(rng, max(1, count // 4))
     print(f"calls: {direct + encoded + long + decodes}, bf16 products: {cpu_flash.bf16_products_available()}",
           flush=True)
 

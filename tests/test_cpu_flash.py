@@ -325,10 +325,10 @@ def formula(q, k, v, scale, qp, kp, causal, pad, bias):
 
 @st.composite
 def problems(draw, widths=st.sampled_from([4, 8, 12]), lengths=st.integers(1, 40),
-             blocks=st.tuples(st.integers(1, 17), st.integers(1, 17)), value_widths=None):
+             blocks=st.tuples(st.integers(1, 17), st.integers(1, 17)), value_widths=None, query_lengths=None):
     B, Hkv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     H = Hkv * draw(st.integers(1, 3))
-    Tq, Tk = draw(lengths), draw(lengths)
+    Tq, Tk = draw(lengths if query_lengths is None else query_lengths), draw(lengths)
     E, Dv = draw(widths), draw(widths if value_widths is None else value_widths)
     causal = draw(st.booleans())
     gaps = draw(st.booleans())  # positions with gaps: the kernel's general (not consecutive) key path
@@ -357,6 +357,7 @@ def problems(draw, widths=st.sampled_from([4, 8, 12]), lengths=st.integers(1, 40
 
 
 def check_against_formula(q, k, v, scale, qp, kp, causal, pad, bias, blocks, atol=2e-5, bias_atol=None, **kw):
+    kw.setdefault("tiled_rows", 1)  # the tiles, unless a test asks for the decode form
     got = cpu_flash.cpu_flash_attention(q, k, v, scale=scale, q_positions=qp, k_positions=kp, causal=causal,
                                         key_padding_mask=pad, bias=bias, block_q=blocks[0], block_k=blocks[1], **kw)
     leaves = [q, k, v] + ([bias.values] if bias is not None else [])
@@ -390,6 +391,82 @@ def test_the_kernel_equals_the_float64_formula(kernel, problem):
 @given(problem=problems())
 def test_the_kernel_equals_the_float64_formula_at_length(kernel, problem):
     check_against_formula(*problem)
+
+
+DECODE_FORM = 10**9  # tiled_rows past every call's query rows per kv head: the forward takes the decode form
+# a few new queries against caches of up to two and a half of the decode form's 512-key blocks, widths below,
+# at and past its register forms' 128 (odd ones too)
+decode_problems = problems(widths=st.integers(1, 150), value_widths=st.integers(1, 150),
+                           query_lengths=st.integers(1, 5), lengths=st.integers(1, 1300))
+
+
+@settings(max_examples=30, deadline=None)
+@given(problem=decode_problems)
+def test_the_decode_form_equals_the_float64_formula(kernel, problem):
+    """The decode form (all of a kv head's query rows at once, its keys and values read where they lie in blocks
+    of 512, split among the threads where there are fewer (batch, kv head) pairs than threads): grouped kv heads,
+    causal by position with queries anywhere against the keys, gaps, per-batch positions, padding and both bias
+    forms. The backward takes the tiles with the decode form's logsumexp, so its gradients check that too. The
+    offset embeddings' gradient sums over every key: at these lengths and widths (up to 1300 keys, 150 wide) its
+    rounding reached 2.8e-5 of its largest entry through the tiles alone and 4.2e-5 with the decode form's
+    logsumexp (the worst of 300 drawn problems each), past the 2e-5 of the short problems above."""
+    check_against_formula(*problem, bias_atol=1e-4, tiled_rows=DECODE_FORM)
+
+
+@settings(max_examples=20, deadline=None)
+@given(problem=decode_problems)
+def test_bf16_through_the_decode_form_is_within_a_few_roundings_of_the_float64_formula(kernel, problem):
+    """bf16 read in place by the register forms (widths up to 128) or widened (past it); bounds as the tiles'
+    bf16 tests (the scale shrinks with q/k's width as there)."""
+    q, k, v, scale, *rest = _bf16(problem)
+    scale *= min(1.0, (16 / q.shape[-1]) ** 0.5)
+    check_against_formula(q, k, v, scale, *rest, atol=4e-2, bias_atol=0.25, tiled_rows=DECODE_FORM)
+
+
+def _kernel_ops_run(call) -> set[str]:
+    """Which of the kernel's forward operators `call()` ran ("forward": the tiles, "decode"), as torch's profiler
+    records them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+    return {e.name for e in prof.events()} & {"poskit_cpu_flash::forward", "poskit_cpu_flash::decode"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_query_rows_per_kv_head_take_the_decode_form_as_this_machine_measured(kernel, tmp_path, monkeypatch,
+                                                                                  dtype):
+    # below the threshold (new queries x query heads per kv head) the decode form, from it the tiles; the threshold
+    # is this machine's calibration's for the dtype, else the default; an explicit tiled_rows overrides both
+    from poskit.attention import kernel_calibration as kc
+
+    library = tmp_path / kernel_build.LIBRARY_NAME
+    monkeypatch.setattr(cpu_flash, "_library", library)
+    g = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(2, 2, 700, 16, generator=g).to(dtype) for _ in range(2))
+
+    def ran(queries, heads=2, **kw):
+        q = torch.randn(2, heads, queries, 16, generator=g).to(dtype)
+        return _kernel_ops_run(lambda: cpu_flash.cpu_flash_attention(q, k, v, scale=0.25, **kw))
+    default = cpu_flash.FLASH_DECODE_TILED_ROWS
+    assert cpu_flash.flash_decode_tiled_rows(dtype) == default
+    decode, tiles = {"poskit_cpu_flash::decode"}, {"poskit_cpu_flash::forward"}
+    assert ran(1) == decode and ran(default - 1) == decode and ran(default) == tiles
+    assert ran(1, heads=2 * default) == tiles  # default query heads per kv head: as many rows
+    assert ran(1, tiled_rows=1) == tiles and ran(default, tiled_rows=default + 1) == decode
+    kc.write(library, {"results": {}, "flash_decode_rows": {"tiled_rows": {kc._dtype_name(dtype): 3}}})
+    assert cpu_flash.flash_decode_tiled_rows(dtype) == 3
+    assert ran(2) == decode and ran(3) == tiles
+    with pytest.raises(ValueError, match="tiled_rows must be a positive int or None"):
+        ran(1, tiled_rows=0)
+
+
+@pytest.mark.parametrize("rows", [{"float32": 0}, {"bfloat16": 2.5}, {"float16": 4}])
+def test_a_malformed_flash_decode_threshold_is_named(tmp_path, rows):
+    from poskit.attention import kernel_calibration as kc
+
+    path = tmp_path / kc.FILE_NAME
+    path.write_text(json.dumps({"results": {}, "flash_decode_rows": {"tiled_rows": rows}}))
+    with pytest.raises(kc.CalibrationError, match=r"flash_decode_rows\.tiled_rows.*not a positive integer"):
+        kc.read(path)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["widened", "bf16-products"])
@@ -856,7 +933,8 @@ def test_a_growing_decode_gives_brgemm_a_bounded_set_of_shapes(kernel):
     angles = torch.rand(1, start + steps, 128, generator=g) * 2 - 1
     ops.brgemm_shapes(True)
     for L in range(start, start + steps):
-        out = cpu_flash.cpu_flash_attention(q, k[:, :, :L], v[:, :, :L], scale=0.125, bf16_products=True)
+        out = cpu_flash.cpu_flash_attention(q, k[:, :, :L], v[:, :, :L], scale=0.125, bf16_products=True,
+                                            tiled_rows=1)
         if L % 37 == 0:
             want = torch.softmax(0.125 * q.double() @ k[:, :, :L].double().transpose(-1, -2), -1) @ v[:, :, :L].double()
             torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
@@ -881,11 +959,12 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     monkeypatch.setattr(kc, "TILE_SHAPE", {"B": 1, "H": 2, "T": 256, "E": 32, "Dv": 16})
     monkeypatch.setattr(kc, "DECODE_SHAPE", {"B": 2, "H": 2, "T": 300, "D": 16})
     monkeypatch.setattr(kc, "DECODE_ROWS_SHAPE", {"B": 1, "Hkv": 2, "T": 600, "D": 16})
+    monkeypatch.setattr(kc, "FLASH_DECODE_ROWS_SHAPE", {"B": 1, "Hkv": 2, "T": 600, "D": 16})
     lines = []
     doc = calibrate(tmp_path / kernel_build.LIBRARY_NAME, rounds=1, progress=lines.append)
-    # a line per form and dtype, the tile's, the bf16 products' and PoPE's decode rows per dtype
+    # a line per form and dtype, the tile's, the bf16 products' and the two decode thresholds' per dtype
     assert set(doc["results"]) == {f"{f}/{d}" for f in kc.FORMS for d in kc.DTYPES}
-    assert len(lines) == len(kc.FORMS) * len(kc.DTYPES) + 2 + len(kc.DTYPES)
+    assert len(lines) == len(kc.FORMS) * len(kc.DTYPES) + 2 + 2 * len(kc.DTYPES)
     for entry in doc["results"].values():
         assert entry["kernel_ms"] > 0 and entry["fallback_ms"] > 0
     for key, entry in doc["results"].items():
@@ -911,17 +990,20 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
             k: entry[k] for k in ("kernel_ms", "fallback_ms", "kernel")}
         by_queries[dtype] = tuple((int(n), timed["kernel"]) for n, timed in sorted(
             entry["queries"].items(), key=lambda item: int(item[0])))
-    # PoPE's decode through the loops and the products at each count of rows, the threshold chosen from them
-    rows = doc["pope_decode_rows"]
-    for dtype in kc.DTYPES:
-        timed = rows["ms"][dtype]
-        assert set(timed) == {str(n) for n in kc.DECODE_ROW_COUNTS}
-        assert all(t["loops_ms"] > 0 and t["products_ms"] > 0 for t in timed.values())
-        assert rows["tiled_rows"][dtype] == kc.choose_tiled_rows(
-            {int(n): (t["loops_ms"], t["products_ms"]) for n, t in timed.items()})
+    # PoPE's decode through the loops and the products at each count of rows, and the flash forms' decode form
+    # against their tiles from one query row: the thresholds chosen from the times
+    rows, flash = doc["pope_decode_rows"], doc["flash_decode_rows"]
+    for section, counts, paths in ((rows, kc.DECODE_ROW_COUNTS, ("loops_ms", "products_ms")),
+                                   (flash, kc.FLASH_DECODE_ROW_COUNTS, ("decode_ms", "tiles_ms"))):
+        for dtype in kc.DTYPES:
+            timed = section["ms"][dtype]
+            assert set(timed) == {str(n) for n in counts}
+            assert all(t[p] > 0 for t in timed.values() for p in paths)
+            assert section["tiled_rows"][dtype] == kc.choose_tiled_rows(
+                {int(n): (t[paths[0]], t[paths[1]]) for n, t in timed.items()})
     assert kc.read(tmp_path / kc.FILE_NAME) == kc.Calibration(
         {tuple(k.split("/")): e["kernel"] for k, e in doc["results"].items()}, tile["block_q"],
-        products["use"] if products else None, by_queries, rows["tiled_rows"])
+        products["use"] if products else None, by_queries, rows["tiled_rows"], flash["tiled_rows"])
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 
@@ -1288,11 +1370,13 @@ def test_kernel_info_names_the_query_counts_that_stay_on_sdpa(kernel, tmp_path, 
     (tmp_path / kernel_build.LIBRARY_NAME).write_bytes(b"")  # (the line reads a calibration beside a library)
     line = _calibration_line(tmp_path / kernel_build.LIBRARY_NAME)
     assert line.endswith("without the kernel for qk_equal_decode/float32 at 1, 4 new queries; backward tile not "
-                         "measured; PoPE's decode rows not measured"), line
+                         "measured; PoPE's decode rows not measured; the decode form's rows not measured"), line
     from poskit.attention import kernel_calibration as kc
 
     doc = __import__("json").loads(kc.path_for(tmp_path / kernel_build.LIBRARY_NAME).read_text())
     kc.write(tmp_path / kernel_build.LIBRARY_NAME,
-             {**doc, "pope_decode_rows": {"tiled_rows": {"float32": 8, "bfloat16": 32}}})
+             {**doc, "pope_decode_rows": {"tiled_rows": {"float32": 8, "bfloat16": 32}},
+              "flash_decode_rows": {"tiled_rows": {"float32": 16, "bfloat16": 4}}})
     line = _calibration_line(tmp_path / kernel_build.LIBRARY_NAME)
-    assert line.endswith("; PoPE's decode multiplies tiles from 32 (bfloat16), 8 (float32) rows per kv head"), line
+    assert line.endswith("; PoPE's decode multiplies tiles from 32 (bfloat16), 8 (float32) rows per kv head; other "
+                         "calls take the tiles from 4 (bfloat16), 16 (float32) query rows per kv head"), line

@@ -735,12 +735,10 @@ void embedding_grad_z(const Problem& p, int64_t b, const OffsetSpan& span, float
   }
 }
 
-// The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32, or kpacked: the tile's
-// keys packed for the bf16 products (kt then unread).
-void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
-                 const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span,
-                 PackedView kpacked = {}) {
-  product(p, false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n, kpacked);
+// The bias of head h and the mask applied to the logits s (rows x n) of queries [q0, q0 + rows) and keys
+// [k0, k0 + n); qt (rows x E, fp32): the rows' queries (relative PE's bias is bias_scale q_t . e).
+void bias_and_mask(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
+                   int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span) {
   if (p.bias == kTable) {
     add_table_bias(p, b, h, s, rows, n, q0, k0);
   } else if (p.bias == kEmbeddings) {
@@ -753,6 +751,15 @@ void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<f
   const bool causal_part = p.causal && k0 + n > full_end;
   const bool padded = has_padding(p, b, k0, n);
   if (causal_part || padded) mask_tile(p, b, s, rows, n, q0, k0, causal_part, padded);
+}
+
+// The logits of one tile: scale q k^T, the bias, the mask. qt (rows x E), kt (n x E) fp32, or kpacked: the tile's
+// keys packed for the bf16 products (kt then unread).
+void tile_logits(const Problem& p, int64_t b, int64_t h, float* s, std::vector<float>& z, const float* qt,
+                 const float* kt, int64_t rows, int64_t n, int64_t q0, int64_t k0, int64_t full_end, OffsetSpan* span,
+                 PackedView kpacked = {}) {
+  product(p, false, true, rows, n, p.E, p.scale, qt, p.E, kt, p.E, 0.f, s, n, kpacked);
+  bias_and_mask(p, b, h, s, z, qt, rows, n, q0, k0, full_end, span);
 }
 
 // The online softmax over one tile of logits s (rows x n): the running max m and sum l of each row and its
@@ -1724,14 +1731,11 @@ std::vector<at::Tensor> polar_backward(const at::Tensor& grad, const at::Tensor&
 // magnitudes; for many (kTiledRows) a block's Cartesian keys are built once and the rows multiply them.
 // Padded keys are hidden, and with positions, keys later than the row's query (several new tokens at once).
 //
-// Decoding reads the whole cache per step and is memory-bound. Each thread takes (batch, kv head) pairs and walks
-// each pair's keys in blocks: the logits of a block, the online softmax step, the weighted values. When there are
-// fewer pairs than threads, the keys are split among the threads as well, each split keeping its own softmax state
-// (running max, sum, accumulator), merged at the end. The angle tables are read again for every pair (from the
-// L2/L3 cache: 4 MB at 8192 keys and d = 64); walking the blocks outside and the pairs inside, which reads each
-// block of them once, was slower on the 2-core AMD EPYC (B = 8, Hkv = 8, 8192 keys, bf16: 7.2-7.4 against 6.2-6.4
-// ms; the cache's heads are then read in short runs).
-constexpr int64_t kDecodeBlock = 512;  // keys per block (128: 6.2-6.3, 512: 5.5-6.0 ms in the same setting)
+// It runs in the decode frame (decode_frame, below: (batch, kv head) pairs, blocks of keys, splits merged). The
+// angle tables are read again for every pair (from the L2/L3 cache: 4 MB at 8192 keys and d = 64); walking the
+// blocks outside and the pairs inside, which reads each block of them once, was slower on the 2-core AMD EPYC (B = 8,
+// Hkv = 8, 8192 keys, bf16: 7.2-7.4 against 6.2-6.4 ms; the cache's heads are then read in short runs).
+constexpr int64_t kDecodeBlock = 512;  // keys per block (128: 6.2-6.3, 512: 5.5-6.0 ms in PoPE's decode, as above)
 // From this many rows per (batch, kv head) (several new tokens, or many query heads to a kv head) a block's logits
 // and weighted values are matrix products: the block's Cartesian keys [mu cos | mu sin] (n x 2d) built once, then
 // sgemm. Below it the fused loops, which build nothing. The caller passes the threshold (a machine's calibration
@@ -1832,18 +1836,18 @@ bool block_visible(const DecodeShape& p, int64_t b, int64_t k0, int64_t n) {
 }
 
 // acc (R x Dv) += w (R x n) v (n x Dv), v fp32; a zero weight (a hidden key) adds nothing.
-void weighted_values(const DecodeShape& p, const float* w, int64_t n, const float* v, float* acc) {
+void weighted_values(int64_t R, int64_t Dv, const float* w, int64_t n, const float* v, float* acc) {
   for (int64_t j = 0; j < n; ++j) {
-    const float* vj = v + j * p.Dv;
-    for (int64_t r = 0; r < p.R; ++r) {
+    const float* vj = v + j * Dv;
+    for (int64_t r = 0; r < R; ++r) {
       const float weight = w[r * n + j];
       if (weight == 0.f) continue;
-      float* o = acc + r * p.Dv;
+      float* o = acc + r * Dv;
       const Vec wv(weight);
       int64_t x = 0;
-      for (; x + Vec::size() <= p.Dv; x += Vec::size())
+      for (; x + Vec::size() <= Dv; x += Vec::size())
         at::vec::fmadd(wv, Vec::loadu(vj + x), Vec::loadu(o + x)).store(o + x);
-      for (; x < p.Dv; ++x) o[x] += weight * vj[x];
+      for (; x < Dv; ++x) o[x] += weight * vj[x];
     }
   }
 }
@@ -1877,6 +1881,17 @@ inline __m512 lane_sums16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
 }
 
+// s[j] = factor x the sum of the lanes of key(j), for the keys j < n, 16 keys at a time (lane_sums16).
+template <typename Key>
+inline void lane_summed(int64_t n, __m512 factor, float* s, Key key) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t keys = std::min<int64_t>(16, n - j0);
+    __m512 acc[16];
+    for (int64_t j = 0; j < 16; ++j) acc[j] = j < keys ? key(j0 + j) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(s + j0, lanes_mask(keys), _mm512_mul_ps(lane_sums16(acc), factor));
+  }
+}
+
 template <int C, bool Whole, typename T>
 void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
                              int64_t n) {
@@ -1889,31 +1904,41 @@ void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu,
       a[c] = load16(qa + r * 2 * d + c * 16, mask);
       b[c] = load16(qa + r * 2 * d + d + c * 16, mask);
     }
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const int64_t keys = std::min<int64_t>(16, n - j0);
-      __m512 acc[16];
-      for (int64_t k = 0; k < 16; ++k) {
-        acc[k] = _mm512_setzero_ps();
-        if (k >= keys) continue;
-        const T* m = mu + (j0 + k) * d;
-        const float* cs = tables + (j0 + k) * 2 * d;
-        for (int c = 0; c < C; ++c) {
-          const bool whole = Whole || c < C - 1;
-          const __m512 w = _mm512_fmadd_ps(a[c], load16(cs + c * 16, last, whole),
-                                           _mm512_mul_ps(b[c], load16(cs + d + c * 16, last, whole)));
-          acc[k] = _mm512_fmadd_ps(load16(m + c * 16, last, whole), w, acc[k]);
-        }
+    lane_summed(n, _mm512_set1_ps(1.f), s + r * n, [&](int64_t j) {
+      const T* m = mu + j * d;
+      const float* cs = tables + j * 2 * d;
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c) {
+        const bool whole = Whole || c < C - 1;
+        const __m512 w = _mm512_fmadd_ps(a[c], load16(cs + c * 16, last, whole),
+                                         _mm512_mul_ps(b[c], load16(cs + d + c * 16, last, whole)));
+        acc = _mm512_fmadd_ps(load16(m + c * 16, last, whole), w, acc);
       }
-      _mm512_mask_storeu_ps(s + r * n + j0, lanes_mask(keys), lane_sums16(acc));
-    }
+      return acc;
+    });
+  }
+}
+
+// s (R x n) = scale q k^T: rows q (R x E, fp32) against the keys k (n x E, rows E apart) read where they lie.
+template <int C, bool Whole, typename T>
+void dot_logits_avx512(int64_t R, int64_t E, float scale, const float* q, const T* k, float* s, int64_t n) {
+  const __mmask16 last = lanes_mask(E - (C - 1) * 16);
+  for (int64_t r = 0; r < R; ++r) {
+    __m512 a[C];
+    for (int c = 0; c < C; ++c) a[c] = load16(q + r * E + c * 16, c == C - 1 ? last : __mmask16(0xFFFF));
+    lane_summed(n, _mm512_set1_ps(scale), s + r * n, [&](int64_t j) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c) acc = _mm512_fmadd_ps(a[c], load16(k + j * E + c * 16, last, Whole || c < C - 1), acc);
+      return acc;
+    });
   }
 }
 
 template <int C, bool Whole, typename T>
-void weighted_values_avx512(const DecodeShape& p, const float* w, int64_t n, const T* v, float* acc) {
-  const __mmask16 last = lanes_mask(p.Dv - (C - 1) * 16);
-  for (int64_t r = 0; r < p.R; ++r) {
-    float* o = acc + r * p.Dv;
+void weighted_values_avx512(int64_t R, int64_t Dv, const float* w, int64_t n, const T* v, float* acc) {
+  const __mmask16 last = lanes_mask(Dv - (C - 1) * 16);
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = acc + r * Dv;
     __m512 sum[C];
     for (int c = 0; c < C; ++c) sum[c] = load16(o + c * 16, c == C - 1 ? last : __mmask16(0xFFFF));
     for (int64_t j = 0; j < n; ++j) {
@@ -1921,7 +1946,7 @@ void weighted_values_avx512(const DecodeShape& p, const float* w, int64_t n, con
       if (weight == 0.f) continue;
       const __m512 wv = _mm512_set1_ps(weight);
       for (int c = 0; c < C; ++c)
-        sum[c] = _mm512_fmadd_ps(wv, load16(v + j * p.Dv + c * 16, last, Whole || c < C - 1), sum[c]);
+        sum[c] = _mm512_fmadd_ps(wv, load16(v + j * Dv + c * 16, last, Whole || c < C - 1), sum[c]);
     }
     for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(o + c * 16, c == C - 1 ? last : __mmask16(0xFFFF), sum[c]);
   }
@@ -1945,25 +1970,103 @@ void with_chunks(int64_t chunks, F f) {
 }
 #endif
 
+// Whether a row of `width` values fits the register forms: an AVX-512 library, at most kRegisterChunks chunks.
+bool fits_registers(int64_t width) {
+#ifdef CPU_CAPABILITY_AVX512
+  return width > 0 && (width + 15) / 16 <= kRegisterChunks;
+#else
+  return false;
+#endif
+}
+
+// acc (R x Dv) += w (R x n) v (n x Dv), v in the cache's dtype where it lies: the register form when `registers`
+// (and fits_registers(Dv)), else fp32 rows (bf16 widened into vbuf, n x Dv).
+template <typename T>
+void add_weighted_values(bool registers, int64_t R, int64_t Dv, const float* w, int64_t n, const T* v, float* acc,
+                         float* vbuf) {
+#ifdef CPU_CAPABILITY_AVX512
+  if (registers && fits_registers(Dv)) {
+    with_chunks((Dv + 15) / 16, [&](auto C) {
+      if (Dv % 16 == 0) weighted_values_avx512<C(), true>(R, Dv, w, n, v, acc);
+      else weighted_values_avx512<C(), false>(R, Dv, w, n, v, acc);
+    });
+    return;
+  }
+#endif
+  weighted_values(R, Dv, w, n, widen(v, n * Dv, vbuf), acc);
+}
+
+// The frame of a decode: R query rows per (batch, kv head) pair (new tokens x the query heads that share the kv
+// head) against L cached keys. It reads the whole cache per step and is memory-bound. Each thread takes pairs and
+// walks each pair's keys in blocks of kDecodeBlock: block(state, pair, k0, n, s, m, l, acc) takes the logits of keys
+// [k0, k0 + n) into s (R x n, scratch of R x kDecodeBlock), the online softmax step over them (m, l: the rows'
+// running max and sum) and their weighted values into acc (R x Dv). When there are fewer pairs than threads, the
+// keys are split among the threads as well, each split keeping its own softmax state, merged at the end into out
+// (pairs x R rows of Dv, in O) and, when lse is given, the rows' logsumexp: a row that sees no key outputs zeros
+// (logsumexp -inf); a NaN logit makes its split's max or sum NaN, and the row's output NaN.
+// make_state() builds one thread's scratch; products: whether blocks take the bf16 products (brgemm's tile
+// registers are handed back at the end of a thread's share).
+template <typename O, typename MakeState, typename Block>
+void decode_frame(int64_t pairs, int64_t R, int64_t Dv, int64_t L, bool products, MakeState make_state, Block block,
+                  O* out, float* lse) {
+  const int64_t blocks = (L + kDecodeBlock - 1) / kDecodeBlock;
+  const int64_t splits =
+      std::max<int64_t>(1, std::min<int64_t>(blocks, (at::get_num_threads() + pairs - 1) / pairs));
+  const int64_t tasks = pairs * splits;  // task = split * pairs + pair: a thread's run of tasks shares key splits
+  std::vector<float> m(tasks * R, kNegInf), l(tasks * R, 0.f), acc(tasks * R * Dv, 0.f);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    const ProductsSession session(products);
+    auto state = make_state();
+    std::vector<float> s(R * kDecodeBlock);
+    for (int64_t first = begin; first < end;) {
+      const int64_t split = first / pairs, last = std::min(end, (split + 1) * pairs);
+      const int64_t k_begin = split * blocks / splits * kDecodeBlock,
+                    k_end = std::min(L, (split + 1) * blocks / splits * kDecodeBlock);
+      for (int64_t task = first; task < last; ++task)
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += kDecodeBlock)
+          block(state, task % pairs, k0, std::min(kDecodeBlock, k_end - k0), s.data(), m.data() + task * R,
+                l.data() + task * R, acc.data() + task * R * Dv);
+      first = last;
+    }
+  });
+  // out = sum_i e^{m_i - M} acc_i / sum_i e^{m_i - M} l_i over the splits i, M the largest m_i
+  at::parallel_for(0, pairs * R, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> o(Dv);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t pair = row / R, r = row % R;
+      float top = kNegInf;
+      for (int64_t i = 0; i < splits; ++i) {
+        const float mi = m[(i * pairs + pair) * R + r];
+        if (mi > top || std::isnan(mi)) top = mi;
+      }
+      std::fill(o.begin(), o.end(), std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : 0.f);
+      float total = 0.f;
+      if (top != kNegInf && !std::isnan(top)) {
+        for (int64_t i = 0; i < splits; ++i) {
+          const int64_t at = (i * pairs + pair) * R + r;
+          if (m[at] == kNegInf) continue;
+          const float factor = std::exp(m[at] - top);
+          total += factor * l[at];
+          const float* a = acc.data() + at * Dv;
+          for (int64_t x = 0; x < Dv; ++x) o[x] += factor * a[x];
+        }
+        scale_row(o.data(), Dv, 1.f / total);
+      }
+      narrow(o.data(), Dv, out + row * Dv);
+      if (lse) lse[row] = top == kNegInf || std::isnan(top) ? top : top + std::log(total);
+    }
+  });
+}
+
 template <typename T>
 void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu, const T* v, const float* angles,
                              float* out) {
   constexpr bool wide = !std::is_same<T, float>::value;
-  const int64_t pairs = p.B * p.Hkv, blocks = (p.L + kDecodeBlock - 1) / kDecodeBlock;
-  const int64_t splits =
-      std::max<int64_t>(1, std::min<int64_t>(blocks, (at::get_num_threads() + pairs - 1) / pairs));
-  const int64_t tasks = pairs * splits;  // task = split * pairs + pair: a thread's run of tasks shares key splits
-  std::vector<float> m(tasks * p.R, kNegInf), l(tasks * p.R, 0.f), acc(tasks * p.R * p.Dv, 0.f);
-  const int64_t logit_chunks = (p.d + 15) / 16, value_chunks = (p.Dv + 15) / 16;
-  // bf16 caches take the AVX-512 forms where a row fits their registers (6.2-6.4 against 11.0-11.3 ms through the
-  // widening scratch, B = 8, Hkv = 8, 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which
-  // measured faster there (9.7-12.1 against 11.9-13.0 ms; why is not known). Scratch only for what is widened.
-#ifdef CPU_CAPABILITY_AVX512
-  const bool logits_in_registers = wide && logit_chunks <= kRegisterChunks,
-             values_in_registers = wide && value_chunks <= kRegisterChunks;
-#else
-  const bool logits_in_registers = false, values_in_registers = false;
-#endif
+  const int64_t logit_chunks = (p.d + 15) / 16;
+  // bf16 caches take the register forms: 6.2-6.4 against 11.0-11.3 ms through the widening scratch (B = 8, Hkv = 8,
+  // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there (9.7-12.1 against
+  // 11.9-13.0 ms; why is not known)
+  const bool logits_in_registers = wide && fits_registers(p.d), values_in_registers = wide && fits_registers(p.Dv);
   const bool tiled = p.R >= p.tiled_rows;
   // the products form's C (R x cols) = A (R x inner) op(B) + beta C, A and B row-major with their own widths as
   // strides: bf16 products where the call takes them, else sgemm
@@ -1975,86 +2078,118 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
     else
       gemm(false, tb, p.R, cols, inner, 1.f, a, inner, b, ldb, beta, c, ldc);
   };
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    const ProductsSession session(tiled && p.products);
-    std::vector<float> s(p.R * kDecodeBlock),
-        mbuf(wide && (tiled || !logits_in_registers) ? kDecodeBlock * p.d : 0),
-        vbuf(wide && (tiled || !values_in_registers) ? kDecodeBlock * p.Dv : 0),
-        keys(tiled ? kDecodeBlock * 2 * p.d : 0);
-    for (int64_t first = begin; first < end;) {
-      const int64_t split = first / pairs, last = std::min(end, (split + 1) * pairs);
-      const int64_t k_begin = split * blocks / splits * kDecodeBlock,
-                    k_end = std::min(p.L, (split + 1) * blocks / splits * kDecodeBlock);
-      for (int64_t task = first; task < last; ++task) {
-        const int64_t pair = task % pairs, b = pair / p.Hkv, h = pair % p.Hkv;
-        const float* q_t = qa + pair * p.R * 2 * p.d;
-        float* acc_t = acc.data() + task * p.R * p.Dv;
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += kDecodeBlock) {
-          const int64_t n = std::min(kDecodeBlock, k_end - k0);
-          const float* tables = angles + ((p.angle_rows == 1 ? 0 : b) * p.L + k0) * 2 * p.d;
-          const T* mu_t = mu + b * p.mu_batch + h * p.mu_head + k0 * p.d;
-          const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
-          if (tiled) {
-            cartesian_keys(p.d, widen(mu_t, n * p.d, mbuf.data()), tables, n, keys.data());
-            multiply(true, n, 2 * p.d, q_t, keys.data(), 0.f, s.data(), n, false);
-            hide_keys(p, b, k0, s.data(), n);
-            softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
-            const float* v_block = widen(v_t, n * p.Dv, vbuf.data());
-            if (block_visible(p, b, k0, n))
-              multiply(false, p.Dv, n, s.data(), v_block, 1.f, acc_t, p.Dv, true);  // (n: the block's keys)
-            else
-              weighted_values(p, s.data(), n, v_block, acc_t);
-            continue;
-          }
-#ifdef CPU_CAPABILITY_AVX512
-          if (logits_in_registers)
-            with_chunks(logit_chunks, [&](auto C) {
-              if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s.data(), n);
-              else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s.data(), n);
-            });
-          else
-#endif
-            magnitude_logits(p, q_t, widen(mu_t, n * p.d, mbuf.data()), tables, s.data(), n);
-          hide_keys(p, b, k0, s.data(), n);
-          softmax_step(p.Dv, s.data(), p.R, n, m.data() + task * p.R, l.data() + task * p.R, acc_t);
-#ifdef CPU_CAPABILITY_AVX512
-          if (values_in_registers)
-            with_chunks(value_chunks, [&](auto C) {
-              if (p.Dv % 16 == 0) weighted_values_avx512<C(), true>(p, s.data(), n, v_t, acc_t);
-              else weighted_values_avx512<C(), false>(p, s.data(), n, v_t, acc_t);
-            });
-          else
-#endif
-            weighted_values(p, s.data(), n, widen(v_t, n * p.Dv, vbuf.data()), acc_t);
-        }
-      }
-      first = last;
+  struct Scratch {
+    std::vector<float> mu, v, keys;  // widened magnitudes and values, a block's Cartesian keys
+  };
+  auto make_state = [&] {
+    return Scratch{std::vector<float>(wide && (tiled || !logits_in_registers) ? kDecodeBlock * p.d : 0),
+                   std::vector<float>(wide && (tiled || !values_in_registers) ? kDecodeBlock * p.Dv : 0),
+                   std::vector<float>(tiled ? kDecodeBlock * 2 * p.d : 0)};
+  };
+  auto block = [&](Scratch& st, int64_t pair, int64_t k0, int64_t n, float* s, float* m, float* l, float* acc) {
+    const int64_t b = pair / p.Hkv, h = pair % p.Hkv;
+    const float* q_t = qa + pair * p.R * 2 * p.d;
+    const float* tables = angles + ((p.angle_rows == 1 ? 0 : b) * p.L + k0) * 2 * p.d;
+    const T* mu_t = mu + b * p.mu_batch + h * p.mu_head + k0 * p.d;
+    const T* v_t = v + b * p.v_batch + h * p.v_head + k0 * p.Dv;
+    if (tiled) {
+      cartesian_keys(p.d, widen(mu_t, n * p.d, st.mu.data()), tables, n, st.keys.data());
+      multiply(true, n, 2 * p.d, q_t, st.keys.data(), 0.f, s, n, false);
+      hide_keys(p, b, k0, s, n);
+      softmax_step(p.Dv, s, p.R, n, m, l, acc);
+      const float* v_block = widen(v_t, n * p.Dv, st.v.data());
+      if (block_visible(p, b, k0, n))
+        multiply(false, p.Dv, n, s, v_block, 1.f, acc, p.Dv, true);  // (n: the block's keys)
+      else
+        weighted_values(p.R, p.Dv, s, n, v_block, acc);
+      return;
     }
-  });
-  // the splits' states merged: out = sum_i e^{m_i - M} acc_i / sum_i e^{m_i - M} l_i; no visible key: zeros
-  at::parallel_for(0, pairs * p.R, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t pair = row / p.R, r = row % p.R;
-      float top = kNegInf;  // (a NaN logit makes its split's max or sum NaN: the row's output is NaN then)
-      for (int64_t i = 0; i < splits; ++i) {
-        const float mi = m[(i * pairs + pair) * p.R + r];
-        if (mi > top || std::isnan(mi)) top = mi;
-      }
-      float* o = out + row * p.Dv;
-      std::fill(o, o + p.Dv, std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : 0.f);
-      if (top == kNegInf || std::isnan(top)) continue;
-      float total = 0.f;
-      for (int64_t i = 0; i < splits; ++i) {
-        const int64_t at = (i * pairs + pair) * p.R + r;
-        if (m[at] == kNegInf) continue;
-        const float factor = std::exp(m[at] - top);
-        total += factor * l[at];
-        const float* a = acc.data() + at * p.Dv;
-        for (int64_t x = 0; x < p.Dv; ++x) o[x] += factor * a[x];
-      }
-      scale_row(o, p.Dv, 1.f / total);
+#ifdef CPU_CAPABILITY_AVX512
+    if (logits_in_registers)
+      with_chunks(logit_chunks, [&](auto C) {
+        if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s, n);
+        else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s, n);
+      });
+    else
+#endif
+      magnitude_logits(p, q_t, widen(mu_t, n * p.d, st.mu.data()), tables, s, n);
+    hide_keys(p, b, k0, s, n);
+    softmax_step(p.Dv, s, p.R, n, m, l, acc);
+    add_weighted_values(values_in_registers, p.R, p.Dv, s, n, v_t, acc, st.v.data());
+  };
+  decode_frame<float>(p.B * p.Hkv, p.R, p.Dv, p.L, tiled && p.products, make_state, block, out, nullptr);
+}
+
+// The flash forms (no bias, a distance table, offset embeddings) for few query rows per kv head: a decode step,
+// whose call through the tiles (forward_kernel) takes one query head at a time, so that a kv head's keys and values
+// are read once for each of its query heads, and, with the bf16 products, packed first (read, written and read
+// again). Here the decode frame takes a kv head's query rows together (R = g Tq: query head h0 + r / Tq, step
+// r % Tq) and reads each key and value once where it lies: the logits and weighted values by the register forms
+// in both dtypes (rows up to kRegisterChunks chunks wide on AVX-512; for fp32 these measured faster than sgemm over
+// a block and the portable loop, unlike in PoPE's decode above: 3.2-3.7 against 5.7-6.6 ms at B = 8, H = 8,
+// Hkv = 2, 8192 keys on the 2-core AMD EPYC, two alternations), else sgemm and the portable loop over fp32 rows
+// (bf16 widened). The bias and mask of each query head's rows are the tiles' own. The caller chooses this form by
+// the rows per kv head (cpu_flash.py; a machine's calibration measures from how many rows the tiles are faster).
+template <typename T>
+void flash_decode_kernel(const Problem& p, const T* q, const T* k, const T* v, T* out, float* lse) {
+  constexpr bool wide = !std::is_same<T, float>::value;
+  const int64_t R = p.g * p.Tq, queries = p.B * p.H * p.Tq * p.E;
+  std::vector<float> qbuf(wide ? queries : 0);
+  const float* qf = widen(q, queries, qbuf.data());  // a pair's R rows lie together: its query heads are adjacent
+  std::vector<int64_t> key_end(p.B), full_end(p.B);  // per batch row: the keys after key_end are hidden from all
+  for (int64_t b = 0; b < p.B; ++b) tile_keys(p, b, 0, p.Tq, &key_end[b], &full_end[b]);
+  const bool logits_in_registers = fits_registers(p.E);
+  struct Scratch {
+    std::vector<float> z, k, v;  // relative PE's q . e, widened keys and values
+  };
+  auto make_state = [&] {
+    return Scratch{{}, std::vector<float>(wide && !logits_in_registers ? kDecodeBlock * p.E : 0),
+                   std::vector<float>(wide && !fits_registers(p.Dv) ? kDecodeBlock * p.Dv : 0)};
+  };
+  auto block = [&](Scratch& st, int64_t pair, int64_t k0, int64_t n, float* s, float* m, float* l, float* acc) {
+    const int64_t b = pair / p.Hkv, h0 = pair % p.Hkv * p.g;
+    n = std::min(n, key_end[b] - k0);
+    if (n <= 0) return;
+    const float* qt = qf + pair * R * p.E;
+    const T* kt = k + p.k_at(b, h0) + k0 * p.E;
+#ifdef CPU_CAPABILITY_AVX512
+    if (logits_in_registers)
+      with_chunks((p.E + 15) / 16, [&](auto C) {
+        if (p.E % 16 == 0) dot_logits_avx512<C(), true>(R, p.E, p.scale, qt, kt, s, n);
+        else dot_logits_avx512<C(), false>(R, p.E, p.scale, qt, kt, s, n);
+      });
+    else
+#endif
+      gemm(false, true, R, n, p.E, p.scale, qt, p.E, widen(kt, n * p.E, st.k.data()), p.E, 0.f, s, n);
+    for (int64_t r0 = 0; r0 < R; r0 += p.Tq) {
+      OffsetSpan span{};
+      bias_and_mask(p, b, h0 + r0 / p.Tq, s + r0 * n, st.z, qt + r0 * p.E, p.Tq, n, 0, k0, full_end[b], &span);
     }
-  });
+    softmax_step(p.Dv, s, R, n, m, l, acc);
+    add_weighted_values(true, R, p.Dv, s, n, v + p.v_at(b, h0) + k0 * p.Dv, acc, st.v.data());
+  };
+  decode_frame<T>(p.B * p.Hkv, R, p.Dv, p.Tk, false, make_state, block, out, lse);
+}
+
+// flash_forward's arguments less the tiles and the bf16 products, by flash_decode_kernel; the same (out, lse).
+std::vector<at::Tensor> flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                     bool causal, const at::Tensor& q_pos, const at::Tensor& k_pos,
+                                     const at::Tensor& pad, int64_t bias_kind, const at::Tensor& bias_values,
+                                     int64_t bias_hi, int64_t bias_max, double bias_scale) {
+  const Problem p = make_problem(q, k, v, scale, causal, q_pos, k_pos, pad, bias_kind, bias_values, bias_hi, bias_max,
+                                 bias_scale, std::max<int64_t>(1, q.size(2)), kDecodeBlock, false);
+  auto out = at::empty({p.B, p.H, p.Tq, p.Dv}, q.options());
+  auto lse = at::empty({p.B, p.H, p.Tq}, q.options().dtype(at::kFloat));
+  if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
+  if (q.scalar_type() == at::kFloat) {
+    flash_decode_kernel<float>(p, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(),
+                               lse.data_ptr<float>());
+  } else {
+    using B = at::BFloat16;
+    flash_decode_kernel<B>(p, q.data_ptr<B>(), k.data_ptr<B>(), v.data_ptr<B>(), out.data_ptr<B>(),
+                           lse.data_ptr<float>());
+  }
+  return {out, lse};
 }
 
 // q (B, Hkv, R, 2d) fp32 contiguous, the Cartesian query rows; mu (B, Hkv, L, d) and v (B, Hkv, L, Dv) of one dtype
@@ -2124,6 +2259,9 @@ TORCH_LIBRARY(poskit_cpu_flash, m) {
         "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale, int bq, int bk, "
         "bool bf16_products) -> Tensor[]",
         &flash_forward);
+  m.def("decode(Tensor q, Tensor k, Tensor v, float scale, bool causal, Tensor q_pos, Tensor k_pos, Tensor pad, "
+        "int bias_kind, Tensor bias_values, int bias_hi, int bias_max, float bias_scale) -> Tensor[]",
+        &flash_decode);
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, float scale, bool causal, "
         "Tensor q_pos, Tensor k_pos, Tensor pad, int bias_kind, Tensor bias_values, int bias_hi, int bias_max, "
         "float bias_scale, int bq, int bk, bool bf16_products) -> Tensor[]",

@@ -8,7 +8,9 @@ attention/reference.py; only the rounding differs), in cache-sized tiles with an
 skipped, grouped kv heads read in place, fp32 and bf16 (bf16 products with fp32 accumulation through oneDNN's
 brgemm micro-kernel on a CPU with AVX512_BF16, on AMX tiles where it has them, `bf16_products`; otherwise widened to
 fp32 per tile), and a backward by
-recomputation that also returns the bias parameters' gradient. The bias comes from the encoding's declaration
+recomputation that also returns the bias parameters' gradient. A forward with few query rows per kv head (a decode
+step) takes a decode form instead of the tiles, which reads a kv head's keys and values once for all its query
+heads and steps (`flash_decode_tiled_rows`). The bias comes from the encoding's declaration
 (`kernel_bias`, encodings/kernel_bias.py) and is generated per tile from the positions, never as a Tq x Tk tensor.
 
 Switch: POSKIT_CPU_KERNEL, read at every call: unset or "1" (default) uses the kernel where it serves a call;
@@ -48,6 +50,12 @@ BLOCK_K = 512
 # at 2048 keys and 1.03x at B=8 with 1024 keys (the taller diagonal tile computes more masked logits there).
 BLOCK_Q_BACKWARD = 128
 LONG_KEYS = 4096
+# A call with fewer query rows per kv head than this (new queries x query heads per kv head: a decode step) takes
+# the kernel's decode form, which reads each cached key and value once for all of a kv head's rows, in place;
+# from it on, the tiles (cpu_flash.cpp, flash_decode_kernel). A machine's calibration measures the number per dtype
+# (kernel_calibration.FLASH_DECODE_ROW_COUNTS); this default was measured on the 2-core AMD EPYC (B = 8, 8 kv heads,
+# 4096 cached keys, docs/benchmarks.md "The flash forms' decode").
+FLASH_DECODE_TILED_ROWS = 8
 
 
 def backward_block_q(keys: int) -> int:
@@ -63,6 +71,13 @@ def backward_block_q(keys: int) -> int:
 # float16 and float64 keep their exact paths.
 DTYPES = (torch.float32, torch.bfloat16)
 _BIAS_CODES = {None: 0, "distance_table": 1, "offset_embeddings": 2}
+
+
+def flash_decode_tiled_rows(dtype: torch.dtype) -> int:
+    """The rows per kv head from which calls of `dtype` take the tiles rather than the decode form: this machine's
+    calibration, else FLASH_DECODE_TILED_ROWS."""
+    measured = kernel_calibration.flash_decode_tiled_rows(_library, dtype)
+    return FLASH_DECODE_TILED_ROWS if measured is None else measured
 
 
 def enabled() -> bool:
@@ -303,12 +318,15 @@ def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 class CpuFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias_values, scale, q_positions, k_positions, pad, causal, bias_form, bias_offset,
-                block_q, block_k, block_q_backward, products):
+                block_q, block_k, block_q_backward, products, tiled_rows):
         ops = kernel()
         args = _kernel_args(bias_values, bias_form, bias_offset, scale)
         q, k, v = q.contiguous(), rows_contiguous(k), rows_contiguous(v)
-        out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q, block_k,
-                               products)
+        if q.shape[2] * (q.shape[1] // k.shape[1]) < tiled_rows:  # query rows per kv head
+            out, lse = ops.decode(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args)
+        else:
+            out, lse = ops.forward(q, k, v, float(scale), causal, q_positions, k_positions, pad, *args, block_q,
+                                   block_k, products)
         ctx.products = products
         ctx.save_for_backward(q, k, v, out, lse, q_positions, k_positions, pad, bias_values)
         ctx.scale, ctx.causal, ctx.bias = float(scale), causal, (bias_form, bias_offset)
@@ -331,7 +349,7 @@ class CpuFlashAttention(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             # per thread, reversed along the distances (the kernel's layout): summed and put back in order
             dvalues = dbias.sum(0).flip(-1 if ctx.bias[0] == "distance_table" else 0).to(bias_values.dtype)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dvalues, *(None,) * 11)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dvalues, *(None,) * 12)
 
 
 def _kernel_args(bias_values, form, offset, scale):
@@ -346,7 +364,7 @@ def _kernel_args(bias_values, form, offset, scale):
 def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=None, causal: bool = False,
                         key_padding_mask=None, bias: KernelBias | None = None, block_q: int | None = None,
                         block_k: int | None = None, block_q_backward: int | None = None,
-                        bf16_products: bool | None = None) -> torch.Tensor:
+                        bf16_products: bool | None = None, tiled_rows: int | None = None) -> torch.Tensor:
     """softmax(scale q k^T + bias, causal by position, key padding) @ v through the compiled kernel.
 
     q (B, H, Tq, E), k (B, Hkv, Tk, E), v (B, Hkv, Tk, Dv), Hkv dividing H (query head h reads kv head
@@ -355,9 +373,15 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     query that sees no key outputs zeros. block_q, block_k: the tile of both passes (default: BLOCK_Q x BLOCK_K
     in the forward, backward_block_q(Tk) x BLOCK_K in the backward, read at call time); block_q_backward: the
     backward's query tile alone (default block_q where given). bf16_products: see `uses_bf16_products` (None: this
-    machine's default). Callers check `available()` first.
+    machine's default). tiled_rows: from this many query rows per kv head (Tq x H / Hkv) the forward takes the
+    tiles, below it the decode form (None: `flash_decode_tiled_rows`; 1: the tiles always); the backward takes
+    the tiles either way. Callers check `available()` first.
     """
     products = uses_bf16_products(q.dtype, bf16_products)
+    if tiled_rows is None:
+        tiled_rows = flash_decode_tiled_rows(q.dtype)
+    elif isinstance(tiled_rows, bool) or not isinstance(tiled_rows, int) or tiled_rows < 1:
+        raise ValueError(f"tiled_rows must be a positive int or None (this machine's), got {tiled_rows!r}")
     if block_q_backward is None:
         block_q_backward = block_q  # None: backward_block_q's, read when the forward runs
     block_q = BLOCK_Q if block_q is None else block_q
@@ -383,7 +407,7 @@ def cpu_flash_attention(q, k, v, *, scale: float, q_positions=None, k_positions=
     qp, kp = _positions(inp, causal or form is not None)
     pad = torch.empty(0, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.contiguous()
     return call(CpuFlashAttention, q, k, v, values if form is not None else torch.empty(0), float(scale), qp, kp, pad,
-                                   bool(causal), form, offset, block_q, block_k, block_q_backward, products)
+                bool(causal), form, offset, block_q, block_k, block_q_backward, products, tiled_rows)
 
 
 class CpuFlashContextual(torch.autograd.Function):

@@ -33,6 +33,11 @@ query rows per kv head and fused loops below it; the calibration keeps that numb
 the smallest of DECODE_ROW_COUNTS from which the products were faster at it and every larger count); without it
 the library's default (decode_tiled_rows(), measured on an AMD EPYC).
 
+The flash forms (every call of cpu_flash_attention) take a decode form for few query rows per kv head (new
+queries x query heads per kv head: cpu_flash.cpp's flash_decode_kernel) and the tiles from some number of rows on;
+the calibration keeps that number per dtype too (FLASH_DECODE_ROWS_SHAPE, FLASH_DECODE_ROW_COUNTS new queries of
+one query head per kv head, chosen as PoPE's); without it cpu_flash.FLASH_DECODE_TILED_ROWS.
+
 POSKIT_KERNEL_CALIBRATION=off (read at every call) routes by the defaults as if nothing were measured: the same
 paths on every machine, for runs whose numbers should not depend on where they ran (unset or "on": read it).
 
@@ -85,6 +90,10 @@ TILE_CHOICES = (64, 128)
 # products of tiles, against this many cached keys
 DECODE_ROWS_SHAPE = {"B": 8, "Hkv": 8, "T": 4096, "D": 64}
 DECODE_ROW_COUNTS = (4, 8, 16, 32, 64)
+# The flash forms' decode: rows per kv head timed through the decode form and the tiles (from one row: the tiles
+# may be faster for a single query on some CPU)
+FLASH_DECODE_ROWS_SHAPE = {"B": 8, "Hkv": 8, "T": 4096, "D": 64}
+FLASH_DECODE_ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 
 _measuring = False  # while True, serves() ignores the calibration (a calibration measures the kernel itself)
 
@@ -103,6 +112,8 @@ class Calibration:
     decode_queries: dict = field(default_factory=dict)
     # {dtype name: rows per kv head from which PoPE's decode takes products of tiles}
     decode_tiled_rows: dict = field(default_factory=dict)
+    # {dtype name: rows per kv head from which the flash forms take the tiles rather than the decode form}
+    flash_decode_tiled_rows: dict = field(default_factory=dict)
 
 
 NOTHING_MEASURED = Calibration()
@@ -152,13 +163,19 @@ def parse(doc: dict) -> Calibration:
         tile = doc["backward_tile"]["block_q"]
         if type(tile) is not int or tile not in TILE_CHOICES:
             raise ValueError(f"backward_tile.block_q {tile!r} is not one of {TILE_CHOICES}")
-    tiled_rows = {}
-    if "pope_decode_rows" in doc:  # absent in a calibration written before the threshold was measured
-        for dtype, rows in doc["pope_decode_rows"]["tiled_rows"].items():
-            if dtype not in DTYPES or type(rows) is not int or rows < 1:
-                raise ValueError(f"pope_decode_rows.tiled_rows: {dtype!r}: {rows!r} is not a positive integer")
-            tiled_rows[dtype] = rows
-    return Calibration(kernel, tile, products, decode_queries, tiled_rows)
+    # both absent in a calibration written before their thresholds were measured
+    tiled_rows, flash_rows = (_read_tiled_rows(doc, section) for section in ("pope_decode_rows", "flash_decode_rows"))
+    return Calibration(kernel, tile, products, decode_queries, tiled_rows, flash_rows)
+
+
+def _read_tiled_rows(doc: dict, section: str) -> dict:
+    """{dtype name: rows} of a section's "tiled_rows" (empty where the section is absent)."""
+    found = {}
+    for dtype, rows in doc.get(section, {"tiled_rows": {}})["tiled_rows"].items():
+        if dtype not in DTYPES or type(rows) is not int or rows < 1:
+            raise ValueError(f"{section}.tiled_rows: {dtype!r}: {rows!r} is not a positive integer")
+        found[dtype] = rows
+    return found
 
 
 def _read_query_counts(key: str, queries: dict) -> tuple:
@@ -241,6 +258,12 @@ def decode_tiled_rows(library: Path | None, dtype: torch.dtype) -> int | None:
     """The rows per kv head from which PoPE's decode takes products of tiles on this machine (None: not measured)."""
     name = _dtype_name(dtype)
     return decisions(library).decode_tiled_rows.get(name)
+
+
+def flash_decode_tiled_rows(library: Path | None, dtype: torch.dtype) -> int | None:
+    """The rows per kv head from which the flash forms take the tiles rather than the decode form on this machine
+    (None: not measured)."""
+    return decisions(library).flash_decode_tiled_rows.get(_dtype_name(dtype))
 
 
 def choose_tiled_rows(ms: dict[int, tuple[float, float]]) -> int:

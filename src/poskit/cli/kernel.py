@@ -178,9 +178,10 @@ def calibrate(library, *, rounds: int = 5, progress=print) -> dict:
         backward_tile = _measured_tile(rounds, progress)
         products = _measured_products(rounds, progress)
         decode_rows = _measured_decode_rows(rounds, progress)
+        flash_rows = _measured_flash_decode_rows(rounds, progress)
     doc = {"date": utc_now(), "machine": machine_info(), "threads": torch.get_num_threads(), "shape": kc.SHAPE,
            "rounds": rounds, "margin": kc.MARGIN, "results": results, "backward_tile": backward_tile,
-           "pope_decode_rows": decode_rows}
+           "pope_decode_rows": decode_rows, "flash_decode_rows": flash_rows}
     if products is not None:
         doc["bf16_products"] = products
     kc.write(library, doc)
@@ -238,39 +239,79 @@ def _measured_decode_rows(rounds: int, progress) -> dict:
     through the fused loops and through the products of tiles, per dtype; the threshold chosen from them."""
     import torch
 
+    from poskit.attention import cpu_flash
     from poskit.attention import kernel_calibration as kc
-    from poskit.attention import kernel_timing
 
     shape = kc.DECODE_ROWS_SHAPE
     B, Hkv, T, D = shape["B"], shape["Hkv"], shape["T"], shape["D"]
     g = torch.Generator().manual_seed(0)
     angles = torch.rand(1, T, 2 * D, generator=g) * 2 - 1
-    timed, chosen = {}, {}
-    for name, dtype in kc.DTYPES.items():
-        mu, v = torch.rand(B, Hkv, T, D, generator=g).to(dtype), torch.randn(B, Hkv, T, D, generator=g).to(dtype)
-        ms = {}
-        for rows in kc.DECODE_ROW_COUNTS:
-            q = torch.randn(B, Hkv, rows, 2 * D, generator=g) / D
-            run = _decode_rows_timer(q, mu, v, angles, rows)
-            got = kernel_timing.medians_ms(kernel_timing.interleaved(run, ["loops", "products"], rounds))
-            ms[rows] = (round(got["loops"], 2), round(got["products"], 2))
-        chosen[name] = kc.choose_tiled_rows(ms)
-        timed[name] = {str(rows): {"loops_ms": a, "products_ms": b} for rows, (a, b) in ms.items()}
-        progress(f"  pope decode rows {name:8s} " + "   ".join(f"{rows}: {a:.1f} / {b:.1f} ms"
-                                                         for rows, (a, b) in ms.items())
-                 + f"   (loops / products) -> products from {chosen[name]} rows")
-    return {"shape": shape, "ms": timed, "tiled_rows": chosen}
+    caches = {}
+
+    def timer(dtype, rows: int):
+        if dtype not in caches:
+            caches[dtype] = (torch.rand(B, Hkv, T, D, generator=g).to(dtype),
+                             torch.randn(B, Hkv, T, D, generator=g).to(dtype))
+        mu, v = caches[dtype]
+        q = torch.randn(B, Hkv, rows, 2 * D, generator=g) / D
+        return _timer(lambda path: cpu_flash.magnitude_decode(q, mu, v, angles,
+                                                              tiled_rows=rows + 1 if path == "loops" else rows))
+    return {"shape": shape, **_rows_threshold("pope decode rows", kc.DECODE_ROW_COUNTS, timer, ("loops", "products"),
+                                              rounds, progress)}
 
 
-def _decode_rows_timer(q, mu, v, angles, rows: int):
-    """run(path) -> seconds of one magnitude_decode by "loops" or "products" (the threshold above or at `rows`)."""
-    import time
+def _measured_flash_decode_rows(rounds: int, progress) -> dict:
+    """The flash forms' decode (one query head per kv head, causal by position) at each of
+    kernel_calibration.FLASH_DECODE_ROW_COUNTS new queries, through the decode form and through the tiles, per
+    dtype; the threshold chosen from them."""
+    import torch
 
     from poskit.attention import cpu_flash
+    from poskit.attention import kernel_calibration as kc
+
+    shape = kc.FLASH_DECODE_ROWS_SHAPE
+    B, Hkv, T, D = shape["B"], shape["Hkv"], shape["T"], shape["D"]
+    g = torch.Generator().manual_seed(0)
+    keys = torch.arange(T)[None]
+
+    def timer(dtype, rows: int):
+        q = torch.randn(B, Hkv, rows, D, generator=g).to(dtype)
+        k, v = (torch.randn(B, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+        return _timer(lambda path: cpu_flash.cpu_flash_attention(
+            q, k, v, scale=D ** -0.5, q_positions=keys[:, T - rows:], k_positions=keys, causal=True,
+            tiled_rows=rows + 1 if path == "decode" else 1))
+    return {"shape": shape, **_rows_threshold("flash decode rows", kc.FLASH_DECODE_ROW_COUNTS, timer,
+                                              ("decode", "tiles"), rounds, progress)}
+
+
+def _rows_threshold(label: str, counts, timer, paths: tuple[str, str], rounds: int, progress) -> dict:
+    """{"ms": {dtype: {rows: {"<below>_ms", "<from>_ms"}}}, "tiled_rows": {dtype: rows}}: timer(dtype, rows)(path)
+    timed interleaved for both paths (the form below the threshold, the one from it on) at each count, and the
+    threshold chosen from them (kernel_calibration.choose_tiled_rows)."""
+    from poskit.attention import kernel_calibration as kc
+    from poskit.attention import kernel_timing
+
+    below, above = paths
+    timed, chosen = {}, {}
+    for name, dtype in kc.DTYPES.items():
+        ms = {}
+        for rows in counts:
+            got = kernel_timing.medians_ms(kernel_timing.interleaved(timer(dtype, rows), list(paths), rounds))
+            ms[rows] = (round(got[below], 2), round(got[above], 2))
+        chosen[name] = kc.choose_tiled_rows(ms)
+        timed[name] = {str(rows): {f"{below}_ms": a, f"{above}_ms": b} for rows, (a, b) in ms.items()}
+        progress(f"  {label} {name:8s} " + "   ".join(f"{rows}: {a:.1f} / {b:.1f} ms" for rows, (a, b) in ms.items())
+                 + f"   ({below} / {above}) -> {above} from {chosen[name]} rows")
+    return {"ms": timed, "tiled_rows": chosen}
+
+
+def _timer(call):
+    """run(path) -> seconds of one call(path)."""
+    import time
 
     def run(path: str) -> float:
         started = time.perf_counter()
-        cpu_flash.magnitude_decode(q, mu, v, angles, tiled_rows=rows + 1 if path == "loops" else rows)
+        call(path)
         return time.perf_counter() - started
     return run
 
@@ -281,18 +322,19 @@ def _calibrate(library) -> None:
     print(f"calibrating: kernel against the paths without it, forward + backward, {kernel_calibration.SHAPE}, causal")
     found = kernel_calibration.parse(calibrate(library))
     off, tile, products = _without_kernel(found), found.long_block_q, found.bf16_products
-    rows = _decode_rows_text(found)
+    rows, flash_rows = _decode_rows_text(found.decode_tiled_rows), _decode_rows_text(found.flash_decode_tiled_rows)
     print(f"saved {kernel_calibration.path_for(library)}: the kernel serves "
           + ("every form and dtype" if not off else f"all but {', '.join(off)}")
           + (f"; its backward takes {tile}-row query tiles at long sequences" if tile else "")
           + (f"; PoPE's decode multiplies tiles from {rows} rows per kv head" if rows else "")
+          + (f"; other calls take the tiles from {flash_rows} query rows per kv head" if flash_rows else "")
           + ({True: "; bf16 calls take bf16 products", False: "; bf16 is widened to fp32 (products measured slower)",
               None: ""}[products]))
 
 
-def _decode_rows_text(found) -> str:
-    """The calibrated rows from which PoPE's decode multiplies tiles, per dtype ("16 (bfloat16), 8 (float32)")."""
-    return ", ".join(f"{n} ({dtype})" for dtype, n in sorted(found.decode_tiled_rows.items()))
+def _decode_rows_text(rows: dict) -> str:
+    """A calibrated threshold of rows per dtype as text ("16 (bfloat16), 8 (float32)")."""
+    return ", ".join(f"{n} ({dtype})" for dtype, n in sorted(rows.items()))
 
 
 def _without_kernel(found) -> list[str]:
@@ -326,11 +368,13 @@ def _calibration_line(library) -> str:
     except kernel_calibration.CalibrationError as err:
         return str(err)
     tile, products, off = found.long_block_q, found.bf16_products, _without_kernel(found)
-    rows = _decode_rows_text(found)
+    rows, flash_rows = _decode_rows_text(found.decode_tiled_rows), _decode_rows_text(found.flash_decode_tiled_rows)
     return (f"{path}: " + ("the kernel wins every form and dtype" if not off else f"without the kernel for {', '.join(off)}")
             + (f"; backward tile {tile} queries from {_long_keys()} keys" if tile else "; backward tile not measured")
             + (f"; PoPE's decode multiplies tiles from {rows} rows per kv head" if rows
                else "; PoPE's decode rows not measured")
+            + (f"; other calls take the tiles from {flash_rows} query rows per kv head" if flash_rows
+               else "; the decode form's rows not measured")
             + {True: "; bf16 products measured faster", False: "; bf16 products measured slower (widened)",
                None: ""}[products])
 
