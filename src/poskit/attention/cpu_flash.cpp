@@ -1920,12 +1920,12 @@ void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu,
 }
 
 // The register forms below take the rows in groups of G (kMaxGroup, then smaller for the rest), so that each key's
-// and value's chunks are loaded, and bf16 widened, once for the group's rows rather than once per row. Measured on
-// the 2-core AMD EPYC (the flash decode form at B = 8, 8192 keys, 4 and 8 rows per kv head, libraries of each
-// variant loaded into one process and interleaved, medians of 22, two runs; 2026-11-28): against one row at a time,
-// fp32 0.80-0.83x the time at 4 rows and 0.70-0.80x at 8; groups of 2 gained nothing in fp32. For bf16 the weighted
-// values in groups and the logits one row at a time (bf16 logits in groups measured 0.88-1.14x) gave 0.86x at 4
-// rows and 0.85x at 8 (one run), and PoPE's bf16 decode, whose weighted values these are, 0.88x at 4 rows.
+// and value's chunks are loaded, and bf16 widened, once for the group's rows rather than once per row. On the 2-core
+// AMD EPYC (each variant a library of its own in one process, interleaved, B = 8, 8192 keys; docs/results/
+// decode-row-groups-ab-amd-epyc): the flash decode form at 4 and 8 rows per kv head 0.69-0.80x the time of one row
+// at a time in fp32, 0.79-0.99x in bf16 (0.93-0.99 in one run, 0.79-0.84 in the other); PoPE's bf16 decode (these
+// weighted values) 0.86-0.90x at 4 rows. bf16 logits stay one row at a time (in groups they took 1.03-1.08x the
+// time), and a single row keeps its one-row loops (the grouped ones with G = 1 took 1.02-1.08x).
 constexpr int kMaxGroup = 4;
 
 // f(std::integral_constant<int, G>, r0) for the rows [r0, r0 + G) of R, in groups of at most `largest` rows.
