@@ -2149,7 +2149,7 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
   // bf16 caches take the register forms: 6.2-6.4 against 11.0-11.3 ms through the widening scratch (B = 8, Hkv = 8,
   // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there for one row per kv
   // head (9.7-12.1 against 11.9-13.0 ms; why is not known), except fp32 weighted values for several rows, which the
-  // register form takes in groups (4 rows: 0.87-0.88x the portable loop's time; 1 row: 1.07x;
+  // register form takes in groups (4 rows: 0.87-0.91x the portable loop's time in two runs; 1 row: 1.03-1.07x;
   // docs/results/decode-row-groups-ab-amd-epyc)
   const bool logits_in_registers = wide && fits_registers(p.d),
              values_in_registers = (wide || p.R > 1) && fits_registers(p.Dv);
