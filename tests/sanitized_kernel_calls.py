@@ -35,6 +35,20 @@ def products_choices(dtype):
     return (False,)
 
 
+def drawn_inputs(rng, g, B, H, Hkv, Tq, Tk, E, Dv, dtype, room):
+    """q, k, v as leaves (k and v views of buffers with `room` rows after their Tk: a KV cache's layout), the
+    positions of the last Tq of Tk keys, and a key padding mask (40 %: row 0's first keys, whose first queries may
+    then see no key) or None."""
+    q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(B, Hkv, Tk + room, E, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
+    v = torch.randn(B, Hkv, Tk + room, Dv, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
+    pad = None
+    if rng.random() < 0.4:
+        pad = torch.ones(B, Tk, dtype=torch.bool)
+        pad[0, : rng.randrange(Tk)] = False
+    return q, k, v, torch.arange(Tk - Tq, Tk)[None], torch.arange(Tk)[None], pad
+
+
 def direct_calls(rng, count):
     """cpu_flash_attention itself over a seeded sample of shapes, tiles, masks and dtypes, forward and backward."""
     calls = 0
@@ -50,18 +64,8 @@ def direct_calls(rng, count):
         products = rng.choice(products_choices(dtype))
         causal = rng.random() < 0.6
         g = torch.Generator().manual_seed(rng.randrange(10**6))
-        q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
-        k = torch.randn(B, Hkv, Tk, E, generator=g).to(dtype).requires_grad_()
-        v = torch.randn(B, Hkv, Tk, Dv, generator=g).to(dtype).requires_grad_()
-        if rng.random() < 0.3:  # a KV cache's layout: views of buffers with room after the Tk rows
-            room = rng.randrange(1, 20)
-            k = torch.randn(B, Hkv, Tk + room, E, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
-            v = torch.randn(B, Hkv, Tk + room, Dv, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
-        pos_q, pos_k = torch.arange(Tk - Tq, Tk)[None], torch.arange(Tk)[None]
-        pad = None
-        if rng.random() < 0.4:
-            pad = torch.ones(B, Tk, dtype=torch.bool)
-            pad[0, : rng.randrange(Tk)] = False  # (row 0's first queries may see no key)
+        room = rng.randrange(1, 20) if rng.random() < 0.3 else 0
+        q, k, v, pos_q, pos_k, pad = drawn_inputs(rng, g, B, H, Hkv, Tq, Tk, E, Dv, dtype, room)
         out = cpu_flash.cpu_flash_attention(q, k, v, scale=E ** -0.5, q_positions=pos_q, k_positions=pos_k,
                                             causal=causal, key_padding_mask=pad, block_q=bq, block_k=bk,
                                             bf16_products=products, tiled_rows=1)
@@ -82,15 +86,7 @@ def decode_form_calls(rng, count):
         E, Dv = rng.choice([(1, 1), (7, 5), (16, 16), (64, 64), (128, 64), (129, 17), (144, 136)])
         dtype = rng.choice([torch.float32, torch.bfloat16])
         g = torch.Generator().manual_seed(rng.randrange(10**6))
-        room = rng.choice([0, 7])  # a KV cache's layout: views of buffers with room after the Tk rows
-        q = torch.randn(B, H, Tq, E, generator=g).to(dtype).requires_grad_()
-        k = torch.randn(B, Hkv, Tk + room, E, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
-        v = torch.randn(B, Hkv, Tk + room, Dv, generator=g).to(dtype)[:, :, :Tk].requires_grad_()
-        pos_q, pos_k = torch.arange(Tk - Tq, Tk)[None], torch.arange(Tk)[None]
-        pad = None
-        if rng.random() < 0.4:
-            pad = torch.ones(B, Tk, dtype=torch.bool)
-            pad[0, : rng.randrange(Tk)] = False
+        q, k, v, pos_q, pos_k, pad = drawn_inputs(rng, g, B, H, Hkv, Tq, Tk, E, Dv, dtype, rng.choice([0, 7]))
         bias = rng.choice([None, "distance_table", "offset_embeddings"])
         if bias == "distance_table":
             lo, hi = distance_span(pos_q, pos_k)
