@@ -6,8 +6,8 @@
 #   2. the tests of the Triton kernels, run on the GPU (elsewhere they run under the Triton interpreter);
 #   3. the machine's own CPU as a second CPU family, on 2 pinned cores like the development machine: the default
 #      CPU paths at the speed goals' shapes, decode at 8k keys (with 8 and with 2 kv heads, and the steps without
-#      the kernel, and a generation's growing cache), the demo LM's training step and PoPE's q/k transform at its
-#      shape.
+#      the kernel, a generation's growing cache, and the kernel's decode form against its tiles), the demo LM's
+#      training step and PoPE's q/k transform at its shape.
 # The GPU table and tests run one after the other (the tests would disturb the timings); the CPU runs go beside
 # them, each on its own pair of cores. Each part has a time limit, so one that hangs cannot take the others with it.
 #
@@ -84,6 +84,11 @@ cpu_decode() {  # with the kernel-off rows (a machine without a compiler); then 
             >> "$LOGS/cpu-decode-growth.log" 2>&1
     done
     stamp "cpu decode growth rc=$?"
+    # the kernel's decode form against its tiles in one process (the log only; the calibration holds the rows from
+    # which this CPU takes the tiles)
+    pinned 10,11 timeout 120 "$PY" docs/results/flash-decode-form-ab-amd-epyc/ab.py \
+        > "$LOGS/cpu-decode-form-ab.log" 2>&1
+    stamp "cpu decode form against tiles rc=$?"
 }
 cpu_train_step() {
     pinned 12,13 timeout 400 "$PY" benchmarks/train_step.py --encodings rope,pope,alibi,cope,relative-capped \
