@@ -2018,6 +2018,57 @@ void weighted_values_group(int64_t Dv, const float* w, int64_t ldw, int64_t n, c
 // The largest group whose accumulators or query chunks (G x C registers) leave room in the 32 vector registers.
 constexpr int group_for(int chunks) { return chunks <= 4 ? kMaxGroup : chunks <= 6 ? 2 : 1; }
 
+// PoPE's logits (magnitude_logits_avx512) for G rows at once: per key and chunk the magnitudes times the tables,
+// u = mu cos and v = mu sin, formed once for the group, then each row adds a . u + b . v (bf16, 4 rows per kv head:
+// 0.75-0.89x the time of one row at a time in two runs; docs/results/decode-row-groups-ab-amd-epyc).
+template <int G, int C, bool Whole, typename T>
+void magnitude_logits_group(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
+                            int64_t n) {
+  constexpr int K = 16 / G;  // keys per lane sum
+  const int64_t d = p.d;
+  const __mmask16 last = lanes_mask(d - (C - 1) * 16);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t j0 = 0; j0 < n; j0 += K) {
+    const int64_t keys = std::min<int64_t>(K, n - j0);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < K && i < keys; ++i) {
+      const T* m = mu + (j0 + i) * d;
+      const float* cs = tables + (j0 + i) * 2 * d;
+      for (int c = 0; c < C; ++c) {
+        const bool whole = Whole || c < C - 1;
+        const __m512 mv = load16(m + c * 16, last, whole);
+        const __m512 u = _mm512_mul_ps(mv, load16(cs + c * 16, last, whole));
+        const __m512 v = _mm512_mul_ps(mv, load16(cs + d + c * 16, last, whole));
+        for (int g = 0; g < G; ++g) {
+          const float* row = qa + g * 2 * d + c * 16;
+          acc[g * K + i] = _mm512_fmadd_ps(load16(row, last, whole), u,
+                                           _mm512_fmadd_ps(load16(row + d, last, whole), v, acc[g * K + i]));
+        }
+      }
+    }
+    const __m512 sums = lane_sums16(acc);  // lane g K + i: row g, key j0 + i
+    for (int g = 0; g < G; ++g)
+      _mm512_mask_storeu_ps(s + g * n + j0, lanes_mask(keys),
+                            _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(g * K)), sums));
+  }
+}
+
+// PoPE's logits for R rows: in groups of rows, a single row by magnitude_logits_avx512.
+template <int C, bool Whole, typename T>
+void magnitude_logits_rows(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
+                           int64_t n) {
+  in_row_groups(p.R, kMaxGroup, [&](auto G, int64_t r0) {
+    if constexpr (G() == 1) {
+      DecodeShape one = p;
+      one.R = 1;
+      magnitude_logits_avx512<C, Whole>(one, qa + r0 * 2 * p.d, mu, tables, s + r0 * n, n);
+    } else {
+      magnitude_logits_group<G(), C, Whole>(p, qa + r0 * 2 * p.d, mu, tables, s + r0 * n, n);
+    }
+  });
+}
+
 // s (R x n) = scale q k^T for rows q (R x E, fp32), keys k (n x E) where they lie (bf16 keys one row at a time:
 // kMaxGroup says why).
 template <int C, bool Whole, typename T>
@@ -2148,10 +2199,10 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
   const int64_t logit_chunks = (p.d + 15) / 16;
   // bf16 caches take the register forms: 6.2-6.4 against 11.0-11.3 ms through the widening scratch (B = 8, Hkv = 8,
   // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there for one row per kv
-  // head (9.7-12.1 against 11.9-13.0 ms; why is not known), except fp32 weighted values for several rows, which the
-  // register form takes in groups (4 rows: 0.87-0.91x the portable loop's time in two runs; 1 row: 1.03-1.07x;
-  // docs/results/decode-row-groups-ab-amd-epyc)
-  const bool logits_in_registers = wide && fits_registers(p.d),
+  // head (9.7-12.1 against 11.9-13.0 ms; why is not known), but not for several rows, which the register forms
+  // take in groups (4 rows, fp32: weighted values 0.87-0.91x the portable loop's time in two runs, logits 0.92-0.94x
+  // in one; 1 row in registers: 1.03-1.07x; docs/results/decode-row-groups-ab-amd-epyc)
+  const bool logits_in_registers = (wide || p.R > 1) && fits_registers(p.d),
              values_in_registers = (wide || p.R > 1) && fits_registers(p.Dv);
   const bool tiled = p.R >= p.tiled_rows;
   // the products form's C (R x cols) = A (R x inner) op(B) + beta C, A and B row-major with their own widths as
@@ -2193,8 +2244,8 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
 #ifdef CPU_CAPABILITY_AVX512
     if (logits_in_registers)
       with_chunks(logit_chunks, [&](auto C) {
-        if (p.d % 16 == 0) magnitude_logits_avx512<C(), true>(p, q_t, mu_t, tables, s, n);
-        else magnitude_logits_avx512<C(), false>(p, q_t, mu_t, tables, s, n);
+        if (p.d % 16 == 0) magnitude_logits_rows<C(), true>(p, q_t, mu_t, tables, s, n);
+        else magnitude_logits_rows<C(), false>(p, q_t, mu_t, tables, s, n);
       });
     else
 #endif
