@@ -2020,7 +2020,7 @@ constexpr int group_for(int chunks) { return chunks <= 4 ? kMaxGroup : chunks <=
 
 // PoPE's logits (magnitude_logits_avx512) for G rows at once: per key and chunk the magnitudes times the tables,
 // u = mu cos and v = mu sin, formed once for the group, then each row adds a . u + b . v (bf16, 4 rows per kv head:
-// 0.75-0.89x the time of one row at a time in two runs; docs/results/decode-row-groups-ab-amd-epyc).
+// 0.75-0.89x the time of one row at a time in three runs; docs/results/decode-row-groups-ab-amd-epyc).
 template <int G, int C, bool Whole, typename T>
 void magnitude_logits_group(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
                             int64_t n) {
@@ -2200,8 +2200,8 @@ void magnitude_decode_kernel(const DecodeShape& p, const float* qa, const T* mu,
   // bf16 caches take the register forms: 6.2-6.4 against 11.0-11.3 ms through the widening scratch (B = 8, Hkv = 8,
   // 8192 keys on the 2-core AMD EPYC); fp32 ones the portable loops, which measured faster there for one row per kv
   // head (9.7-12.1 against 11.9-13.0 ms; why is not known), but not for several rows, which the register forms
-  // take in groups (4 rows, fp32: weighted values 0.87-0.91x the portable loop's time in two runs, logits 0.92-0.94x
-  // in one; 1 row in registers: 1.03-1.07x; docs/results/decode-row-groups-ab-amd-epyc)
+  // take in groups (4 rows, fp32: weighted values 0.87-0.91x the portable loop's time in two runs, logits 0.92-0.98x
+  // in two; 1 row in registers: 1.03-1.07x; docs/results/decode-row-groups-ab-amd-epyc)
   const bool logits_in_registers = (wide || p.R > 1) && fits_registers(p.d),
              values_in_registers = (wide || p.R > 1) && fits_registers(p.Dv);
   const bool tiled = p.R >= p.tiled_rows;
