@@ -1881,42 +1881,57 @@ inline __m512 lane_sums16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
 }
 
-// s[j] = factor x the sum of the lanes of key(j), for the keys j < n, 16 keys at a time (lane_sums16).
-template <typename Key>
+// s[g n + j] = factor x the sum of the lanes of key(j)[g], for G rows and the keys j < n: key(j) returns the G rows'
+// accumulators of key j (a std::array; returned by value, so that they stay in registers), 16 / G keys of the G
+// rows summed at a time (one lane_sums16).
+template <int G, typename Key>
 inline void lane_summed(int64_t n, __m512 factor, float* s, Key key) {
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const int64_t keys = std::min<int64_t>(16, n - j0);
+  constexpr int K = 16 / G;  // keys per lane sum
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t j0 = 0; j0 < n; j0 += K) {
+    const int64_t keys = std::min<int64_t>(K, n - j0);
     __m512 acc[16];
-    for (int64_t j = 0; j < 16; ++j) acc[j] = j < keys ? key(j0 + j) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(s + j0, lanes_mask(keys), _mm512_mul_ps(lane_sums16(acc), factor));
+    for (int i = 0; i < K; ++i) {
+      if (i < keys) {
+        const std::array<__m512, G> rows = key(j0 + i);
+        for (int g = 0; g < G; ++g) acc[g * K + i] = rows[g];
+      } else {
+        for (int g = 0; g < G; ++g) acc[g * K + i] = _mm512_setzero_ps();
+      }
+    }
+    const __m512 sums = _mm512_mul_ps(lane_sums16(acc), factor);  // lane g K + i: row g, key j0 + i
+    if constexpr (G == 1) {
+      _mm512_mask_storeu_ps(s + j0, lanes_mask(keys), sums);
+    } else {
+      for (int g = 0; g < G; ++g)
+        _mm512_mask_storeu_ps(s + g * n + j0, lanes_mask(keys),
+                              _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(g * K)), sums));
+    }
   }
 }
 
+// PoPE's logits of one row [a | b] (2d, fp32) against the magnitudes mu (n x d) and the tables (n x 2d).
 template <int C, bool Whole, typename T>
-void magnitude_logits_avx512(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
-                             int64_t n) {
-  const int64_t d = p.d;
+void magnitude_logits_avx512(int64_t d, const float* qa, const T* mu, const float* tables, float* s, int64_t n) {
   const __mmask16 last = lanes_mask(d - (C - 1) * 16);
-  for (int64_t r = 0; r < p.R; ++r) {
-    __m512 a[C], b[C];
-    for (int c = 0; c < C; ++c) {
-      const __mmask16 mask = c == C - 1 ? last : __mmask16(0xFFFF);
-      a[c] = load16(qa + r * 2 * d + c * 16, mask);
-      b[c] = load16(qa + r * 2 * d + d + c * 16, mask);
-    }
-    lane_summed(n, _mm512_set1_ps(1.f), s + r * n, [&](int64_t j) {
-      const T* m = mu + j * d;
-      const float* cs = tables + j * 2 * d;
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c) {
-        const bool whole = Whole || c < C - 1;
-        const __m512 w = _mm512_fmadd_ps(a[c], load16(cs + c * 16, last, whole),
-                                         _mm512_mul_ps(b[c], load16(cs + d + c * 16, last, whole)));
-        acc = _mm512_fmadd_ps(load16(m + c * 16, last, whole), w, acc);
-      }
-      return acc;
-    });
+  __m512 a[C], b[C];
+  for (int c = 0; c < C; ++c) {
+    const __mmask16 mask = c == C - 1 ? last : __mmask16(0xFFFF);
+    a[c] = load16(qa + c * 16, mask);
+    b[c] = load16(qa + d + c * 16, mask);
   }
+  lane_summed<1>(n, _mm512_set1_ps(1.f), s, [&](int64_t j) {
+    const T* m = mu + j * d;
+    const float* cs = tables + j * 2 * d;
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      const bool whole = Whole || c < C - 1;
+      const __m512 w = _mm512_fmadd_ps(a[c], load16(cs + c * 16, last, whole),
+                                       _mm512_mul_ps(b[c], load16(cs + d + c * 16, last, whole)));
+      acc = _mm512_fmadd_ps(load16(m + c * 16, last, whole), w, acc);
+    }
+    return std::array<__m512, 1>{acc};
+  });
 }
 
 // The register forms below take the rows in groups of G (kMaxGroup, then smaller for the rest), so that each key's
@@ -1941,39 +1956,19 @@ void in_row_groups(int64_t R, int largest, F f) {
 // where they lie: 16 / G keys of the G rows summed at a time (one lane_sums16 of G x 16 / G accumulators).
 template <int G, int C, bool Whole, typename T>
 void dot_logits_group(int64_t E, float scale, const float* q, const T* k, float* s, int64_t n) {
-  if constexpr (G == 1) {  // one row: its query in registers, 16 keys a lane sum (measured faster than the below)
-    const __mmask16 last = lanes_mask(E - (C - 1) * 16);
-    __m512 a[C];
-    for (int c = 0; c < C; ++c) a[c] = load16(q + c * 16, c == C - 1 ? last : __mmask16(0xFFFF));
-    lane_summed(n, _mm512_set1_ps(scale), s, [&](int64_t j) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c)
-        acc = _mm512_fmadd_ps(a[c], load16(k + j * E + c * 16, last, Whole || c < C - 1), acc);
-      return acc;
-    });
-    return;
-  }
-  constexpr int K = 16 / G;  // keys per lane sum
   const __mmask16 last = lanes_mask(E - (C - 1) * 16);
-  const __m512 factor = _mm512_set1_ps(scale);
   __m512 a[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) a[g][c] = load16(q + g * E + c * 16, c == C - 1 ? last : __mmask16(0xFFFF));
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t j0 = 0; j0 < n; j0 += K) {
-    const int64_t keys = std::min<int64_t>(K, n - j0);
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int i = 0; i < K && i < keys; ++i)
-      for (int c = 0; c < C; ++c) {
-        const __m512 x = load16(k + (j0 + i) * E + c * 16, last, Whole || c < C - 1);
-        for (int g = 0; g < G; ++g) acc[g * K + i] = _mm512_fmadd_ps(a[g][c], x, acc[g * K + i]);
-      }
-    const __m512 sums = _mm512_mul_ps(lane_sums16(acc), factor);  // lane g K + i: row g, key j0 + i
-    for (int g = 0; g < G; ++g)
-      _mm512_mask_storeu_ps(s + g * n + j0, lanes_mask(keys),
-                            _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(g * K)), sums));
-  }
+  lane_summed<G>(n, _mm512_set1_ps(scale), s, [&](int64_t j) {
+    std::array<__m512, G> acc;
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      const __m512 x = load16(k + j * E + c * 16, last, Whole || c < C - 1);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(a[g][c], x, acc[g]);
+    }
+    return acc;
+  });
 }
 
 // acc (G x Dv) += w (G x n, rows ldw apart) v (n x Dv) for G rows, v read where it lies; a zero weight (a hidden
@@ -2022,19 +2017,16 @@ constexpr int group_for(int chunks) { return chunks <= 4 ? kMaxGroup : chunks <=
 // u = mu cos and v = mu sin, formed once for the group, then each row adds a . u + b . v (bf16, 4 rows per kv head:
 // 0.75-0.89x the time of one row at a time in three runs; docs/results/decode-row-groups-ab-amd-epyc).
 template <int G, int C, bool Whole, typename T>
-void magnitude_logits_group(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
-                            int64_t n) {
-  constexpr int K = 16 / G;  // keys per lane sum
-  const int64_t d = p.d;
-  const __mmask16 last = lanes_mask(d - (C - 1) * 16);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t j0 = 0; j0 < n; j0 += K) {
-    const int64_t keys = std::min<int64_t>(K, n - j0);
-    __m512 acc[16];
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int i = 0; i < K && i < keys; ++i) {
-      const T* m = mu + (j0 + i) * d;
-      const float* cs = tables + (j0 + i) * 2 * d;
+void magnitude_logits_group(int64_t d, const float* qa, const T* mu, const float* tables, float* s, int64_t n) {
+  if constexpr (G == 1) {  // one row: its query in registers, the tables' products per key (as measured)
+    magnitude_logits_avx512<C, Whole>(d, qa, mu, tables, s, n);
+  } else {
+    const __mmask16 last = lanes_mask(d - (C - 1) * 16);
+    lane_summed<G>(n, _mm512_set1_ps(1.f), s, [&](int64_t j) {
+      const T* m = mu + j * d;
+      const float* cs = tables + j * 2 * d;
+      std::array<__m512, G> acc;
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
       for (int c = 0; c < C; ++c) {
         const bool whole = Whole || c < C - 1;
         const __m512 mv = load16(m + c * 16, last, whole);
@@ -2042,30 +2034,21 @@ void magnitude_logits_group(const DecodeShape& p, const float* qa, const T* mu, 
         const __m512 v = _mm512_mul_ps(mv, load16(cs + d + c * 16, last, whole));
         for (int g = 0; g < G; ++g) {
           const float* row = qa + g * 2 * d + c * 16;
-          acc[g * K + i] = _mm512_fmadd_ps(load16(row, last, whole), u,
-                                           _mm512_fmadd_ps(load16(row + d, last, whole), v, acc[g * K + i]));
+          acc[g] = _mm512_fmadd_ps(load16(row, last, whole), u,
+                                   _mm512_fmadd_ps(load16(row + d, last, whole), v, acc[g]));
         }
       }
-    }
-    const __m512 sums = lane_sums16(acc);  // lane g K + i: row g, key j0 + i
-    for (int g = 0; g < G; ++g)
-      _mm512_mask_storeu_ps(s + g * n + j0, lanes_mask(keys),
-                            _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(g * K)), sums));
+      return acc;
+    });
   }
 }
 
-// PoPE's logits for R rows: in groups of rows, a single row by magnitude_logits_avx512.
+// PoPE's logits for R rows (DecodeShape's), in groups of rows.
 template <int C, bool Whole, typename T>
 void magnitude_logits_rows(const DecodeShape& p, const float* qa, const T* mu, const float* tables, float* s,
                            int64_t n) {
   in_row_groups(p.R, kMaxGroup, [&](auto G, int64_t r0) {
-    if constexpr (G() == 1) {
-      DecodeShape one = p;
-      one.R = 1;
-      magnitude_logits_avx512<C, Whole>(one, qa + r0 * 2 * p.d, mu, tables, s + r0 * n, n);
-    } else {
-      magnitude_logits_group<G(), C, Whole>(p, qa + r0 * 2 * p.d, mu, tables, s + r0 * n, n);
-    }
+    magnitude_logits_group<G(), C, Whole>(p.d, qa + r0 * 2 * p.d, mu, tables, s + r0 * n, n);
   });
 }
 
