@@ -1007,6 +1007,32 @@ def test_calibrate_times_every_form_and_dtype_and_writes_its_decisions(kernel, t
     assert doc["threads"] == torch.get_num_threads() and doc["machine"]["cpu"]
 
 
+def test_calibration_decode_timers_make_one_cache_per_dtype(kernel, monkeypatch):
+    """The decode thresholds' timers run every row count against one cache per dtype, not a fresh one each time
+    (at the calibration's shape each is 2 x 67 MB in fp32)."""
+    from poskit.attention import kernel_calibration as kc
+    from poskit.cli import kernel as kernel_cli
+
+    monkeypatch.setattr(kc, "DECODE_ROWS_SHAPE", {"B": 1, "Hkv": 2, "T": 300, "D": 16})
+    monkeypatch.setattr(kc, "FLASH_DECODE_ROWS_SHAPE", {"B": 1, "Hkv": 2, "T": 300, "D": 16})
+    seen = []  # the caches each call was given, kept alive so that distinct objects keep distinct ids
+
+    def recording(fn):
+        def call(q, k, v, *args, **kwargs):
+            seen.append((k, v))
+            return fn(q, k, v, *args, **kwargs)
+        return call
+    monkeypatch.setattr(cpu_flash, "magnitude_decode", recording(cpu_flash.magnitude_decode))
+    monkeypatch.setattr(cpu_flash, "cpu_flash_attention", recording(cpu_flash.cpu_flash_attention))
+    for measure, counts in ((kernel_cli._measured_decode_rows, kc.DECODE_ROW_COUNTS),
+                            (kernel_cli._measured_flash_decode_rows, kc.FLASH_DECODE_ROW_COUNTS)):
+        seen.clear()
+        measure(1, lambda line: None)
+        assert len(seen) >= 2 * len(counts) * len(kc.DTYPES)  # both paths at every count and dtype
+        assert len({id(k) for k, _ in seen}) == len({id(v) for _, v in seen}) == len(kc.DTYPES), measure.__name__
+        assert {k.dtype for k, _ in seen} == set(kc.DTYPES.values())
+
+
 @settings(max_examples=20, deadline=None)
 @given(B=st.integers(1, 2), heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]), Tq=st.integers(1, 40),
        extra_keys=st.integers(0, 30), p_max=st.sampled_from([1, 2, 5, 16]), causal=st.booleans(),

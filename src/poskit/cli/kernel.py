@@ -246,13 +246,11 @@ def _measured_decode_rows(rounds: int, progress) -> dict:
     B, Hkv, T, D = shape["B"], shape["Hkv"], shape["T"], shape["D"]
     g = torch.Generator().manual_seed(0)
     angles = torch.rand(1, T, 2 * D, generator=g) * 2 - 1
-    caches = {}
+    cache = _once_per_dtype(lambda dtype: (torch.rand(B, Hkv, T, D, generator=g).to(dtype),
+                                           torch.randn(B, Hkv, T, D, generator=g).to(dtype)))
 
     def timer(dtype, rows: int):
-        if dtype not in caches:
-            caches[dtype] = (torch.rand(B, Hkv, T, D, generator=g).to(dtype),
-                             torch.randn(B, Hkv, T, D, generator=g).to(dtype))
-        mu, v = caches[dtype]
+        mu, v = cache(dtype)
         q = torch.randn(B, Hkv, rows, 2 * D, generator=g) / D
         return _timer(lambda path: cpu_flash.magnitude_decode(q, mu, v, angles,
                                                               tiled_rows=rows + 1 if path == "loops" else rows))
@@ -273,10 +271,11 @@ def _measured_flash_decode_rows(rounds: int, progress) -> dict:
     B, Hkv, T, D = shape["B"], shape["Hkv"], shape["T"], shape["D"]
     g = torch.Generator().manual_seed(0)
     keys = torch.arange(T)[None]
+    cache = _once_per_dtype(lambda dtype: tuple(torch.randn(B, Hkv, T, D, generator=g).to(dtype) for _ in range(2)))
 
     def timer(dtype, rows: int):
         q = torch.randn(B, Hkv, rows, D, generator=g).to(dtype)
-        k, v = (torch.randn(B, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+        k, v = cache(dtype)
         return _timer(lambda path: cpu_flash.cpu_flash_attention(
             q, k, v, scale=D ** -0.5, q_positions=keys[:, T - rows:], k_positions=keys, causal=True,
             tiled_rows=rows + 1 if path == "decode" else 1))
@@ -303,6 +302,17 @@ def _rows_threshold(label: str, counts, timer, paths: tuple[str, str], rounds: i
         progress(f"  {label} {name:8s} " + "   ".join(f"{rows}: {a:.1f} / {b:.1f} ms" for rows, (a, b) in ms.items())
                  + f"   ({below} / {above}) -> {above} from {chosen[name]} rows")
     return {"ms": timed, "tiled_rows": chosen}
+
+
+def _once_per_dtype(make):
+    """get(dtype) -> make(dtype), made once per dtype: a timer's cache at every row count (each is up to 134 MB)."""
+    made = {}
+
+    def get(dtype):
+        if dtype not in made:
+            made[dtype] = make(dtype)
+        return made[dtype]
+    return get
 
 
 def _timer(call):
