@@ -197,14 +197,16 @@ def test_decode_rows_name_each_steps_path_and_the_caches_room(tmp_path):
 
 
 def test_decode_rows_with_grouped_kv_heads_and_the_kernel_off(tmp_path):
-    # --decode-kv-heads caches fewer kv heads than query heads; --without-kernel adds ALiBi's and CoPE's steps with
-    # the compiled kernel off, on the paths a machine without a compiler takes
+    # --decode-kv-heads caches fewer kv heads than query heads; --without-kernel adds RoPE's, PoPE's, ALiBi's and
+    # CoPE's steps with the compiled kernel off, on the paths a machine without a compiler takes (RoPE's: SDPA,
+    # the speed goals' baseline)
     path = tmp_path / "docs" / "results" / "bench-g" / "benchmark.json"
     _attention_benchmark().main(["--quick", "--skip-grid", "--threads", "1", "--decode-kv-heads", "2",
                                  "--without-kernel", "--json", str(path)])
     doc = read_document(path)
     rows = doc["parts"]["decode"]["rows"]
     named = dict(re.fullmatch(r"(.+) \[(.+)\]", r["encoding"]).groups() for r in rows)
+    assert named["rope, POSKIT_CPU_KERNEL=0"] == "sdpa"
     assert named["alibi, POSKIT_CPU_KERNEL=0"] == "blocked"
     assert named["cope, POSKIT_CPU_KERNEL=0"] == "blocked-contextual"
     assert all(r["kv_heads"] == 2 for r in rows) and doc["settings"]["decode_kv_heads"] == 2
